@@ -1,0 +1,35 @@
+# make demo | make test | make bench  -- each target sets up .venv itself.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH_CPU := torch==2.13.0
+EXTRAS := dev,flint,notebooks,train
+
+.PHONY: setup demo test bench lint clean
+
+setup: $(STAMP)
+
+# Re-run the install whenever pyproject.toml changes. Torch goes in first, CPU build, when absent:
+# a bare `torch` requirement would otherwise pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet $(TORCH_CPU)
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m matroots.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) experiments/bench_solvers.py --quick
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

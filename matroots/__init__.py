@@ -1,0 +1,52 @@
+"""matroots: inverse p-th roots of matrices across precisions, with honest diagnostics.
+
+>>> import torch, matroots
+>>> A = torch.diag(torch.tensor([1.0, 16.0], dtype=torch.float64))
+>>> res = matroots.inverse_root(A, 4, method="coupled_newton")
+>>> torch.allclose(res.root, torch.diag(torch.tensor([1.0, 0.5], dtype=torch.float64)))
+True
+"""
+
+from . import precision, solvers
+from .api import inverse_root, resolve_method, root
+from .errors import (
+    ConvergenceError,
+    ConvergenceWarning,
+    EmptyMatrixError,
+    MatrootsError,
+    NegativeRealEigenvalueError,
+    NonFiniteInputError,
+    NotPositiveDefiniteError,
+    NotSquareError,
+    NotSymmetricError,
+    UnsupportedDtypeError,
+    UnsupportedExponentError,
+)
+from .result import RootResult
+from .solvers import CoupledNewtonConfig, EighConfig, SchurNewtonConfig, SolverConfig
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConvergenceError",
+    "ConvergenceWarning",
+    "CoupledNewtonConfig",
+    "EighConfig",
+    "EmptyMatrixError",
+    "MatrootsError",
+    "NegativeRealEigenvalueError",
+    "NonFiniteInputError",
+    "NotPositiveDefiniteError",
+    "NotSquareError",
+    "NotSymmetricError",
+    "RootResult",
+    "SchurNewtonConfig",
+    "SolverConfig",
+    "UnsupportedDtypeError",
+    "UnsupportedExponentError",
+    "inverse_root",
+    "precision",
+    "resolve_method",
+    "root",
+    "solvers",
+]

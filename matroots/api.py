@@ -1,0 +1,105 @@
+"""The public entry points: :func:`inverse_root` and :func:`root`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .errors import MatrootsError
+from .result import RootResult
+from .solvers import registry
+from .solvers.base import SolverConfig
+
+
+def resolve_method(method: str | SolverConfig, **options: Any) -> SolverConfig:
+    """A config object from a registry name or a config (options override its fields)."""
+    if isinstance(method, SolverConfig):
+        if not options:
+            return method
+        try:
+            return dataclasses.replace(method, **options)
+        except TypeError as exc:
+            raise MatrootsError(f"bad options for method {method.name!r}: {exc}") from exc
+    if isinstance(method, str):
+        return registry.get(method, **options)
+    raise MatrootsError(f"method must be a registry name or a solver config, got {type(method).__name__}")
+
+
+def inverse_root(
+    A: Any,
+    p: Any,
+    method: str | SolverConfig = "eigh",
+    *,
+    eps: float = 0.0,
+    eps_mode: str = "absolute",
+    dtype: Any = None,
+    compute_dtype: Any = None,
+    tol: float | None = None,
+    max_iter: int | None = None,
+    strict: bool = False,
+    record_history: bool = False,
+    warm_start: Any = None,
+    **options: Any,
+) -> RootResult:
+    """Compute the inverse p-th root A^{-1/p} of a matrix or a batch of matrices.
+
+    Args:
+        A: torch tensor or numpy array of shape (n, n) or (..., n, n).
+        p: the root; rational p > 0 for ``eigh``, integer p >= 1 for the Newton methods.
+        method: a name from :func:`matroots.solvers.available` or a config object such as
+            ``CoupledNewtonConfig(scaling="optimal")``.
+        eps, eps_mode: regularisation A + eps_abs I, eps_abs = eps ("absolute") or eps * lambda_max
+            ("relative"); see :mod:`matroots.regularize`.
+        dtype: working precision (float64, float32, bfloat16, float16 or a name such as "bf16"); the
+            input is rounded to it. Default: the input's dtype.
+        compute_dtype: precision of the arithmetic when it differs from ``dtype`` (mixed precision).
+        tol, max_iter: Newton stopping tolerance on ||M_k - I||_F (default 4 sqrt(n) u) and iteration cap.
+        strict: raise :class:`~matroots.ConvergenceError` instead of warning on non-convergence.
+        record_history: keep the per-iteration residuals in ``result.history``.
+        warm_start: a previous :class:`RootResult` or root, for methods that support it.
+        **options: fields of the method's config (e.g. ``scaling="frobenius"``).
+
+    Returns:
+        A :class:`RootResult`.
+    """
+    cfg = resolve_method(method, **options)
+    return cfg.solve(
+        A,
+        p,
+        eps=eps,
+        eps_mode=eps_mode,
+        dtype=dtype,
+        compute_dtype=compute_dtype,
+        tol=tol,
+        max_iter=max_iter,
+        strict=strict,
+        record_history=record_history,
+        warm_start=warm_start,
+    )
+
+
+def root(
+    A: Any,
+    p: Any,
+    method: str | SolverConfig = "eigh",
+    **kwargs: Any,
+) -> RootResult:
+    """Compute the principal p-th root A^{1/p}; same arguments as :func:`inverse_root`.
+
+    eigh uses lambda^{1/p}; the Newton methods run the coupled iteration for Y_k = X_k^{-1}
+    (Y_{k+1} = T_k^{-1} Y_k, Higham 2008 §7.3).
+    """
+    keys = (
+        "eps",
+        "eps_mode",
+        "dtype",
+        "compute_dtype",
+        "tol",
+        "max_iter",
+        "strict",
+        "record_history",
+        "warm_start",
+    )
+    solve_kw = {k: kwargs.pop(k) for k in keys if k in kwargs}
+    cfg = resolve_method(method, **kwargs)
+    return cfg.solve(A, p, inverse=False, **solve_kw)

@@ -1,0 +1,36 @@
+"""Epsilon regularisation: A -> A + eps_abs I.
+
+* ``eps_mode="absolute"``: eps_abs = eps.
+* ``eps_mode="relative"``: eps_abs = eps * lambda_max(A), per batch element (the spectral scale, so the
+  same eps means the same relative shift for factors of any magnitude, as Shampoo implementations do).
+
+Where the shift is applied: in the working precision, after A has been rounded to it. For eigh the
+shift is added to the computed eigenvalues (exact for A + eps I = Q (Lambda + eps) Q^T); for the
+Newton methods it is added to the diagonal of the rounded matrix. A shift smaller than u * lambda_max
+of the working format is therefore lost to rounding, which is the behaviour this toolkit measures.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def absolute_shift(eps: float, eps_mode: str, lambda_max: torch.Tensor) -> torch.Tensor:
+    """The absolute shift eps_abs per batch element (float64 tensor shaped like ``lambda_max``)."""
+    lmax = lambda_max.double()
+    if eps_mode == "absolute":
+        return torch.full_like(lmax, float(eps))
+    if eps_mode == "relative":
+        return float(eps) * lmax.abs()
+    raise ValueError(f"eps_mode must be 'absolute' or 'relative', got {eps_mode!r}")
+
+
+def add_to_diagonal(A: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """A + diag(shift_b) I for a batch A (b, n, n) and shifts (b,), in A's dtype (a new tensor)."""
+    out = A.clone()
+    d = torch.diagonal(out, dim1=-2, dim2=-1)
+    d += shift.to(A.dtype).unsqueeze(-1)
+    return out
+
+
+__all__ = ["absolute_shift", "add_to_diagonal"]

@@ -1,0 +1,17 @@
+"""Root solvers: one module per published algorithm, each with a frozen keyword-only config."""
+
+from .base import SolverConfig
+from .coupled_newton import CoupledNewtonConfig
+from .eigh import EighConfig
+from .registry import available, get, register
+from .schur_newton import SchurNewtonConfig
+
+__all__ = [
+    "CoupledNewtonConfig",
+    "EighConfig",
+    "SchurNewtonConfig",
+    "SolverConfig",
+    "available",
+    "get",
+    "register",
+]

@@ -1,0 +1,150 @@
+"""Schur-Newton method for A^{-1/p} of a general real matrix (Guo & Higham 2006, Algorithm 3.3;
+Higham's Matrix Function Toolbox, ``rootpm_schur_newton``).
+
+1. Real Schur form A = Q R Q^T (``scipy.linalg.schur``; for symmetric input the symmetric Schur form,
+   i.e. the eigendecomposition, so R is diagonal).
+2. Write p = 2^k0 q with q odd.
+3. Take k1 >= k0 square roots of R by the real Schur recurrence (:mod:`.schur_sqrt`), with k1 the
+   smallest value for which the eigenvalue modulus ratio of R^{1/2^k1} is <= 2 and every eigenvalue's
+   argument is at most pi/4 (so the spectrum sits well inside the Newton convergence region).
+4. Coupled Newton (:mod:`.newton_core`) on U = R^{1/2^k1} for U^{-1/q}, with c from U's eigenvalue moduli
+   (Guo & Higham eq. 3.11).
+5. Square the result k1 - k0 times: (U^{-1/q})^{2^(k1-k0)} = R^{-1/(2^k0 q)} = R^{-1/p}.
+6. Back-transform: A^{-1/p} = Q R^{-1/p} Q^T.
+
+Requires no eigenvalue on the closed negative real axis. Not batched (a loop over batch elements).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg
+import torch
+
+from .. import precision
+from ..errors import NegativeRealEigenvalueError, NotPositiveDefiniteError
+from ..inputs import Problem, is_symmetric
+from .base import RawResult, SolverConfig
+from .newton_core import coupled_newton_iterate, optimal_c_power
+from .registry import register
+from .schur_sqrt import block_eigenvalues, diagonal_blocks, sqrtm_quasi_triangular
+
+
+def split_exponent(p: int) -> tuple[int, int]:
+    """(k0, q) with p = 2^k0 q and q odd."""
+    k0 = (p & -p).bit_length() - 1
+    return k0, p >> k0
+
+
+def choose_k1(eigs: np.ndarray, k0: int, max_arg: float = math.pi / 4, max_ratio: float = 2.0) -> int:
+    """Smallest k1 >= k0 with modulus ratio^(1/2^k1) <= max_ratio and |arg|/2^k1 <= max_arg."""
+    mod = np.abs(eigs)
+    ratio = float(mod.max() / mod.min())
+    arg = float(np.abs(np.angle(eigs)).max())
+    k1 = k0
+    while ratio ** (0.5**k1) > max_ratio or arg * 0.5**k1 > max_arg:
+        k1 += 1
+    return k1
+
+
+@register
+@dataclass(frozen=True, kw_only=True)
+class SchurNewtonConfig(SolverConfig):
+    """Schur-Newton solver for integer p >= 1 and general real matrices.
+
+    Args:
+        stagnation_accept: as for coupled_newton (multiple of tol accepted on stagnation).
+        symmetry_tol: symmetry test that selects the symmetric Schur form.
+    """
+
+    name = "schur_newton"
+    integer_p = True
+    stagnation_accept: float = 16.0
+    symmetry_tol: float | None = None
+
+    def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
+        p = int(prob.p)
+        k0, q = split_exponent(p)
+        ldt = precision.lapack_dtype(prob.compute_dtype)
+        cdt = prob.compute_dtype
+        tol = prob.tol if prob.tol is not None else precision.default_tol(cdt, prob.n)
+        max_iter = prob.max_iter if prob.max_iter is not None else 100
+        roots, conv, iters, resid, hist = [], [], [], [], []
+        info: dict = {"k0": k0, "q": q, "k1": [], "stop_reason": [], "symmetric": []}
+        if ldt != cdt:
+            info["compute_dtype_fallback"] = (
+                f"Schur form and square roots in {precision.info(ldt).name} (LAPACK), Newton products in "
+                f"{precision.info(cdt).name}"
+            )
+        matmuls = 0.0
+        for Ab in prob.A:
+            a = Ab.to(ldt).numpy().astype(np.float64 if ldt == torch.float64 else np.float32)
+            sym = is_symmetric(Ab, self.symmetry_tol)
+            if sym:
+                w, Q = scipy.linalg.eigh(0.5 * (a + a.T))
+                R = np.diag(w).astype(a.dtype)
+                blocks = [(j, 1) for j in range(len(w))]
+                eigs = w.astype(complex)
+            else:
+                R, Q = scipy.linalg.schur(a, output="real")
+                blocks = diagonal_blocks(R)
+                eigs = block_eigenvalues(R, blocks)
+            shift = prob.eps if prob.eps_mode == "absolute" else prob.eps * float(np.abs(eigs).max())
+            if shift:
+                R = R + shift * np.eye(len(R), dtype=R.dtype)
+                eigs = eigs + shift
+            bad = (np.abs(eigs.imag) == 0) & (eigs.real <= 0)
+            if bad.any():
+                worst = float(eigs.real[bad].min())
+                cls = NotPositiveDefiniteError if sym else NegativeRealEigenvalueError
+                raise cls(
+                    f"schur_newton: eigenvalue {worst:.3e} lies on the closed negative real axis "
+                    f"(after eps shift {shift:.3e}); no principal root exists. Increase eps."
+                )
+            k1 = choose_k1(eigs, k0)
+            U = R
+            for _ in range(k1):
+                U = np.diag(np.sqrt(np.diag(U))).astype(R.dtype) if sym else sqrtm_quasi_triangular(U, blocks)
+            mod = np.abs(eigs) ** (0.5**k1)
+            cp = optimal_c_power(np.array([mod.min()]), np.array([mod.max()]), q)
+            Ut = torch.from_numpy(np.ascontiguousarray(U)).to(cdt).unsqueeze(0)
+            out = coupled_newton_iterate(
+                Ut,
+                q,
+                torch.as_tensor(cp),
+                tol=tol,
+                max_iter=max_iter,
+                stagnation_accept=self.stagnation_accept * tol,
+                inverse=inverse,
+                record_history=prob.record_history,
+            )
+            X = out.X[0]
+            for _ in range(k1 - k0):
+                X = X @ X
+            Qt = torch.from_numpy(np.ascontiguousarray(Q)).to(cdt)
+            X = Qt @ X @ Qt.T
+            matmuls += out.matmuls + (k1 - k0) + 2
+            roots.append(X)
+            conv.append(bool(out.converged[0]))
+            iters.append(int(out.iterations[0]))
+            resid.append(float(out.residual[0]))
+            hist.append(out.history)
+            info["k1"].append(k1)
+            info["stop_reason"].append(out.reason[0])
+            info["symmetric"].append(sym)
+        history = [
+            torch.tensor([h[i][0] if i < len(h) else h[-1][0] for h in hist], dtype=torch.float64)
+            for i in range(max((len(h) for h in hist), default=0))
+        ]
+        return RawResult(
+            root=torch.stack(roots),
+            converged=torch.tensor(conv),
+            iterations=torch.tensor(iters),
+            residual=torch.tensor(resid, dtype=torch.float64),
+            matmuls=matmuls / len(roots),
+            history=history,
+            info=info,
+        )
