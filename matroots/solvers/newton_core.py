@@ -95,7 +95,7 @@ def coupled_newton_iterate(
     residual growing ``divergence_factor`` times past max(res_0, 1)) and at ``max_iter``.
     ``interval`` = (a, b) bounds of the spectrum of A/c^p enables dynamic per-step scaling.
     """
-    b, n, _ = A.shape
+    b = A.shape[0]
     dt = A.dtype
     I = eye_like(A)
     cp64 = cp.double()
