@@ -19,8 +19,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
+DEMO_RUN := runs/demo
+
 demo: $(STAMP)
-	$(PY) -m matroots.demo
+	$(VENV)/bin/matroots sweep experiments/configs/demo.toml --out $(DEMO_RUN) --resume
+	$(VENV)/bin/matroots report $(DEMO_RUN)
+	$(VENV)/bin/matroots plot $(DEMO_RUN)
+	@echo "table: $(DEMO_RUN)/report.txt and $(DEMO_RUN)/best_solver.csv; rows: $(DEMO_RUN)/results.parquet; figures: $(DEMO_RUN)/figures/"
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -1,0 +1,45 @@
+"""Execute the notebooks users open first, on a tiny sweep, and fail on any cell error."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = """
+name = "nb_tiny"
+families = ["randsvd"]
+n = [6]
+kappa = [1e2, 1e8]
+p = [2]
+dtypes = ["fp64", "bf16"]
+seeds = [0]
+eps = [{ value = 0.0, mode = "absolute" }, { value = 1e-6, mode = "relative" }]
+reference_backend = "mpmath"
+
+[[solvers]]
+name = "eigh"
+
+[[solvers]]
+name = "coupled_newton"
+"""
+
+
+@pytest.mark.parametrize("name", ["root_accuracy.ipynb"])
+def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY)
+    monkeypatch.setenv("MATROOTS_CONFIG", str(cfg))
+    monkeypatch.setenv("MATROOTS_RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("MATROOTS_WORKERS", "2")
+    monkeypatch.setenv("MATROOTS_CACHE_DIR", str(tmp_path / "cache"))
+    nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}
+                   ).execute()
+    assert (tmp_path / "run" / "results.parquet").exists()
+    assert os.path.exists(tmp_path / "run" / "figures" / "error_vs_kappa.png")
