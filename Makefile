@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TORCH_CPU := torch==2.13.0
 EXTRAS := dev,flint,notebooks,train
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup demo test bench figures lint clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) experiments/bench_solvers.py --quick
+
+figures: $(STAMP)
+	$(PY) paper_figs/make_figures.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
