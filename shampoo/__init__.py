@@ -1,0 +1,57 @@
+"""shampoo: the Shampoo optimizer for PyTorch, with any matroots solver as its root solver.
+
+>>> import torch, shampoo
+>>> model = torch.nn.Linear(8, 4)
+>>> opt = shampoo.Shampoo(model.named_parameters(), lr=1e-2, precondition_frequency=10)
+>>> model(torch.randn(16, 8)).square().mean().backward()
+>>> opt.step()
+"""
+
+from .blocking import BlockKind, BlockSpec, ParamLayout, layout_param
+from .config import (
+    AdaGradGrafting,
+    AdamGrafting,
+    DiagnosticsConfig,
+    ExponentOverride,
+    FailurePolicy,
+    GraftingConfig,
+    GroupOptions,
+    NoGrafting,
+    RMSpropGrafting,
+    SGDGrafting,
+)
+from .diagnostics import BlockDiagnostics, FactorDiagnostics
+from .errors import (
+    NonFiniteGradientWarning,
+    RootComputationError,
+    RootFailureWarning,
+    ShampooError,
+    StateDictError,
+)
+from .optimizer import Shampoo, StepTiming
+
+__all__ = [
+    "AdaGradGrafting",
+    "AdamGrafting",
+    "BlockDiagnostics",
+    "BlockKind",
+    "BlockSpec",
+    "DiagnosticsConfig",
+    "ExponentOverride",
+    "FactorDiagnostics",
+    "FailurePolicy",
+    "GraftingConfig",
+    "GroupOptions",
+    "NoGrafting",
+    "NonFiniteGradientWarning",
+    "ParamLayout",
+    "RMSpropGrafting",
+    "RootComputationError",
+    "RootFailureWarning",
+    "SGDGrafting",
+    "Shampoo",
+    "ShampooError",
+    "StateDictError",
+    "StepTiming",
+    "layout_param",
+]

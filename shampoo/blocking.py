@@ -1,0 +1,211 @@
+"""Which blocks a parameter is cut into, and what each costs. No tensors, no state: pure layout.
+
+A parameter of shape (d_1, ..., d_k) is preconditioned as follows (Gupta et al. 2018; Anil et al.
+2020, §3 "blocking"; Shi et al. 2023, §3.2 "merging and blocking"):
+
+1. Dims of size 1 are dropped.
+2. Consecutive dims are merged, from the last dim backwards, while their product stays
+   <= ``max_preconditioner_dim`` (a conv kernel (64, 3, 3, 3) becomes (64, 27)). Dims with an
+   exponent override are never merged.
+3. Every preconditioned dim is cut into chunks of at most ``max_preconditioner_dim``; the blocks are
+   the Cartesian product of the chunks. Dims that are not preconditioned (exponent 0) are not cut.
+4. Each preconditioned dim i of a block gets a Kronecker factor of its size n_i and the inverse root
+   p_i = 1/e_i, default e_i = 1/(2k) with k the block's order (L^{-1/4} G R^{-1/4} for matrices).
+
+Parameters that were 0-D or 1-D to begin with follow ``vector_policy``: ``"diagonal"`` (an
+AdaGrad-style diagonal preconditioner, grafted like any block), ``"graft"`` (the grafting direction
+alone), or ``"shampoo"`` (a full-matrix factor per chunk, exponent 1/2).
+
+The layout says *which blocks exist and what they cost*; who computes them is decided elsewhere
+(``owner`` maps in the optimizer), so a distributed optimizer only has to assign blocks to ranks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from fractions import Fraction
+
+import torch
+
+from .config import ExponentOverride
+
+
+class BlockKind(StrEnum):
+    """How a block's search direction is formed."""
+
+    SHAMPOO = "shampoo"  # Kronecker-factored preconditioner, grafted
+    DIAGONAL = "diagonal"  # AdaGrad-style diagonal preconditioner, grafted
+    GRAFT = "graft"  # the grafting method's direction alone
+
+
+@dataclass(frozen=True)
+class MergedDim:
+    """A dimension of the merged view: the original dims it covers, its size and its exponent."""
+
+    dims: tuple[int, ...]
+    size: int
+    exponent: float | None  # None: the default 1/(2k); 0: not preconditioned
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """One block of one parameter.
+
+    Attributes:
+        param_index: position of the parameter in the optimizer's flat parameter list.
+        index: block number within the parameter.
+        kind: how its direction is formed.
+        slices: where the block sits in the parameter's merged view.
+        shape: the block's shape (merged dims).
+        roots: per block dim, the root p of its factor (A^{-1/p}), or None when not preconditioned.
+    """
+
+    param_index: int
+    index: int
+    kind: BlockKind
+    slices: tuple[slice, ...]
+    shape: tuple[int, ...]
+    roots: tuple[Fraction | None, ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def factor_dims(self) -> tuple[int, ...]:
+        """Block dims that carry a Kronecker factor."""
+        return tuple(i for i, p in enumerate(self.roots) if p is not None)
+
+    @property
+    def root_cost(self) -> float:
+        """Work of one root computation, in flops up to a constant: sum of n^3 over the factors."""
+        return float(sum(self.shape[i] ** 3 for i in self.factor_dims))
+
+    @property
+    def step_cost(self) -> float:
+        """Per-step flops: statistics (2 numel n) plus preconditioning (2 numel n) per factor, plus
+        a few elementwise passes."""
+        return float(sum(4 * self.numel * self.shape[i] for i in self.factor_dims) + 8 * self.numel)
+
+    @property
+    def state_numel(self) -> int:
+        """Elements of Kronecker state (a factor and a root per preconditioned dim)."""
+        return sum(2 * self.shape[i] ** 2 for i in self.factor_dims)
+
+    @property
+    def bucket_key(self) -> tuple[object, ...]:
+        """Blocks with equal keys are stacked and processed together."""
+        return (self.kind, self.shape, self.roots)
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """How one parameter is cut: its merged view and its blocks."""
+
+    param_index: int
+    shape: tuple[int, ...]
+    merged: tuple[MergedDim, ...]
+    blocks: tuple[BlockSpec, ...]
+
+    @property
+    def merged_shape(self) -> tuple[int, ...]:
+        return tuple(m.size for m in self.merged) or (1,)
+
+    def merged_view(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (the parameter's shape) viewed in the merged shape (a copy only if not viewable)."""
+        return t.reshape(self.merged_shape)
+
+
+def merge_dims(
+    shape: tuple[int, ...],
+    max_dim: int,
+    overrides: tuple[float | None, ...],
+    merge: bool = True,
+) -> tuple[MergedDim, ...]:
+    """Drop unit dims and merge runs of default-exponent dims while the product is <= ``max_dim``.
+
+    Merging runs from the last dim backwards, so trailing small dims (kernel sizes, heads) merge
+    first: (64, 3, 3, 3) -> (64, 27) for max_dim 1024.
+    """
+    out: list[MergedDim] = []
+    for d in reversed(range(len(shape))):
+        size, e = shape[d], overrides[d]
+        if size == 1:
+            continue
+        if merge and out and e is None and out[0].exponent is None and out[0].size * size <= max_dim:
+            first = out.pop(0)
+            out.insert(0, MergedDim(dims=(d, *first.dims), size=size * first.size, exponent=None))
+        else:
+            out.insert(0, MergedDim(dims=(d,), size=size, exponent=e))
+    return tuple(out)
+
+
+def _chunks(size: int, max_dim: int) -> list[slice]:
+    return [slice(s, min(s + max_dim, size)) for s in range(0, size, max_dim)]
+
+
+def root_from_exponent(e: float) -> Fraction | None:
+    """p = 1/e as an exact rational (None for e = 0: not preconditioned)."""
+    if e == 0:
+        return None
+    frac = Fraction(e).limit_denominator(10**6)
+    return 1 / frac
+
+
+def layout_param(
+    param_index: int,
+    shape: tuple[int, ...],
+    *,
+    max_preconditioner_dim: int,
+    merge_dims_: bool = True,
+    exponent_override: ExponentOverride | None = None,
+    vector_policy: str = "diagonal",
+) -> ParamLayout:
+    """The :class:`ParamLayout` of a parameter of ``shape`` under the given options."""
+    shape = tuple(int(s) for s in shape)
+    override = (exponent_override or ExponentOverride()).for_order(len(shape))
+    if len(shape) <= 1 and vector_policy != "shampoo":
+        merged = merge_dims(shape, max_preconditioner_dim, override, merge=False)
+        kind = BlockKind.DIAGONAL if vector_policy == "diagonal" else BlockKind.GRAFT
+        full = tuple(m.size for m in merged) or (1,)
+        block = BlockSpec(param_index, 0, kind, tuple(slice(0, s) for s in full), full, (None,) * len(full))
+        return ParamLayout(param_index, shape, merged, (block,))
+    merged = merge_dims(shape, max_preconditioner_dim, override, merge=merge_dims_)
+    if not merged:
+        # 0-D, or every dim of size 1: a single scalar block. A 1x1 "factor" is a diagonal one.
+        block = BlockSpec(param_index, 0, BlockKind.DIAGONAL, (slice(0, 1),), (1,), (None,))
+        return ParamLayout(param_index, shape, merged, (block,))
+    order = len(merged)
+    exps = [m.exponent if m.exponent is not None else 1.0 / (2 * order) for m in merged]
+    roots = tuple(root_from_exponent(e) for e in exps)
+    per_dim = [
+        _chunks(m.size, max_preconditioner_dim) if p is not None else [slice(0, m.size)]
+        for m, p in zip(merged, roots, strict=True)
+    ]
+    kind = BlockKind.SHAMPOO if any(p is not None for p in roots) else BlockKind.GRAFT
+    blocks = []
+    for i, sl in enumerate(itertools.product(*per_dim)):
+        bshape = tuple(s.stop - s.start for s in sl)
+        broots = roots if kind is BlockKind.SHAMPOO else (None,) * order
+        blocks.append(BlockSpec(param_index, i, kind, tuple(sl), bshape, broots))
+    return ParamLayout(param_index, shape, merged, tuple(blocks))
+
+
+def block_view(merged: torch.Tensor, spec: BlockSpec) -> torch.Tensor:
+    """The block ``spec`` of a tensor already in its parameter's merged shape (a view)."""
+    return merged[spec.slices]
+
+
+__all__ = [
+    "BlockKind",
+    "BlockSpec",
+    "MergedDim",
+    "ParamLayout",
+    "block_view",
+    "layout_param",
+    "merge_dims",
+    "root_from_exponent",
+]

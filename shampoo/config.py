@@ -1,0 +1,462 @@
+"""Frozen keyword-only configs of the Shampoo optimizer, validated in ``__post_init__``.
+
+Hyperparameters live in torch param-group dicts (so LR schedulers and per-group options work as with
+any torch optimizer). :meth:`GroupOptions.from_group` turns one group dict into a validated, typed
+:class:`GroupOptions`; the optimizer reads only that object. Config objects (grafting, root solver,
+failure policy, exponent override) are frozen dataclasses, never mutable singletons.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+import matroots
+from matroots import precision
+from matroots.solvers import CoupledNewtonConfig, EighConfig, SolverConfig
+
+# ----------------------------------------------------------------------------------------------------
+# Grafting (Agarwal et al. 2020, "Disentangling adaptive gradient methods from learning rates"):
+# the Shampoo direction of each block is rescaled to the norm of the grafting method's direction.
+
+
+@dataclass(frozen=True, kw_only=True)
+class GraftingConfig:
+    """Base of the grafting configs; ``kind`` names the method."""
+
+    kind: ClassVar[str] = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoGrafting(GraftingConfig):
+    """No grafting: the Shampoo direction is used unscaled; before preconditioning starts, plain SGD."""
+
+    kind: ClassVar[str] = "none"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SGDGrafting(GraftingConfig):
+    """Graft to the norm of the (momentum-filtered) gradient."""
+
+    kind: ClassVar[str] = "sgd"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdaGradGrafting(GraftingConfig):
+    """Graft to AdaGrad, g / (sqrt(sum g^2) + eps) (Duchi et al. 2011; torch.optim.Adagrad's eps)."""
+
+    kind: ClassVar[str] = "adagrad"
+    eps: float = 1e-10
+
+    def __post_init__(self) -> None:
+        _check_eps(self.eps, "AdaGradGrafting.eps")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RMSpropGrafting(GraftingConfig):
+    """Graft to RMSprop, g / (sqrt(v) + eps), v = beta2 v + (1 - beta2) g^2, no bias correction
+    (torch.optim.RMSprop with ``alpha=beta2``)."""
+
+    kind: ClassVar[str] = "rmsprop"
+    beta2: float = 0.99
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        _check_beta(self.beta2, "RMSpropGrafting.beta2", allow_one=False)
+        _check_eps(self.eps, "RMSpropGrafting.eps")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdamGrafting(GraftingConfig):
+    """Graft to Adam, m_hat / (sqrt(v / (1 - beta2^t)) + eps) (Kingma & Ba 2015; torch.optim.Adam).
+
+    The bias correction of v follows the group's ``use_bias_correction``.
+    """
+
+    kind: ClassVar[str] = "adam"
+    beta2: float = 0.999
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        _check_beta(self.beta2, "AdamGrafting.beta2", allow_one=False)
+        _check_eps(self.eps, "AdamGrafting.eps")
+
+
+GRAFTINGS: dict[str, type[GraftingConfig]] = {
+    c.kind: c for c in (NoGrafting, SGDGrafting, AdaGradGrafting, RMSpropGrafting, AdamGrafting)
+}
+
+
+def resolve_grafting(value: str | GraftingConfig | None) -> GraftingConfig:
+    """A grafting config from a name ("none", "sgd", "adagrad", "rmsprop", "adam") or a config."""
+    if value is None:
+        return NoGrafting()
+    if isinstance(value, GraftingConfig):
+        return value
+    if isinstance(value, str) and value.lower() in GRAFTINGS:
+        return GRAFTINGS[value.lower()]()
+    raise ValueError(f"grafting must be one of {sorted(GRAFTINGS)} or a GraftingConfig, got {value!r}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Root solvers
+
+
+def default_root_solver(name: str, device: torch.device | None = None) -> SolverConfig:
+    """The solver config a name stands for in Shampoo.
+
+    * ``"eigh"``: ``EighConfig(rank_policy="clamp")``. Factor statistics are PSD and often rank
+      deficient (early steps, small batches); rounded to fp32 their smallest eigenvalues come out
+      slightly negative, which the default ``"perturb"`` policy rejects. Clamping floors them at
+      n u lambda_max, a relative regularisation in the spirit of Anil et al. 2020.
+    * ``"auto"``: eigh on CPU (LAPACK's eigh beats ~10 Newton iterations of GEMMs there), coupled
+      Newton on accelerators, where GEMMs are cheap and eigh is not.
+    * any other registered name: that solver with its defaults.
+
+    Pass a config object for full control.
+    """
+    key = name.lower()
+    if key == "auto":
+        key = "coupled_newton" if device is not None and device.type not in ("cpu", "meta") else "eigh"
+    if key == "eigh":
+        return EighConfig(rank_policy="clamp")
+    if key == "coupled_newton":
+        return CoupledNewtonConfig()
+    return matroots.resolve_method(key)
+
+
+def resolve_root_solver(value: str | SolverConfig, device: torch.device | None = None) -> SolverConfig:
+    """A matroots solver config from a name (see :func:`default_root_solver`) or a config."""
+    if isinstance(value, SolverConfig):
+        return value
+    if isinstance(value, str):
+        return default_root_solver(value, device)
+    raise ValueError(f"root_solver must be a matroots solver name or config, got {value!r}")
+
+
+def supports_warm_start(cfg: SolverConfig) -> bool:
+    """Whether the solver makes use of a previous root (matroots' coupled_newton does)."""
+    return bool(getattr(cfg, "supports_warm_start", cfg.name == "coupled_newton"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailurePolicy:
+    """What happens when a root computation raises, returns non-finite values or does not converge.
+
+    The failed block keeps its previous root (identity, i.e. the graft direction, before its first
+    one) and the ``fallback`` solver is tried in ``fallback_dtype``. A round in which a factor gets no
+    usable root from either solver is a *failure*; ``max_consecutive_failures`` of them in a row raise
+    :class:`~shampoo.errors.RootComputationError`. Rounds in which only the configured solver failed
+    are counted separately (diagnostics: ``primary_failures``); set ``max_consecutive_primary_failures``
+    to also raise on those.
+
+    Only numerical failures are caught: ``matroots.MatrootsError`` and ``torch.linalg.LinAlgError``.
+    Any other exception is a bug and propagates.
+    """
+
+    fallback: SolverConfig | None = field(default_factory=lambda: EighConfig(rank_policy="clamp"))
+    fallback_dtype: torch.dtype = torch.float64
+    max_consecutive_failures: int = 5
+    max_consecutive_primary_failures: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.fallback is not None and not isinstance(self.fallback, SolverConfig):
+            object.__setattr__(self, "fallback", resolve_root_solver(self.fallback))
+        object.__setattr__(self, "fallback_dtype", precision.as_dtype(self.fallback_dtype))
+        if not isinstance(self.max_consecutive_failures, int) or self.max_consecutive_failures < 1:
+            raise ValueError(
+                f"max_consecutive_failures must be an int >= 1, got {self.max_consecutive_failures!r}"
+            )
+        m = self.max_consecutive_primary_failures
+        if m is not None and (not isinstance(m, int) or m < 1):
+            raise ValueError(f"max_consecutive_primary_failures must be None or an int >= 1, got {m!r}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Exponent override
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExponentOverride:
+    """Per-dimension inverse exponents e (the factor of that dimension is raised to -e).
+
+    Keyed by the order of the *original* parameter, as in Meta's distributed_shampoo::
+
+        ExponentOverride.from_mapping({2: {1: 0.0}, 4: 0.25, 1: 0.5})
+
+    means: for 2-D parameters do not precondition dim 1 (e = 0), precondition every dim of 4-D
+    parameters with exponent 1/4, and 1-D parameters (with ``vector_policy="shampoo"``) with 1/2.
+    Unlisted dims use the default e = 1/(2 k), k the order of the block after merging small dims
+    (Gupta et al. 2018: L^{-1/4} G R^{-1/4} for matrices). Dims with an override are never merged.
+    """
+
+    entries: tuple[tuple[int, float | tuple[tuple[int, float], ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        seen: set[int] = set()
+        for order, val in self.entries:
+            if not isinstance(order, int) or order < 0 or order in seen:
+                raise ValueError(f"exponent_override: bad or repeated tensor order {order!r}")
+            seen.add(order)
+            vals = [val] if not isinstance(val, tuple) else [v for _, v in val]
+            if isinstance(val, tuple):
+                for d, _ in val:
+                    if not isinstance(d, int) or not 0 <= d < max(order, 1):
+                        raise ValueError(f"exponent_override: dim {d!r} out of range for order {order}")
+            for v in vals:
+                if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                    raise ValueError(f"exponent_override: exponents must be finite and >= 0, got {v!r}")
+
+    @classmethod
+    def from_mapping(cls, value: Mapping[int, Any] | ExponentOverride | None) -> ExponentOverride:
+        if value is None:
+            return cls()
+        if isinstance(value, ExponentOverride):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"exponent_override must be a mapping order -> exponent(s), got {value!r}")
+        items: list[tuple[int, Any]] = []
+        for order, val in sorted(value.items()):
+            if isinstance(val, Mapping):
+                items.append((order, tuple(sorted((int(d), float(e)) for d, e in val.items()))))
+            else:
+                items.append((order, float(val)))
+        return cls(entries=tuple(items))
+
+    def for_order(self, order: int) -> tuple[float | None, ...]:
+        """Override per dim of a tensor of this order (None = default)."""
+        for o, val in self.entries:
+            if o == order:
+                if isinstance(val, tuple):
+                    d = dict(val)
+                    return tuple(d.get(i) for i in range(order))
+                return (val,) * order
+        return (None,) * order
+
+
+# ----------------------------------------------------------------------------------------------------
+# Diagnostics
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiagnosticsConfig:
+    """Optimizer-wide diagnostics options.
+
+    Args:
+        log_level: level of the per-factor lines logged at each root computation (a one-line summary
+            is logged at INFO, failures at WARNING).
+        dump_every: write the factor matrices every this many optimizer steps (0: never) to
+            ``dump_dir`` in the .npz layout :mod:`shampoo.diagnostics` documents.
+        dump_dir: directory of the dumps (created when needed).
+        kappa_power_iters: power-iteration steps of the per-factor condition number estimate.
+    """
+
+    log_level: int = logging.DEBUG
+    dump_every: int = 0
+    dump_dir: str | Path | None = None
+    kappa_power_iters: int = 20
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dump_every, int) or self.dump_every < 0:
+            raise ValueError(f"dump_every must be an int >= 0, got {self.dump_every!r}")
+        if self.dump_every and self.dump_dir is None:
+            raise ValueError("dump_every > 0 needs a dump_dir")
+        if self.kappa_power_iters < 1:
+            raise ValueError("kappa_power_iters must be >= 1")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Per-group options
+
+VECTOR_POLICIES = ("diagonal", "graft", "shampoo")
+EPS_MODES = ("absolute", "relative")
+
+# Group keys whose values define the block layout and state shapes: fixed once state exists.
+STRUCTURAL_KEYS = (
+    "max_preconditioner_dim",
+    "merge_dims",
+    "exponent_override",
+    "vector_policy",
+    "factor_dtype",
+)
+# Group keys holding config objects or dtypes (not restored from a state dict; see load_state_dict).
+CONFIG_KEYS = (*STRUCTURAL_KEYS, "grafting", "root_solver", "root_dtype", "failure")
+
+
+def _check_beta(b: float, name: str, *, allow_one: bool) -> None:
+    hi_ok = b <= 1.0 if allow_one else b < 1.0
+    if not (isinstance(b, int | float) and b >= 0.0 and hi_ok):
+        raise ValueError(f"{name} must be in [0, {'1]' if allow_one else '1)'}, got {b!r}")
+
+
+def _check_eps(e: float, name: str) -> None:
+    if not (isinstance(e, int | float) and math.isfinite(e) and e >= 0.0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {e!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupOptions:
+    """Validated options of one param group. See :class:`shampoo.Shampoo` for their meaning."""
+
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    eps_mode: str
+    weight_decay: float
+    decoupled_weight_decay: bool
+    momentum: float
+    nesterov: bool
+    use_bias_correction: bool
+    max_preconditioner_dim: int
+    merge_dims: bool
+    exponent_override: ExponentOverride
+    vector_policy: str
+    diagonal_eps: float
+    precondition_frequency: int
+    start_preconditioning_step: int
+    grafting: GraftingConfig
+    root_solver: SolverConfig
+    factor_dtype: torch.dtype
+    root_dtype: torch.dtype
+    warm_start: bool
+    failure: FailurePolicy = field(default_factory=FailurePolicy)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.lr, int | float | torch.Tensor) and float(self.lr) >= 0.0):
+            raise ValueError(f"lr must be >= 0, got {self.lr!r}")
+        if len(self.betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2), got {self.betas!r}")
+        _check_beta(self.betas[0], "betas[0] (gradient EMA)", allow_one=False)
+        _check_beta(self.betas[1], "betas[1] (factor EMA; 1.0 = sum)", allow_one=True)
+        if self.betas[1] == 0.0:
+            raise ValueError("betas[1] must be > 0 (0 would keep only the last gradient's statistics)")
+        _check_eps(self.eps, "eps")
+        _check_eps(self.diagonal_eps, "diagonal_eps")
+        if self.eps_mode not in EPS_MODES:
+            raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {self.eps_mode!r}")
+        _check_eps(self.weight_decay, "weight_decay")
+        _check_beta(self.momentum, "momentum", allow_one=False)
+        if self.nesterov and self.momentum <= 0:
+            raise ValueError("nesterov=True needs momentum > 0 (heavy-ball momentum on the search direction)")
+        if not isinstance(self.max_preconditioner_dim, int) or self.max_preconditioner_dim < 1:
+            raise ValueError(
+                f"max_preconditioner_dim must be an int >= 1, got {self.max_preconditioner_dim!r}"
+            )
+        if self.vector_policy not in VECTOR_POLICIES:
+            raise ValueError(f"vector_policy must be one of {VECTOR_POLICIES}, got {self.vector_policy!r}")
+        if not isinstance(self.precondition_frequency, int) or self.precondition_frequency < 1:
+            raise ValueError(
+                f"precondition_frequency must be an int >= 1, got {self.precondition_frequency!r}"
+            )
+        s = self.start_preconditioning_step
+        if not isinstance(s, int) or s < 1:
+            raise ValueError(f"start_preconditioning_step must be an int >= 1, got {s!r}")
+        for name in ("factor_dtype", "root_dtype"):
+            dt = getattr(self, name)
+            if dt not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+                raise ValueError(f"{name} must be a floating torch dtype, got {dt!r}")
+        if not isinstance(self.root_solver, SolverConfig):
+            raise ValueError(f"root_solver must be a matroots SolverConfig, got {self.root_solver!r}")
+        if not isinstance(self.grafting, GraftingConfig):
+            raise ValueError(f"grafting must be a GraftingConfig, got {self.grafting!r}")
+        if not isinstance(self.failure, FailurePolicy):
+            raise ValueError(f"failure must be a FailurePolicy, got {self.failure!r}")
+
+    @property
+    def beta1(self) -> float:
+        return float(self.betas[0])
+
+    @property
+    def beta2(self) -> float:
+        return float(self.betas[1])
+
+    def structure(self) -> tuple[Any, ...]:
+        """The values that fix the block layout and the shapes of the state."""
+        return (
+            self.max_preconditioner_dim,
+            self.merge_dims,
+            self.exponent_override,
+            self.vector_policy,
+            self.factor_dtype,
+            self.grafting.kind,
+            self.beta1 > 0,
+            self.momentum > 0,
+        )
+
+    @classmethod
+    def from_group(cls, group: Mapping[str, Any]) -> GroupOptions:
+        """Build from a torch param-group dict (already normalised by :func:`normalise_group`)."""
+        kw = {f.name: group[f.name] for f in dataclasses.fields(cls)}
+        kw["lr"] = float(kw["lr"])
+        kw["betas"] = (float(kw["betas"][0]), float(kw["betas"][1]))
+        return cls(**kw)
+
+
+def normalise_group(group: dict[str, Any], device: torch.device | None) -> None:
+    """Replace names by config objects in a param-group dict, in place (then validate it)."""
+    group["grafting"] = resolve_grafting(group["grafting"])
+    group["root_solver"] = resolve_root_solver(group["root_solver"], device)
+    group["exponent_override"] = ExponentOverride.from_mapping(group["exponent_override"])
+    group["factor_dtype"] = precision.as_dtype(group["factor_dtype"])
+    group["root_dtype"] = precision.as_dtype(group["root_dtype"])
+    if group["failure"] is None:
+        group["failure"] = FailurePolicy()
+    if isinstance(group["betas"], list):
+        group["betas"] = tuple(group["betas"])
+    opts = GroupOptions.from_group(group)
+    if opts.root_solver.integer_p:
+        # Newton methods need integer p = 1/e: check the overrides early, not at the first root.
+        for _order, val in opts.exponent_override.entries:
+            for e in [val] if not isinstance(val, tuple) else [v for _, v in val]:
+                if e and Fraction(e).limit_denominator(10**6) ** -1 % 1:
+                    raise ValueError(
+                        f"root solver {opts.root_solver.name!r} needs integer roots p = 1/e, but "
+                        f"exponent_override has e={e}; use root_solver='eigh' for rational exponents"
+                    )
+
+
+def config_to_dict(value: Any) -> Any:
+    """A plain (picklable with ``weights_only=True``) description of a config object."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {"__config__": type(value).__name__}
+        for f in dataclasses.fields(value):
+            out[f.name] = config_to_dict(getattr(value, f.name))
+        return out
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple):
+        return tuple(config_to_dict(v) for v in value)
+    return value
+
+
+__all__ = [
+    "CONFIG_KEYS",
+    "STRUCTURAL_KEYS",
+    "VECTOR_POLICIES",
+    "AdaGradGrafting",
+    "AdamGrafting",
+    "DiagnosticsConfig",
+    "ExponentOverride",
+    "FailurePolicy",
+    "GraftingConfig",
+    "GroupOptions",
+    "NoGrafting",
+    "RMSpropGrafting",
+    "SGDGrafting",
+    "config_to_dict",
+    "default_root_solver",
+    "normalise_group",
+    "resolve_grafting",
+    "resolve_root_solver",
+    "supports_warm_start",
+]

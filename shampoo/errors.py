@@ -1,0 +1,32 @@
+"""Errors and warnings raised by the Shampoo optimizer."""
+
+from __future__ import annotations
+
+
+class ShampooError(RuntimeError):
+    """Base class of errors raised by :class:`shampoo.Shampoo` while stepping or loading state."""
+
+
+class RootComputationError(ShampooError):
+    """A block's inverse-root computation failed too many times in a row (see ``FailurePolicy``)."""
+
+
+class StateDictError(ShampooError, ValueError):
+    """A state dict does not fit this optimizer (missing parameters, different blocking, ...)."""
+
+
+class NonFiniteGradientWarning(RuntimeWarning):
+    """A parameter's gradient (or its computed update) had NaN/Inf entries; its update was skipped."""
+
+
+class RootFailureWarning(RuntimeWarning):
+    """A root computation failed; the previous root (or the fallback solver's) is used instead."""
+
+
+__all__ = [
+    "NonFiniteGradientWarning",
+    "RootComputationError",
+    "RootFailureWarning",
+    "ShampooError",
+    "StateDictError",
+]

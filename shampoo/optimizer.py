@@ -1,0 +1,525 @@
+"""The Shampoo optimizer: a torch.optim.Optimizer whose step is a short pipeline of batched stages.
+
+Per param group, one step is (Gupta et al. 2018; Anil et al. 2020; Shi et al. 2023, Alg. 1):
+
+1. gradients: skip parameters whose gradient is non-finite (counted warning); L2 weight decay
+   g <- g + wd w when ``decoupled_weight_decay=False``;
+2. statistics (per bucket of same-shape blocks, batched): gradient EMA m (beta1), grafting state,
+   diagonal accumulators, Kronecker factors L_i <- beta2 L_i + (1 - beta2) G_(i) G_(i)^T;
+3. roots: every ``precondition_frequency`` steps from ``start_preconditioning_step`` on, the inverse
+   roots of the due factors, batched per (n, p), with warm starts and the failure policy;
+4. directions (batched): Shampoo (or diagonal) direction of m_hat, rescaled per block to the norm of
+   the grafting direction; the grafting direction alone before preconditioning starts;
+5. assembly: block directions are written into one direction tensor per parameter
+   (:meth:`Shampoo._assemble_directions`, the one place a distributed all-gather slots in);
+6. update: heavy-ball ``momentum`` (``nesterov``), decoupled weight decay w <- (1 - lr wd) w, and
+   w <- w - lr d; a parameter whose direction is non-finite is skipped (counted warning).
+
+Stages 2-4 run only on blocks this process owns (:meth:`Shampoo._owns`); in a single process it owns
+all of them.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .blocking import BlockKind, BlockSpec, layout_param
+from .config import (
+    CONFIG_KEYS,
+    DiagnosticsConfig,
+    FailurePolicy,
+    GroupOptions,
+    config_to_dict,
+    normalise_group,
+)
+from .diagnostics import BlockDiagnostics, block_diagnostics, dump_factors, to_frame
+from .errors import NonFiniteGradientWarning, ShampooError, StateDictError
+from .preconditioner import BlockBucket
+from .roots import RootJob, compute_roots
+from .state import BlockState, ParamState, flatten, restore
+
+log = logging.getLogger("shampoo")
+
+
+@dataclass
+class StepTiming:
+    """Cumulative wall time of :meth:`Shampoo.step` and of its root computations."""
+
+    steps: int = 0
+    step_seconds: float = 0.0
+    root_seconds: float = 0.0
+    root_rounds: int = 0
+    roots_computed: int = 0
+
+    def reset(self) -> None:
+        self.steps, self.step_seconds, self.root_seconds, self.root_rounds, self.roots_computed = (
+            0,
+            0.0,
+            0.0,
+            0,
+            0,
+        )
+
+    @property
+    def root_share(self) -> float:
+        return self.root_seconds / self.step_seconds if self.step_seconds else 0.0
+
+
+class _GroupEngine:
+    """Layout, typed state and buckets of one param group (built at its first step or load)."""
+
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        keys: list[str | int],
+        first_index: int,
+        opts: GroupOptions,
+        owns: Callable[[BlockSpec], bool],
+    ):
+        self.params = params
+        self.structure = opts.structure()
+        self.states: list[ParamState] = []
+        for i, (p, key) in enumerate(zip(params, keys, strict=True)):
+            layout = layout_param(
+                first_index + i,
+                tuple(p.shape),
+                max_preconditioner_dim=opts.max_preconditioner_dim,
+                merge_dims_=opts.merge_dims,
+                exponent_override=opts.exponent_override,
+                vector_policy=opts.vector_policy,
+            )
+            blocks = [BlockState(spec=s, owned=owns(s)) for s in layout.blocks]
+            mom = torch.zeros_like(p, memory_format=torch.contiguous_format) if opts.momentum > 0 else None
+            self.states.append(ParamState(key=key, layout=layout, blocks=blocks, momentum_buffer=mom))
+        groups: dict[tuple[Any, ...], list[tuple[int, BlockState]]] = {}
+        for i, (p, st) in enumerate(zip(params, self.states, strict=True)):
+            for bs in st.blocks:
+                if bs.owned:
+                    groups.setdefault((*bs.spec.bucket_key, p.dtype, p.device), []).append((i, bs))
+        self.buckets: list[BlockBucket] = []
+        self.members: list[list[int]] = []  # per bucket: local param index of each position
+        for (*_, dtype, device), items in groups.items():
+            self.buckets.append(BlockBucket([bs for _, bs in items], opts, dtype, device))
+            self.members.append([i for i, _ in items])
+        self.directions = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
+
+    def label(self, bucket: BlockBucket, position: int, slot: int) -> str:
+        spec = bucket.blocks[position].spec
+        key = self.states[self.members[self.buckets.index(bucket)][position]].key
+        return f"{key!s}[block {spec.index}, dim {bucket.factor_dims[slot]}]"
+
+    def block_directions(
+        self, opts: GroupOptions, present: list[int], grads: list[torch.Tensor], diag: DiagnosticsConfig
+    ) -> tuple[list[tuple[BlockBucket, list[int], list[int], torch.Tensor]], Any]:
+        """Stages 2-4 on the owned blocks of the present parameters.
+
+        Returns (bucket, members, positions, stacked directions) per bucket, and the roots report.
+        """
+        merged = {i: self.states[i].layout.merged_view(g) for i, g in zip(present, grads, strict=True)}
+        work = []
+        for bucket, members in zip(self.buckets, self.members, strict=True):
+            positions = [j for j, i in enumerate(members) if i in merged]
+            if not positions:
+                continue
+            full = len(positions) == len(members)
+            sel = None if full else torch.tensor(positions, device=bucket.device)
+            G = bucket.stack([merged[members[j]][bucket.blocks[j].spec.slices] for j in positions])
+            steps = [self.states[members[j]].step for j in positions]
+            m_hat = bucket.update_statistics(sel, G, opts, steps)
+            work.append((bucket, members, positions, sel, m_hat, steps))
+        start, freq = opts.start_preconditioning_step, opts.precondition_frequency
+        jobs = []
+        for bucket, _members, positions, _sel, _m, steps in work:
+            if not bucket.factors:
+                continue
+            due = [
+                (j, t)
+                for j, t in zip(positions, steps, strict=True)
+                if t >= start and (t - start) % freq == 0
+            ]
+            if due:
+                pos, ts = [j for j, _ in due], [t for _, t in due]
+                jobs.extend(RootJob(bucket, slot, pos, ts) for slot in range(len(bucket.factors)))
+        report = compute_roots(jobs, opts, diag, self.label) if jobs else None
+        out = []
+        for bucket, members, positions, sel, m_hat, steps in work:
+            use = [
+                t >= start and (bucket.kind is BlockKind.DIAGONAL or bucket.has_any_root(j))
+                for j, t in zip(positions, steps, strict=True)
+            ]
+            out.append((bucket, members, positions, bucket.directions(sel, m_hat, opts, steps, use)))
+        return out, report
+
+
+class Shampoo(torch.optim.Optimizer):
+    """Shampoo with blocked Kronecker preconditioners, grafting, momentum and a matroots root solver.
+
+    Args:
+        params: parameters, ``named_parameters()`` (recommended: the state dict is then keyed by
+            name, so it survives reordering) or param-group dicts.
+        lr: learning rate.
+        betas: (beta1, beta2). beta1: EMA of the gradient that is preconditioned (Adam's first moment;
+            0 disables it). beta2: EMA of the Kronecker factors and diagonal accumulators; 1.0 sums
+            them, as AdaGrad does.
+        eps: regularisation of the factors, A + eps I (``eps_mode`` "absolute", or "relative":
+            eps lambda_max(A)), passed to the root solver.
+        weight_decay, decoupled_weight_decay: decoupled (AdamW: w <- (1 - lr wd) w) or L2
+            (g <- g + wd w) weight decay.
+        momentum, nesterov: heavy-ball momentum on the final search direction (torch.optim.SGD's
+            semantics, dampening 0); ``nesterov`` needs momentum > 0.
+        use_bias_correction: divide the gradient EMA by 1 - beta1^t, the factors (before their roots),
+            diagonal accumulators and Adam grafting's second moment by 1 - beta2^t.
+        max_preconditioner_dim, merge_dims, exponent_override, vector_policy: blocking, see
+            :mod:`shampoo.blocking` and :class:`shampoo.ExponentOverride` (a mapping
+            ``{order: e or {dim: e}}`` is accepted; e = 0 means "do not precondition this dim").
+        diagonal_eps: eps of the diagonal preconditioner of ``vector_policy="diagonal"`` blocks.
+        precondition_frequency: recompute the roots every this many steps.
+        start_preconditioning_step: first step that uses (and computes) roots; before it the update is
+            the grafting method alone. Default: ``precondition_frequency``.
+        grafting: "none", "sgd", "adagrad", "rmsprop", "adam" or a grafting config with its own
+            eps/beta2 (e.g. ``AdamGrafting(beta2=0.99, eps=1e-8)``).
+        root_solver: a matroots solver name or config (``"eigh"``, ``"coupled_newton"``,
+            ``"schur_newton"``, ``"auto"``, ``matroots.CoupledNewtonConfig(...)``); see
+            :func:`shampoo.config.default_root_solver` for what the names mean here.
+        factor_dtype: dtype of the factor statistics; root_dtype: working precision of the roots.
+        warm_start: warm-start the root solver from the previous root where it supports it.
+        failure: a :class:`FailurePolicy` (fallback solver, consecutive-failure limit).
+        diagnostics: a :class:`DiagnosticsConfig` (log level, factor dumps); optimizer-wide.
+        distributed: reserved for the distributed optimizer (issue 6); must be None here.
+
+    Every option except ``diagnostics`` and ``distributed`` can be set per param group.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-12,
+        *,
+        eps_mode: str = "absolute",
+        weight_decay: float = 0.0,
+        decoupled_weight_decay: bool = True,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        use_bias_correction: bool = True,
+        max_preconditioner_dim: int = 1024,
+        merge_dims: bool = True,
+        exponent_override: Any = None,
+        vector_policy: str = "diagonal",
+        diagonal_eps: float = 1e-10,
+        precondition_frequency: int = 100,
+        start_preconditioning_step: int | None = None,
+        grafting: Any = "adam",
+        root_solver: Any = "eigh",
+        factor_dtype: torch.dtype = torch.float32,
+        root_dtype: torch.dtype = torch.float32,
+        warm_start: bool = True,
+        failure: FailurePolicy | None = None,
+        diagnostics: DiagnosticsConfig | None = None,
+        distributed: Any = None,
+    ) -> None:
+        if distributed is not None:
+            raise NotImplementedError("distributed Shampoo is not available in this build (issue 6)")
+        self._diag = diagnostics if diagnostics is not None else DiagnosticsConfig()
+        if not isinstance(self._diag, DiagnosticsConfig):
+            raise ValueError(f"diagnostics must be a DiagnosticsConfig, got {diagnostics!r}")
+        self._engines: list[_GroupEngine | None] = []
+        self._global_step = 0
+        self.timing = StepTiming()
+        defaults = dict(
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            eps_mode=eps_mode,
+            weight_decay=weight_decay,
+            decoupled_weight_decay=decoupled_weight_decay,
+            momentum=momentum,
+            nesterov=nesterov,
+            use_bias_correction=use_bias_correction,
+            max_preconditioner_dim=max_preconditioner_dim,
+            merge_dims=merge_dims,
+            exponent_override=exponent_override,
+            vector_policy=vector_policy,
+            diagonal_eps=diagonal_eps,
+            precondition_frequency=precondition_frequency,
+            start_preconditioning_step=start_preconditioning_step,
+            grafting=grafting,
+            root_solver=root_solver,
+            factor_dtype=factor_dtype,
+            root_dtype=root_dtype,
+            warm_start=warm_start,
+            failure=failure,
+        )
+        super().__init__(params, defaults)
+
+    # -- groups ---------------------------------------------------------------------------------------
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        if group["start_preconditioning_step"] is None:
+            group["start_preconditioning_step"] = group["precondition_frequency"]
+        for p in group["params"]:
+            if p.is_sparse:
+                raise ValueError("Shampoo does not support sparse parameters")
+        device = group["params"][0].device if group["params"] else None
+        normalise_group(group, device)
+        self._engines.append(None)
+
+    def _param_keys(self) -> list[list[str | int]]:
+        """Per group, the state-dict key of each parameter: its name, or its global position."""
+        named = all("param_names" in g for g in self.param_groups)
+        keys, pos = [], 0
+        for g in self.param_groups:
+            if named:
+                keys.append(list(g["param_names"]))
+            else:
+                keys.append(list(range(pos, pos + len(g["params"]))))
+            pos += len(g["params"])
+        flat = [k for ks in keys for k in ks]
+        if len(set(flat)) != len(flat):
+            raise ValueError("parameter names must be unique across param groups")
+        return keys
+
+    def _owns(self, spec: BlockSpec) -> bool:
+        """Whether this process computes the block's statistics, roots and direction (always, here)."""
+        return True
+
+    def _engine(self, gi: int, opts: GroupOptions) -> _GroupEngine:
+        eng = self._engines[gi]
+        if eng is None:
+            first = sum(len(g["params"]) for g in self.param_groups[:gi])
+            group = self.param_groups[gi]
+            eng = _GroupEngine(list(group["params"]), self._param_keys()[gi], first, opts, self._owns)
+            for p, st in zip(group["params"], eng.states, strict=True):
+                self.state[p] = st
+            self._engines[gi] = eng
+        elif eng.structure != opts.structure():
+            raise ShampooError(
+                f"param group {gi}: blocking/state options changed after the state was created "
+                f"({eng.structure} -> {opts.structure()}); they are fixed once the optimizer has stepped"
+            )
+        return eng
+
+    # -- step -----------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Perform one optimization step. See the module docstring for the pipeline."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        t0 = time.perf_counter()
+        self._global_step += 1
+        for gi, group in enumerate(self.param_groups):
+            opts = GroupOptions.from_group(group)
+            self._step_group(gi, group, opts)
+        if self._diag.dump_every and self._global_step % self._diag.dump_every == 0:
+            self.dump_factors()
+        self.timing.steps += 1
+        self.timing.step_seconds += time.perf_counter() - t0
+        return loss
+
+    def _step_group(self, gi: int, group: dict[str, Any], opts: GroupOptions) -> None:
+        params: list[torch.Tensor] = group["params"]
+        idx = [i for i, p in enumerate(params) if p.grad is not None]
+        if not idx:
+            return
+        eng = self._engine(gi, opts)
+        grads = [params[i].grad for i in idx]
+        if any(g.is_sparse for g in grads):  # type: ignore[union-attr]
+            raise ValueError("Shampoo does not support sparse gradients")
+        finite = torch.isfinite(torch.stack(torch._foreach_norm(grads))).tolist()  # type: ignore[arg-type]
+        if not all(finite):
+            bad = [eng.states[i] for i, ok in zip(idx, finite, strict=True) if not ok]
+            self._skip(bad, "gradient")
+            idx = [i for i, ok in zip(idx, finite, strict=True) if ok]
+            grads = [g for g, ok in zip(grads, finite, strict=True) if ok]
+            if not idx:
+                return
+        plist = [params[i] for i in idx]
+        if opts.weight_decay and not opts.decoupled_weight_decay:
+            grads = list(torch._foreach_add(grads, plist, alpha=opts.weight_decay))  # type: ignore[arg-type]
+        for i in idx:
+            eng.states[i].step += 1
+        outputs, report = eng.block_directions(opts, idx, grads, self._diag)  # type: ignore[arg-type]
+        if report is not None:
+            self.timing.root_seconds += report.seconds
+            self.timing.root_rounds += 1
+            self.timing.roots_computed += report.factors
+            log.info(
+                "shampoo step %d group %d: %d roots in %.3fs (%d solver failures, %d without a root)",
+                self._global_step, gi, report.factors, report.seconds, report.primary_failures, report.failures,
+            )  # fmt: skip
+        dirs = self._assemble_directions(eng, idx, outputs)
+        self._apply(eng, opts, idx, plist, dirs)
+
+    def _assemble_directions(
+        self,
+        eng: _GroupEngine,
+        present: list[int],
+        outputs: list[tuple[BlockBucket, list[int], list[int], torch.Tensor]],
+    ) -> list[torch.Tensor]:
+        """Write every block's direction into its parameter's direction tensor.
+
+        This is the single place where search directions meet: a distributed optimizer all-gathers
+        the owned blocks' directions here and writes the other ranks' blocks the same way.
+        """
+        views = {i: eng.states[i].layout.merged_view(eng.directions[i]) for i in present}
+        for bucket, members, positions, D in outputs:
+            for k, j in enumerate(positions):
+                views[members[j]][bucket.blocks[j].spec.slices].copy_(D[k])
+        return [eng.directions[i] for i in present]
+
+    def _apply(
+        self,
+        eng: _GroupEngine,
+        opts: GroupOptions,
+        idx: list[int],
+        params: list[torch.Tensor],
+        dirs: list[torch.Tensor],
+    ) -> None:
+        """Stage 6: momentum, decoupled weight decay and the parameter update; never writes NaN/Inf."""
+        finite = torch.isfinite(torch.stack(torch._foreach_norm(dirs))).tolist()
+        if not all(finite):
+            self._skip([eng.states[i] for i, ok in zip(idx, finite, strict=True) if not ok], "update")
+            keep = [k for k, ok in enumerate(finite) if ok]
+            idx, params, dirs = [idx[k] for k in keep], [params[k] for k in keep], [dirs[k] for k in keep]
+            if not idx:
+                return
+        if opts.momentum > 0:
+            bufs = [eng.states[i].momentum_buffer for i in idx]
+            torch._foreach_mul_(bufs, opts.momentum)  # type: ignore[arg-type]
+            torch._foreach_add_(bufs, dirs)  # type: ignore[arg-type]
+            if opts.nesterov:
+                torch._foreach_add_(dirs, bufs, alpha=opts.momentum)  # type: ignore[arg-type]
+            else:
+                dirs = bufs  # type: ignore[assignment]
+        if opts.weight_decay and opts.decoupled_weight_decay:
+            torch._foreach_mul_(params, 1.0 - opts.lr * opts.weight_decay)
+        torch._foreach_add_(params, dirs, alpha=-opts.lr)
+
+    def _skip(self, states: list[ParamState], what: str) -> None:
+        for st in states:
+            st.skipped_steps += 1
+        names = ", ".join(str(s.key) for s in states[:5]) + (" ..." if len(states) > 5 else "")
+        msg = (
+            f"shampoo: non-finite {what} for {len(states)} parameter(s) ({names}); their update was skipped "
+            f"(skipped so far: {', '.join(str(s.skipped_steps) for s in states[:5])})"
+        )
+        log.warning(msg)
+        warnings.warn(msg, NonFiniteGradientWarning, stacklevel=4)
+
+    # -- diagnostics ----------------------------------------------------------------------------------
+
+    def diagnostics(self) -> list[BlockDiagnostics]:
+        """Per owned block: solver, iterations, residual, converged, failures, seconds and kappa of
+        each factor's last root computation (see :class:`shampoo.diagnostics.FactorDiagnostics`)."""
+        out = []
+        for eng in self._engines:
+            if eng is None:
+                continue
+            for st in eng.states:
+                out.extend(block_diagnostics(st.key, st.step, b) for b in st.blocks if b.owned)
+        return out
+
+    def diagnostics_frame(self) -> Any:
+        """:meth:`diagnostics` as a tidy pandas DataFrame (one row per factor)."""
+        return to_frame(self.diagnostics())
+
+    def log_diagnostics(self, level: int = logging.INFO) -> None:
+        """Log one line per factor with the values of :meth:`diagnostics`."""
+        for d in self.diagnostics():
+            for row in d.rows():
+                log.log(level, "shampoo diagnostics %s", row)
+
+    def dump_factors(self, directory: Any = None) -> Any:
+        """Write every owned factor to an .npz file (layout in :mod:`shampoo.diagnostics`)."""
+        directory = directory if directory is not None else self._diag.dump_dir
+        if directory is None:
+            raise ValueError("dump_factors needs a directory (argument or DiagnosticsConfig.dump_dir)")
+        entries = []
+        for gi, eng in enumerate(self._engines):
+            if eng is None:
+                continue
+            opts = GroupOptions.from_group(self.param_groups[gi])
+            for st in eng.states:
+                bc = 1.0 - opts.beta2**st.step if opts.use_bias_correction and opts.beta2 < 1.0 else 1.0
+                extra = {"step": st.step, "beta2": opts.beta2, "eps": opts.eps, "eps_mode": opts.eps_mode}
+                for b in st.blocks:
+                    for f in b.factors if b.owned else []:
+                        entries.append((st.key, b.spec.index, f, {**extra, "bias_correction": bc}))
+        return dump_factors(directory, self._global_step, entries)
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """Everything needed to resume bitwise: factors, roots, grafting state, momentum, counters.
+
+        ``state`` is keyed by parameter name (or global position when the optimizer was built without
+        names); config objects in ``param_groups`` are stored as plain dicts for reference.
+        """
+        keys = self._param_keys()
+        state: dict[str | int, Any] = {}
+        for eng in self._engines:
+            if eng is not None:
+                for st in eng.states:
+                    state[st.key] = flatten(st)
+        groups = []
+        for g, ks in zip(self.param_groups, keys, strict=True):
+            packed = {k: (config_to_dict(v) if k in CONFIG_KEYS else copy.deepcopy(v)) for k, v in g.items()}
+            packed["params"] = list(ks)
+            packed.pop("param_names", None)
+            groups.append(packed)
+        return {
+            "state": state,
+            "param_groups": groups,
+            "shampoo": {"version": 1, "global_step": self._global_step},
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        """Load a :meth:`state_dict`. Parameters are matched by key (name or position), groups by
+        position. Hyperparameters are restored; config objects (grafting, root solver, blocking,
+        dtypes, failure policy) stay as configured now, and the blocking must match the saved state.
+        """
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise StateDictError(
+                f"state dict has {len(saved_groups)} param groups, the optimizer {len(self.param_groups)}"
+            )
+        keys = self._param_keys()
+        for gi, (g, sg, ks) in enumerate(zip(self.param_groups, saved_groups, keys, strict=True)):
+            if sorted(map(str, sg["params"])) != sorted(map(str, ks)):
+                missing = set(map(str, ks)) ^ set(map(str, sg["params"]))
+                raise StateDictError(
+                    f"param group {gi}: parameters differ from the saved ones: {sorted(missing)[:5]}"
+                )
+            for k, v in sg.items():
+                if k not in CONFIG_KEYS and k != "params":
+                    g[k] = copy.deepcopy(v)
+        saved = state_dict["state"]
+        known = {k for ks in keys for k in ks}
+        unknown = [k for k in saved if k not in known]
+        if unknown:
+            raise StateDictError(f"state dict has state for unknown parameters: {unknown[:5]}")
+        for gi, group in enumerate(self.param_groups):
+            if not any(k in saved for k in keys[gi]):
+                continue
+            eng = self._engine(gi, GroupOptions.from_group(group))
+            for st in eng.states:
+                if st.key in saved:
+                    restore(st, saved[st.key])
+        self._global_step = int(state_dict.get("shampoo", {}).get("global_step", 0))
+
+
+__all__ = ["Shampoo", "StepTiming"]

@@ -1,0 +1,360 @@
+"""Inverse-root computation for Kronecker factors: batching, warm starts and the failure policy.
+
+Due factors of equal size n and root p (across buckets) are concatenated into one (b, n, n) batch and
+solved by one matroots call. A factor's solve *fails* when the call raises a numerical error
+(``matroots.MatrootsError``, ``torch.linalg.LinAlgError``), or its root is non-finite, or the solver
+reports ``converged=False``. Failed factors keep their previous root and go to the fallback solver
+(see :class:`shampoo.config.FailurePolicy`); a factor without a usable root after both counts a
+failure, and ``max_consecutive_failures`` in a row raise :class:`~shampoo.errors.RootComputationError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import torch
+
+from matroots import ConvergenceWarning, MatrootsError
+from matroots.solvers import SolverConfig
+from matroots.spectral import power_lambda_max
+
+from .config import DiagnosticsConfig, GroupOptions, supports_warm_start
+from .errors import RootComputationError, RootFailureWarning
+from .preconditioner import BlockBucket
+from .state import FactorState
+
+log = logging.getLogger("shampoo")
+
+NUMERICAL_ERRORS = (MatrootsError, torch.linalg.LinAlgError)
+
+
+@dataclass
+class RootJob:
+    """Factors of one bucket slot (one block dim) whose roots are due."""
+
+    bucket: BlockBucket
+    slot: int  # index into bucket.factors / bucket.roots
+    positions: list[int]  # blocks of the bucket
+    steps: list[int]  # each block's parameter step (for bias correction and bookkeeping)
+
+
+@dataclass
+class SolveOutcome:
+    """Per-element outcome of one batched solve."""
+
+    roots: torch.Tensor | None  # (b, n, n) or None when the call raised
+    ok: torch.Tensor  # (b,) bool
+    iterations: list[int]
+    residual: list[float]
+    seconds: float
+    kappa: list[float]
+    error: str = ""
+
+
+@dataclass
+class RoundReport:
+    """Summary of one call of :func:`compute_roots` (for timing and logging)."""
+
+    factors: int = 0
+    primary_failures: int = 0
+    failures: int = 0
+    seconds: float = 0.0
+    solver_seconds: float = 0.0
+    failed_labels: list[str] = field(default_factory=list)
+
+
+def _as_p(p: Fraction) -> int | Fraction:
+    return int(p) if p.denominator == 1 else p
+
+
+def _kappa(A: torch.Tensor, X: torch.Tensor, p: Fraction, info: dict, iters: int) -> list[float]:
+    """Condition number of the regularised factor as the root sees it.
+
+    From eigh's exact extreme eigenvalues when available, else lambda_max(A) by power iteration
+    and lambda_min = lambda_max(X)^{-p} from the root X = (A + eps I)^{-1/p}.
+    """
+    shift = info.get("eps_abs")
+    lo, hi = info.get("lambda_min"), info.get("lambda_max")
+    if isinstance(lo, torch.Tensor) and isinstance(hi, torch.Tensor) and lo.numel() == A.shape[0]:
+        s = shift.double() if isinstance(shift, torch.Tensor) else torch.zeros_like(hi.double())
+        lo, hi = lo.double() + s, hi.double() + s
+        k = torch.where(lo > 0, hi / lo.clamp_min(1e-300), torch.full_like(hi, math.inf))
+        return k.tolist()
+    work = A if A.dtype in (torch.float32, torch.float64) else A.float()
+    lam_a, _ = power_lambda_max(work, iters)
+    Xw = X.to(work.dtype)
+    lam_x, _ = power_lambda_max(0.5 * (Xw + Xw.mT), iters)
+    k = lam_a * lam_x.clamp_min(1e-300) ** float(p)
+    return k.tolist()
+
+
+def solve_batch(
+    cfg: SolverConfig,
+    A: torch.Tensor,
+    p: Fraction,
+    opts: GroupOptions,
+    dtype: torch.dtype,
+    warm: torch.Tensor | None,
+    kappa_iters: int,
+) -> SolveOutcome:
+    """One batched matroots call, never raising for numerical failures."""
+    b = A.shape[0]
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            res = cfg.solve(A, _as_p(p), eps=opts.eps, eps_mode=opts.eps_mode, dtype=dtype, warm_start=warm)
+    except NUMERICAL_ERRORS as exc:
+        dt = time.perf_counter() - t0
+        return SolveOutcome(
+            None,
+            torch.zeros(b, dtype=torch.bool),
+            [0] * b,
+            [math.nan] * b,
+            dt,
+            [math.nan] * b,
+            f"{type(exc).__name__}: {exc}",
+        )
+    X = res.root
+    conv = res.converged if isinstance(res.converged, torch.Tensor) else torch.tensor([res.converged] * b)
+    ok = conv.reshape(b).cpu() & torch.isfinite(X).flatten(1).all(1).cpu()
+    iters = res.iterations
+    iters_l = iters.reshape(b).tolist() if isinstance(iters, torch.Tensor) else [int(iters)] * b
+    resid = res.residual
+    resid_l = resid.reshape(b).tolist() if isinstance(resid, torch.Tensor) else [float(resid)] * b
+    kappa = [math.nan] * b
+    if bool(ok.any()) and kappa_iters > 0:
+        kappa = _kappa(A.to(dtype), X, p, res.info, kappa_iters)
+    err = "" if bool(ok.all()) else f"not converged or non-finite ({res.info.get('stop_reason', '')})"
+    return SolveOutcome(X, ok, iters_l, resid_l, time.perf_counter() - t0, kappa, err)
+
+
+def _solve_with_warm_start(
+    cfg: SolverConfig,
+    A: torch.Tensor,
+    p: Fraction,
+    opts: GroupOptions,
+    prev: torch.Tensor,
+    has_root: list[bool],
+    kappa_iters: int,
+) -> SolveOutcome:
+    """Solve with the primary solver, warm-starting the elements that have a previous root."""
+    use_warm = opts.warm_start and supports_warm_start(cfg) and any(has_root)
+    if not use_warm:
+        return solve_batch(cfg, A, p, opts, opts.root_dtype, None, kappa_iters)
+    if all(has_root):
+        return solve_batch(cfg, A, p, opts, opts.root_dtype, prev.to(opts.root_dtype), kappa_iters)
+    warm_idx = [i for i, h in enumerate(has_root) if h]
+    cold_idx = [i for i, h in enumerate(has_root) if not h]
+    parts = [
+        (warm_idx, solve_batch(cfg, A[warm_idx], p, opts, opts.root_dtype, prev[warm_idx], kappa_iters)),
+        (cold_idx, solve_batch(cfg, A[cold_idx], p, opts, opts.root_dtype, None, kappa_iters)),
+    ]
+    return _merge(parts, A.shape[0], A.shape[-1], opts.root_dtype)
+
+
+def _merge(parts: list[tuple[list[int], SolveOutcome]], b: int, n: int, dtype: torch.dtype) -> SolveOutcome:
+    roots = torch.full((b, n, n), math.nan, dtype=dtype)
+    ok = torch.zeros(b, dtype=torch.bool)
+    iters, resid, kappa = [0] * b, [math.nan] * b, [math.nan] * b
+    errors, seconds = [], 0.0
+    for idx, out in parts:
+        seconds += out.seconds
+        if out.error:
+            errors.append(out.error)
+        if out.roots is not None:
+            roots[idx] = out.roots.to(dtype)
+        ok[idx] = out.ok
+        for j, i in enumerate(idx):
+            iters[i], resid[i], kappa[i] = out.iterations[j], out.residual[j], out.kappa[j]
+    return SolveOutcome(roots, ok, iters, resid, seconds, kappa, "; ".join(errors))
+
+
+def _fallback(A: torch.Tensor, p: Fraction, opts: GroupOptions, kappa_iters: int) -> SolveOutcome:
+    """The fallback solver on the failed elements; isolates elements when the batched call raises."""
+    fb = opts.failure.fallback
+    assert fb is not None
+    dtype = opts.failure.fallback_dtype
+    out = solve_batch(fb, A, p, opts, dtype, None, kappa_iters)
+    if out.roots is not None or A.shape[0] == 1:
+        return out
+    parts = [
+        ([i], solve_batch(fb, A[i : i + 1], p, opts, dtype, None, kappa_iters)) for i in range(A.shape[0])
+    ]
+    return _merge(parts, A.shape[0], A.shape[-1], dtype)
+
+
+def compute_roots(
+    jobs: list[RootJob],
+    opts: GroupOptions,
+    diag: DiagnosticsConfig,
+    label: Callable[[BlockBucket, int, int], str],
+) -> RoundReport:
+    """Compute the due roots of ``jobs`` in batches of equal (n, p) and apply the failure policy.
+
+    ``label(bucket, position, slot)`` names a factor in messages. Raises RootComputationError after
+    ``opts.failure.max_consecutive_failures`` consecutive failures of any factor.
+    """
+    t_round = time.perf_counter()
+    report = RoundReport()
+    batches: dict[tuple[int, Fraction], list[RootJob]] = {}
+    for job in jobs:
+        k = (job.bucket.factors[job.slot].shape[-1], job.bucket.root_ps[job.bucket.factor_dims[job.slot]])
+        batches.setdefault(k, []).append(job)  # type: ignore[arg-type]
+    policy = opts.failure
+    over_limit: list[tuple[list[RootJob], list[FactorState], Fraction]] = []
+    work_dtype = torch.promote_types(opts.factor_dtype, opts.root_dtype)
+    bc_on = opts.use_bias_correction and opts.beta2 < 1.0
+    for (_n, p), group in batches.items():
+        parts, prevs, states, steps = [], [], [], []
+        for job in group:
+            sel = torch.tensor(job.positions, device=job.bucket.device)
+            F = job.bucket.factors[job.slot].index_select(0, sel).to(work_dtype)
+            if bc_on:
+                div = torch.tensor([1.0 - opts.beta2**t for t in job.steps], dtype=F.dtype, device=F.device)
+                F = F / div.view(-1, 1, 1)
+            parts.append(F)
+            prevs.append(job.bucket.roots[job.slot].index_select(0, sel))
+            states.extend(job.bucket.blocks[i].factors[job.slot] for i in job.positions)
+            steps.extend(job.steps)
+        A = torch.cat(parts) if len(parts) > 1 else parts[0]
+        prev = torch.cat(prevs) if len(prevs) > 1 else prevs[0]
+        has_root = [f.has_root for f in states]
+        out = _solve_with_warm_start(opts.root_solver, A, p, opts, prev, has_root, diag.kappa_power_iters)
+        report.solver_seconds += out.seconds
+        final = out.roots.to(prev.dtype) if out.roots is not None else prev.clone()
+        ok = out.ok.clone()
+        used = [opts.root_solver.name] * len(states)
+        fb_ok = torch.zeros_like(ok)
+        failed = (~ok).nonzero().flatten().tolist()
+        fb_out = None
+        if failed and policy.fallback is not None:
+            fb_out = _fallback(A[failed], p, opts, diag.kappa_power_iters)
+            report.solver_seconds += fb_out.seconds
+            for j, i in enumerate(failed):
+                if bool(fb_out.ok[j]):
+                    assert fb_out.roots is not None
+                    final[i] = fb_out.roots[j].to(final.dtype)
+                    fb_ok[i] = True
+                    used[i] = f"{policy.fallback.name}[fallback]"
+        good = ok | fb_ok
+        # Keep the previous root where no solver produced one; symmetrise the new ones.
+        final = torch.where(good.view(-1, 1, 1).to(final.device), 0.5 * (final + final.mT), prev)
+        _write_back(group, final)
+        per_elem_seconds = out.seconds / max(len(states), 1)
+        for i, f in enumerate(states):
+            primary_ok = bool(ok[i])
+            f.seconds = per_elem_seconds
+            if primary_ok:
+                f.iterations, f.residual, f.kappa = out.iterations[i], out.residual[i], out.kappa[i]
+                f.converged, f.error = True, ""
+                f.consecutive_primary_failures = 0
+            else:
+                f.primary_failures += 1
+                f.consecutive_primary_failures += 1
+                f.error = out.error
+                f.converged = False
+                f.iterations, f.residual = out.iterations[i], out.residual[i]
+                if fb_out is not None:
+                    j = failed.index(i)
+                    f.seconds += fb_out.seconds / max(len(failed), 1)
+                    if bool(fb_ok[i]):
+                        f.fallback_uses += 1
+                        f.kappa = fb_out.kappa[j]
+                        f.converged = True
+                    else:
+                        f.error += f"; fallback: {fb_out.error}"
+            f.solver = used[i]
+            if bool(good[i]):
+                f.has_root = True
+                f.root_step = steps[i]
+                f.consecutive_failures = 0
+            else:
+                f.failures += 1
+                f.consecutive_failures += 1
+        report.factors += len(states)
+        report.primary_failures += int((~ok).sum())
+        report.failures += int((~good).sum())
+        if bool((~ok).any()):
+            report.failed_labels.extend(_labels(group, (~ok).tolist(), label))
+        if log.isEnabledFor(diag.log_level):
+            for lab, f in zip(_labels(group, [True] * len(states), label), states, strict=True):
+                log.log(
+                    diag.log_level,
+                    "root %s n=%d p=%s solver=%s iters=%d residual=%.3e converged=%s failures=%d "
+                    "seconds=%.4f kappa=%.3e",
+                    lab, f.n, f.root_p, f.solver, f.iterations, f.residual, f.converged,
+                    f.consecutive_failures, f.seconds, f.kappa,
+                )  # fmt: skip
+        over_limit.append((group, states, p))
+    report.seconds = time.perf_counter() - t_round
+    if report.primary_failures:
+        msg = (
+            f"shampoo: {report.primary_failures} of {report.factors} root computations failed with "
+            f"{opts.root_solver.name!r} ({report.failures} without a usable root after the fallback): "
+            f"{', '.join(report.failed_labels[:5])}{' ...' if len(report.failed_labels) > 5 else ''}"
+        )
+        log.warning(msg)
+        warnings.warn(msg, RootFailureWarning, stacklevel=4)
+    for group, states, p in over_limit:
+        _check_limits(group, states, policy, label, p)
+    return report
+
+
+def _write_back(group: list[RootJob], final: torch.Tensor) -> None:
+    start = 0
+    for job in group:
+        k = len(job.positions)
+        sel = torch.tensor(job.positions, device=job.bucket.device)
+        job.bucket.roots[job.slot].index_copy_(0, sel, final[start : start + k].to(job.bucket.dtype))
+        start += k
+
+
+def _labels(
+    group: list[RootJob], mask: list[bool], label: Callable[[BlockBucket, int, int], str]
+) -> list[str]:
+    out, i = [], 0
+    for job in group:
+        for pos in job.positions:
+            if mask[i]:
+                out.append(label(job.bucket, pos, job.slot))
+            i += 1
+    return out
+
+
+def _check_limits(
+    group: list[RootJob],
+    states: list[FactorState],
+    policy: object,
+    label: Callable[[BlockBucket, int, int], str],
+    p: Fraction,
+) -> None:
+    max_fail = policy.max_consecutive_failures  # type: ignore[attr-defined]
+    max_primary = policy.max_consecutive_primary_failures  # type: ignore[attr-defined]
+    over = [f.consecutive_failures >= max_fail for f in states]
+    over_primary = [max_primary is not None and f.consecutive_primary_failures >= max_primary for f in states]
+    if not any(over) and not any(over_primary):
+        return
+    mask = [a or b for a, b in zip(over, over_primary, strict=True)]
+    labs = _labels(group, mask, label)
+    f = next(s for s, m in zip(states, mask, strict=True) if m)
+    what = (
+        f"{f.consecutive_failures} consecutive root computations without a usable root"
+        if f.consecutive_failures >= max_fail
+        else f"{f.consecutive_primary_failures} consecutive failures of the configured root solver"
+    )
+    raise RootComputationError(
+        f"shampoo: {what} for {labs[0]} (n={f.n}, inverse root p={p}, {len(labs)} factor(s) affected); "
+        f"last error: {f.error or 'not converged'}. The previous roots were kept so far. Try a larger eps "
+        "(or eps_mode='relative'), root_dtype=torch.float64, a more robust root_solver "
+        "(e.g. 'eigh'), or raise FailurePolicy.max_consecutive_failures."
+    )
+
+
+__all__ = ["RootJob", "RoundReport", "SolveOutcome", "compute_roots", "solve_batch"]
