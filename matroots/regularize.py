@@ -8,6 +8,10 @@ Where the shift is applied: in the working precision, after A has been rounded t
 shift is added to the computed eigenvalues (exact for A + eps I = Q (Lambda + eps) Q^T); for the
 Newton methods it is added to the diagonal of the rounded matrix. A shift smaller than u * lambda_max
 of the working format is therefore lost to rounding, which is the behaviour this toolkit measures.
+
+fp16 inputs are pre-scaled by an exact power of two ``prescale`` (see :func:`matroots.inputs.prepare`);
+an absolute eps is given in the user's units, so it is multiplied by ``prescale`` before it is added
+to the pre-scaled matrix (:func:`working_shift`), and reported back in the user's units.
 """
 
 from __future__ import annotations
@@ -25,6 +29,18 @@ def absolute_shift(eps: float, eps_mode: str, lambda_max: torch.Tensor) -> torch
     raise ValueError(f"eps_mode must be 'absolute' or 'relative', got {eps_mode!r}")
 
 
+def working_shift(eps: float, eps_mode: str, lambda_max: torch.Tensor, prescale: float = 1.0) -> torch.Tensor:
+    """The shift to add to the pre-scaled working matrix ``prescale * A`` (float64, per batch element).
+
+    ``lambda_max`` is that of the pre-scaled matrix. The shift in the user's units is the returned
+    value divided by ``prescale``.
+    """
+    shift = absolute_shift(eps, eps_mode, lambda_max)
+    if eps_mode == "absolute" and prescale != 1.0:
+        shift = shift * prescale
+    return shift
+
+
 def add_to_diagonal(A: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """A + diag(shift_b) I for a batch A (b, n, n) and shifts (b,), in A's dtype (a new tensor)."""
     out = A.clone()
@@ -33,4 +49,4 @@ def add_to_diagonal(A: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return out
 
 
-__all__ = ["absolute_shift", "add_to_diagonal"]
+__all__ = ["absolute_shift", "add_to_diagonal", "working_shift"]

@@ -14,14 +14,31 @@ Scalings (the choice of c in X_0 = I/c, M_0 = A/c^p):
 
 The spectral estimates' matrix-vector products are counted in ``matmuls`` (n of them = one GEMM).
 
-Warm start (``warm_start=`` a previous RootResult or a previous root tensor): starting the coupled
-iteration at X_0 = previous root is wrong, because M_k = X_k^p A holds only while X_0 commutes with A;
-from a non-commuting X_0, M_k -> I while X_k converges to something other than A^{-1/p}. Instead the
-warm start takes the spectral extent of the previous solve (lambda_min from the previous root's largest
-eigenvalue by power iteration, lambda_max by power iteration on A, both widened by safety margins) and
-runs the dynamically scaled iteration from X_0 = I/c. X_0 stays a function of A, so the answer is the
-true root, and an accurate lambda_min lets the dynamic scaling skip most of the linear phase.
-If the iteration diverges (an estimate was wrong), it is rerun with Frobenius scaling and ``info`` says so.
+Warm start (``warm_start=`` a previous RootResult or a previous root tensor, symmetric input): starting
+the coupled iteration at X_0 = previous root Z is wrong, because M_k = X_k^p A holds only while X_0
+commutes with A; from a non-commuting X_0, M_k -> I while X_k converges to Z (Z^p A)^{-1/p}, which differs
+from A^{-1/p} to first order in the commutator [Z, A]. Nor can Newton's iteration with the true residual,
+X <- X((p+1)I - A X^p)/p, correct Z for p >= 2: linearised about the root, in the eigenbasis, it multiplies
+the (i, j) error entry by 1 - (1 + s + ... + s^{p-1})/p with s = x_j/x_i a ratio of root eigenvalues,
+which exceeds 1 in modulus as soon as s > 3 (p = 2), i.e. kappa(A) > 9. So:
+
+* p = 1: the Newton-Schulz iteration X <- X(2I - A X) from X_0 = Z. Its true residual R = I - A X
+  squares exactly each step (R_{k+1} = R_k^2) for any X_0, so it converges to A^{-1} whenever
+  ||I - A Z||_F < 1/2 (checked first), quadratically from the first step.
+* p >= 2 (and p = 1 when Z is not close enough): the spectral interval of A from the previous root
+  (lambda_min >= zmax^{-p} with zmax the previous root's largest eigenvalue, Lanczos upper estimate;
+  lambda_max from Lanczos on A, with its residual bound) and the dynamically scaled iteration from
+  X_0 = I/c. X_0 stays a function of A, so the answer is the true root; the tight interval removes
+  about half of the linear phase (the quadratic phase remains). If the iteration diverges (an estimate
+  was wrong), it is rerun with Frobenius scaling and ``info`` says so.
+
+Failure is never silent: symmetric input that is not positive definite raises NotPositiveDefiniteError
+(from the Lanczos estimate when it proves it, or after a diverged run by a Cholesky test); general input
+is checked for eigenvalues on the closed negative real axis (NegativeRealEigenvalueError, from LAPACK's
+eigenvalues) and, after the run, for convergence to a non-principal root (complex eigenvalues far from
+the positive axis can be drawn to another p-th root): the eigenvalues of X_k are the scalar iteration
+applied to those of A (:func:`~matroots.solvers.newton_core.scalar_limits`), and a non-principal limit
+is reported as ``converged=False`` with stop reason ``"non_principal_root"``.
 """
 
 from __future__ import annotations
@@ -32,13 +49,19 @@ import numpy as np
 import torch
 
 from .. import precision
-from ..errors import NotSymmetricError
+from ..errors import MatrootsError, NegativeRealEigenvalueError, NotPositiveDefiniteError, NotSymmetricError
 from ..inputs import Problem, is_symmetric
-from ..regularize import absolute_shift, add_to_diagonal
+from ..regularize import add_to_diagonal, working_shift
 from ..result import RootResult
-from ..spectral import lanczos_extremes, power_lambda_max
-from .base import RawResult, SolverConfig
-from .newton_core import coupled_newton_iterate, optimal_c_power
+from ..spectral import SpectrumEstimate, lanczos_extremes, power_lambda_max
+from .base import RawResult, SolverConfig, eye_like
+from .newton_core import (
+    NewtonOutcome,
+    coupled_newton_iterate,
+    optimal_c_power,
+    principal_branch_ok,
+    scalar_limits,
+)
 from .registry import register
 
 SCALINGS = ("auto", "frobenius", "power", "optimal", "dynamic")
@@ -100,14 +123,41 @@ class CoupledNewtonConfig(SolverConfig):
                     lam = torch.linalg.matrix_norm(A.double())
             else:
                 lam = torch.zeros(A.shape[0], dtype=torch.float64)
-            shift = absolute_shift(prob.eps, prob.eps_mode, lam)
+            shift = working_shift(prob.eps, prob.eps_mode, lam, prob.prescale)
             A = add_to_diagonal(A, shift)
-            info["eps_abs"] = shift
+            info["eps_abs"] = shift / prob.prescale
+        eigs = None if sym else self._general_spectrum(A, info)
+        tol = prob.tol if prob.tol is not None else precision.default_tol(cdt, n)
+        max_iter = prob.max_iter if prob.max_iter is not None else 100
+        accept = self.stagnation_accept * tol
+        Z = self._warm_root(warm_start, A, p, prob, inverse, info) if sym and warm_start is not None else None
+        if Z is not None and p == 1 and inverse:
+            ns = newton_schulz_inverse(
+                A, Z, tol=tol, max_iter=max_iter, stagnation_accept=accept, record_history=prob.record_history
+            )
+            if ns is not None:
+                info.update(
+                    warm_start="newton_schulz from the previous inverse",
+                    scaling="warm",
+                    stop_reason=ns.reason,
+                    tol=tol,
+                )
+                return RawResult(
+                    root=ns.X,
+                    converged=ns.converged,
+                    iterations=ns.iterations,
+                    residual=ns.residual,
+                    matmuls=matmuls + ns.matmuls,
+                    history=ns.history,
+                    info=info,
+                )
+            info["warm_start_note"] = "||I - A Z||_F >= 1/2: previous inverse too far for Newton-Schulz"
         interval = None
-        if warm_start is not None and sym:
-            cp, interval, mv = self._warm_scaling(A, p, warm_start)
+        est: SpectrumEstimate | None = None
+        if Z is not None:
+            cp, interval, mv, est = self._warm_scaling(A, p, Z, inverse)
             matmuls += mv / n
-            info["warm_start"] = "spectral interval from previous root + dynamic scaling"
+            info["warm_start"] = "spectral interval from the previous root + dynamic scaling"
         elif scaling == "frobenius":
             cp = 2.0 * torch.linalg.matrix_norm(A.double()) / (p + 1)
         elif scaling == "power":
@@ -121,20 +171,20 @@ class CoupledNewtonConfig(SolverConfig):
             lmin = np.clip(est.lmin.numpy(), 0.0, None)
             cpn = optimal_c_power(lmin, lmax, p)
             cp = torch.as_tensor(cpn, dtype=torch.float64)
-            info.update(lambda_min_est=est.lmin, lambda_max_est=est.lmax)
+            info.update(lambda_min_est=est.lmin / prob.prescale, lambda_max_est=est.lmax / prob.prescale)
             if scaling == "dynamic":
                 interval = (np.maximum(lmin, lmax * 1e-300) / cpn, lmax / cpn)
-        info["scaling"] = scaling if warm_start is None or not sym else "warm"
+        if est is not None:
+            self._refuse_indefinite(est, prob)
+        info["scaling"] = "warm" if Z is not None else scaling
         cp = torch.where(cp > 0, cp, torch.ones_like(cp))
-        tol = prob.tol if prob.tol is not None else precision.default_tol(cdt, n)
-        max_iter = prob.max_iter if prob.max_iter is not None else 100
         out = coupled_newton_iterate(
             A,
             p,
             cp,
             tol=tol,
             max_iter=max_iter,
-            stagnation_accept=self.stagnation_accept * tol,
+            stagnation_accept=accept,
             inverse=inverse,
             interval=interval,
             record_history=prob.record_history,
@@ -142,20 +192,25 @@ class CoupledNewtonConfig(SolverConfig):
         matmuls += out.matmuls
         if interval is not None and "divergence" in out.reason:
             # A wrong spectral estimate: redo those problems with the always-safe Frobenius scaling.
+            cp = 2.0 * torch.linalg.matrix_norm(A.double()) / (p + 1)
             retry = coupled_newton_iterate(
                 A,
                 p,
-                2.0 * torch.linalg.matrix_norm(A.double()) / (p + 1),
+                cp,
                 tol=tol,
                 max_iter=max_iter,
-                stagnation_accept=self.stagnation_accept * tol,
+                stagnation_accept=accept,
                 inverse=inverse,
                 record_history=prob.record_history,
             )
             matmuls += retry.matmuls
             info["retried_frobenius"] = True
             out = retry
-        info.update(stop_reason=out.reason, tol=tol, c_power=cp)
+        if sym and "divergence" in out.reason:
+            self._diagnose_divergence(A, out, prob)
+        if eigs is not None:
+            self._check_principal(eigs, p, cp, out, info)
+        info.update(stop_reason=out.reason, tol=tol, c_power=cp / prob.prescale)
         return RawResult(
             root=out.X,
             converged=out.converged,
@@ -166,18 +221,168 @@ class CoupledNewtonConfig(SolverConfig):
             info=info,
         )
 
-    def _warm_scaling(
-        self, A: torch.Tensor, p: int, warm_start: object
-    ) -> tuple[torch.Tensor, tuple[np.ndarray, np.ndarray], int]:
-        """c^p and the dynamic-scaling interval from the previous root's spectral extent."""
+    @staticmethod
+    def _general_spectrum(A: torch.Tensor, info: dict) -> np.ndarray:
+        """Eigenvalues of general input (LAPACK); refuse those on the closed negative real axis."""
+        work = A if A.dtype in precision.LAPACK_DTYPES else A.float()
+        eigs = torch.linalg.eigvals(work).numpy().astype(complex)
+        info["eigvals_calls"] = 1
+        bad = (eigs.imag == 0) & (eigs.real <= 0)
+        if bad.any():
+            worst = float(eigs.real[bad].min())
+            raise NegativeRealEigenvalueError(
+                f"coupled_newton: the matrix has the real eigenvalue {worst:.3e} <= 0 (after any eps "
+                "shift), on the closed negative real axis, so it has no principal inverse root; shift it "
+                "with eps if the eigenvalue should be positive"
+            )
+        return eigs
+
+    @staticmethod
+    def _check_principal(eigs: np.ndarray, p: int, cp: torch.Tensor, out: NewtonOutcome, info: dict) -> None:
+        """Mark elements that converged to a non-principal root (scalar model of each eigenvalue)."""
+        for i in range(eigs.shape[0]):
+            if not bool(out.converged[i]):
+                continue
+            x = scalar_limits(eigs[i], p, float(cp[i]), int(out.iterations[i]))
+            ok = principal_branch_ok(eigs[i], x, p)
+            if not ok.all():
+                out.converged[i] = False
+                out.reason[i] = "non_principal_root"
+                info["non_principal_eigenvalues"] = eigs[i][~ok]
+        if "non_principal_root" in out.reason:
+            info["hint"] = (
+                "eigenvalues far from the positive real axis were drawn to a non-principal root; "
+                "use method='schur_newton', which takes square roots first"
+            )
+
+    def _refuse_indefinite(self, est: SpectrumEstimate, prob: Problem) -> None:
+        """Raise when a Ritz value proves a negative eigenvalue (Ritz values lie inside the spectrum)."""
+        thresh = -100.0 * prob.n * 2.0**-53 * est.lmax.abs()
+        bad = est.lmin < thresh
+        if bool(bad.any()):
+            worst = float(est.lmin[bad].min()) / prob.prescale
+            raise NotPositiveDefiniteError(
+                f"coupled_newton: the matrix is not positive definite after regularisation: Lanczos "
+                f"proves an eigenvalue <= {worst:.3e} (dtype {precision.info(prob.dtype).name}); "
+                "increase eps, or use method='eigh' with rank_policy='clamp' or 'pseudo_inverse'"
+            )
+
+    def _diagnose_divergence(self, A: torch.Tensor, out: NewtonOutcome, prob: Problem) -> None:
+        """After divergence on symmetric input, raise NotPositiveDefiniteError if Cholesky fails."""
+        idx = [i for i, r in enumerate(out.reason) if r == "divergence"]
+        Ad = A[idx].double()
+        _, chol_info = torch.linalg.cholesky_ex(Ad)
+        if bool((chol_info > 0).any()):
+            est = lanczos_extremes(Ad, self.lanczos_steps)
+            worst = float(est.lmin.min()) / prob.prescale
+            raise NotPositiveDefiniteError(
+                f"coupled_newton diverged and the (regularised, rounded) matrix is not positive definite: "
+                f"Cholesky fails; Lanczos estimate of the smallest eigenvalue {worst:.3e} "
+                f"(dtype {precision.info(prob.dtype).name}); increase eps, or use method='eigh' with "
+                "rank_policy='clamp' or 'pseudo_inverse'"
+            )
+
+    @staticmethod
+    def _warm_root(
+        warm_start: object, A: torch.Tensor, p: int, prob: Problem, inverse: bool, info: dict
+    ) -> torch.Tensor | None:
+        """The previous root as a (b, n, n) tensor in A's dtype and pre-scaled units, or None if unusable."""
         Z = warm_start.root if isinstance(warm_start, RootResult) else warm_start
         if not isinstance(Z, torch.Tensor):
             Z = torch.as_tensor(np.asarray(Z))
-        Z = Z.reshape(A.shape).to(A.dtype)
-        zmax, mv1 = power_lambda_max(0.5 * (Z + Z.mT), self.power_iters)
-        lam, mv2 = power_lambda_max(A, self.power_iters)
-        # Margins: power iteration underestimates both maxima (and A has moved since Z was computed).
-        lmax = lam.numpy() * 1.25
-        lmin = np.minimum(zmax.clamp_min(1e-300).numpy() ** (-p) / 4.0, lmax)
+        if Z.shape[-2:] != A.shape[-2:] or Z.numel() != A.numel():
+            raise MatrootsError(
+                f"warm_start root has shape {tuple(Z.shape)}, but the input is {A.shape[0]} matrices of "
+                f"size {A.shape[-1]}; pass the previous result for the same (batch of) matrices"
+            )
+        Z = Z.detach().reshape(A.shape).to(torch.float64)
+        if not bool(torch.isfinite(Z).all()):
+            info["warm_start_note"] = "previous root has non-finite entries: ignored (cold start)"
+            return None
+        if prob.prescale != 1.0:
+            # the root of (sA) is s^{-1/p} Z (inverse) or s^{1/p} Z (forward root).
+            Z = Z * prob.prescale ** ((-1.0 if inverse else 1.0) / p)
+        return (0.5 * (Z + Z.mT)).to(A.dtype)
+
+    def _warm_scaling(
+        self, A: torch.Tensor, p: int, Z: torch.Tensor, inverse: bool
+    ) -> tuple[torch.Tensor, tuple[np.ndarray, np.ndarray], int, SpectrumEstimate]:
+        """c^p and the dynamic-scaling interval from Lanczos on A and the previous root's extremes."""
+        est = lanczos_extremes(A, self.lanczos_steps)
+        zest = lanczos_extremes(Z, self.lanczos_steps)
+        lmax = (est.lmax_upper * (1 + 1e-6)).numpy()
+        ritz_min = np.clip(est.lmin.numpy(), 0.0, None)
+        if inverse:  # Z ~ A^{-1/p}: lambda_min ~ zmax^{-p}; the upper estimate of zmax keeps it low
+            from_z = zest.lmax_upper.clamp_min(1e-300).numpy() ** (-p)
+        else:  # Z ~ A^{1/p}: lambda_min ~ zmin^p
+            from_z = np.clip(zest.lmin.numpy(), 0.0, None) ** p
+        lmin = np.minimum(np.minimum(ritz_min, from_z), lmax)
+        lmin = np.maximum(lmin, lmax * 1e-300)
         cpn = optimal_c_power(lmin, lmax, p)
-        return torch.as_tensor(cpn), (lmin / cpn, lmax / cpn), mv1 + mv2
+        return torch.as_tensor(cpn), (lmin / cpn, lmax / cpn), est.matvecs + zest.matvecs, est
+
+
+def newton_schulz_inverse(
+    A: torch.Tensor,
+    Z: torch.Tensor,
+    *,
+    tol: float,
+    max_iter: int,
+    stagnation_accept: float,
+    record_history: bool = False,
+) -> NewtonOutcome | None:
+    """A^{-1} by the Newton-Schulz iteration X <- X + X R, R = I - A X, from X_0 = Z (a warm start).
+
+    R_{k+1} = R_k^2 exactly, so it converges quadratically for any Z with ||I - A Z|| < 1; None is
+    returned when ||I - A Z||_F >= 1/2 for some batch element (the caller then starts cold). The
+    residual is the true one, whose rounding floor is about kappa(A) sqrt(n) u, so a stagnating run is
+    accepted when its residual is below ``stagnation_accept`` times kappa_F = ||A||_F ||X||_F (and < 1/2).
+    """
+    I = eye_like(A)
+    b = A.shape[0]
+    X = Z
+    R = I - A @ X
+    res = torch.linalg.matrix_norm(R.double() if R.dtype != torch.float64 else R)
+    if bool((res >= 0.5).any()):
+        return None
+    kappa_f = torch.linalg.matrix_norm(A.double()) * torch.linalg.matrix_norm(Z.double())
+    accept = torch.clamp(stagnation_accept * torch.clamp(kappa_f, min=1.0), max=0.5)
+    matmuls = 1.0
+    active = res > tol
+    converged = ~active
+    iters = torch.zeros(b, dtype=torch.int64)
+    reason = ["tol" if bool(c) else "max_iter" for c in converged]
+    history = [res.clone()] if record_history else []
+    for _k in range(max_iter):
+        if not bool(active.any()):
+            break
+        X_new = X + X @ R
+        R_new = I - A @ X_new
+        matmuls += 2
+        res_new = torch.linalg.matrix_norm(R_new.double() if R_new.dtype != torch.float64 else R_new)
+        res_new = torch.where(torch.isfinite(res_new), res_new, torch.full_like(res_new, float("inf")))
+        hit_tol = active & (res_new <= tol)
+        stagnated = active & ~hit_tol & (res_new > 0.5 * res)
+        take = active & ~(stagnated & (res_new >= res))
+        m = take[:, None, None]
+        X = torch.where(m, X_new, X)
+        R = torch.where(m, R_new, R)
+        res = torch.where(take, res_new, res)
+        iters = iters + active.long()
+        if record_history:
+            history.append(res.clone())
+        for i in torch.nonzero(hit_tol).flatten().tolist():
+            reason[i] = "tol"
+        for i in torch.nonzero(stagnated).flatten().tolist():
+            reason[i] = "stagnation"
+        converged |= hit_tol | (stagnated & (res <= accept))
+        active &= ~(hit_tol | stagnated)
+    return NewtonOutcome(
+        X=0.5 * (X + X.mT),
+        converged=converged,
+        iterations=iters,
+        residual=res,
+        reason=reason,
+        matmuls=matmuls,
+        history=history,
+    )

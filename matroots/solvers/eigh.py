@@ -13,7 +13,7 @@ import torch
 from .. import precision
 from ..errors import NotPositiveDefiniteError
 from ..inputs import Problem, require_symmetric
-from ..regularize import absolute_shift
+from ..regularize import working_shift
 from .base import RawResult, SolverConfig
 from .registry import register
 
@@ -68,23 +68,30 @@ class EighConfig(SolverConfig):
             w, Q = torch.linalg.eigh(A.double())
             w, Q = w.float(), Q.float()
         lmax = w[..., -1].double()
-        shift = absolute_shift(prob.eps, prob.eps_mode, lmax)
-        wr = w + shift.to(w.dtype).unsqueeze(-1)
-        info.update(lambda_min=w[..., 0].double(), lambda_max=lmax, eps_abs=shift)
+        shift = working_shift(prob.eps, prob.eps_mode, lmax, prob.prescale)
+        wr = w + shift.to(w.dtype).unsqueeze(-1) if prob.eps > 0 else w
+        s = prob.prescale  # report in the user's units (fp16 inputs are pre-scaled by s)
+        info.update(lambda_min=w[..., 0].double() / s, lambda_max=lmax / s, eps_abs=shift / s)
         e = -1.0 / float(prob.p) if inverse else 1.0 / float(prob.p)
         if self.rank_policy == "perturb":
             bad = wr[..., 0] <= 0
             if bool(bad.any()):
-                worst = float(wr[..., 0].min())
+                worst = float(wr[..., 0].min()) / s
                 raise NotPositiveDefiniteError(
                     f"matrix is not positive definite after regularisation: smallest eigenvalue "
-                    f"{worst:.3e} (eps_abs={float(shift.max()):.3e}, dtype {precision.info(prob.dtype).name}); "
+                    f"{worst:.3e} (eps_abs={float(shift.max()) / s:.3e}, dtype {precision.info(prob.dtype).name}); "
                     "increase eps, or use rank_policy='clamp' or 'pseudo_inverse'"
                 )
             f = wr.pow(e)
         else:
             rtol = self.rtol if self.rtol is not None else prob.n * precision.unit_roundoff(cdtype)
-            thresh = torch.clamp(rtol * wr[..., -1:].abs(), min=self.atol)
+            thresh = torch.clamp(rtol * wr[..., -1:].abs(), min=self.atol * prob.prescale)
+            if self.rank_policy == "clamp" and bool((thresh <= 0).any()):
+                raise NotPositiveDefiniteError(
+                    f"rank_policy='clamp' has nothing to clamp to: the largest eigenvalue is "
+                    f"{float(wr[..., -1].min()) / prob.prescale:.3e} <= 0 and atol=0; pass atol > 0 "
+                    "or use rank_policy='pseudo_inverse'"
+                )
             if self.rank_policy == "clamp":
                 f = torch.maximum(wr, thresh).pow(e)
                 info["clamped"] = (wr < thresh).sum(-1)

@@ -62,6 +62,43 @@ def best_step_scale(a: np.ndarray, b: np.ndarray, p: int) -> np.ndarray:
     return np.where(take_hi, hi, L)
 
 
+def scalar_limits(
+    eigs: np.ndarray, p: int, cp: np.ndarray | float, iterations: int | np.ndarray
+) -> np.ndarray:
+    """Eigenvalues x_k(lambda) of X_k after ``iterations`` coupled steps from X_0 = I/c (no rescaling).
+
+    X_k is a polynomial in A, so its eigenvalues are the scalar iteration x <- x t, m <- t^p m,
+    t = (p+1-m)/p, applied to each eigenvalue lambda of A with x_0 = 1/c, m_0 = lambda/c^p. Used to tell
+    which p-th root of 1/lambda the matrix iteration converged to (complex eigenvalues may be drawn to a
+    non-principal one).
+    """
+    lam = np.asarray(eigs, dtype=complex)
+    cpv = np.broadcast_to(np.asarray(cp, dtype=float), lam.shape)
+    its = np.broadcast_to(np.asarray(iterations), lam.shape)
+    x = cpv ** (-1.0 / p) + 0j
+    m = lam / cpv
+    with np.errstate(all="ignore"):
+        for k in range(int(its.max(initial=0))):
+            go = k < its
+            t = (p + 1 - m) / p
+            x = np.where(go, x * t, x)
+            m = np.where(go, t**p * m, m)
+    return x
+
+
+def principal_branch_ok(eigs: np.ndarray, x: np.ndarray, p: int) -> np.ndarray:
+    """True where x is (close to) the principal root lambda^{-1/p} rather than another p-th root.
+
+    Distinct p-th roots differ by a factor e^{2 pi i j/p}, at relative distance >= 2 sin(pi/p); we accept
+    a relative distance below sin(pi/p)/2 (and below 1/2).
+    """
+    lam = np.asarray(eigs, dtype=complex)
+    with np.errstate(all="ignore"):
+        target = lam ** (-1.0 / p)
+        rel = np.abs(x - target) / np.abs(target)
+    return np.isfinite(rel) & (rel <= min(0.5, 0.5 * np.sin(np.pi / p) if p > 1 else 0.5))
+
+
 @dataclass
 class NewtonOutcome:
     X: torch.Tensor
@@ -71,6 +108,22 @@ class NewtonOutcome:
     reason: list[str]
     matmuls: float
     history: list[torch.Tensor] = field(default_factory=list)
+
+
+def _residual_norm(M: torch.Tensor, I: torch.Tensor) -> torch.Tensor:
+    """||M - I||_F per batch element as float64, computed in M's dtype (float32 for 16-bit formats)."""
+    if M.dtype in (torch.float32, torch.float64):
+        return torch.linalg.matrix_norm(M - I).double()
+    return torch.linalg.matrix_norm(M.float() - I.float()).double()
+
+
+def _select(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """Per-batch-element choice between two (b, n, n) tensors, without a copy when all take ``new``."""
+    if bool(mask.all()):
+        return new
+    if not bool(mask.any()):
+        return old
+    return torch.where(mask[:, None, None], new, old)
 
 
 def coupled_newton_iterate(
@@ -86,14 +139,17 @@ def coupled_newton_iterate(
     record_history: bool = False,
     quadratic_start: float = 0.5,
     divergence_factor: float = 1e3,
+    dynamic_until: float = 0.99,
 ) -> NewtonOutcome:
     """Run the coupled iteration on a batch A (b, n, n) in A's dtype, with per-element c^p ``cp`` (b,).
 
     Stops per element on ``||M_k - I||_F <= tol``, on stagnation (once the residual is below
     ``quadratic_start`` it must at least halve each step; the better iterate is kept and counts as
-    converged when its residual is <= ``stagnation_accept``), on divergence (non-finite values or the
-    residual growing ``divergence_factor`` times past max(res_0, 1)) and at ``max_iter``.
-    ``interval`` = (a, b) bounds of the spectrum of A/c^p enables dynamic per-step scaling.
+    converged when its residual is <= min(``stagnation_accept``, ``quadratic_start``)), on divergence
+    (non-finite values or the residual growing ``divergence_factor`` times past max(res_0, 1)) and at
+    ``max_iter``. ``interval`` = (a, b) bounds of the spectrum of A/c^p enables dynamic per-step scaling
+    (applied while the tracked lower end is below ``dynamic_until``); only b must be a true upper bound
+    (an eigenvalue below a merely lags behind, one above b could leave the convergence region).
     """
     b = A.shape[0]
     dt = A.dtype
@@ -102,8 +158,9 @@ def coupled_newton_iterate(
     M = A * (1.0 / cp64).to(dt)[:, None, None]
     c = cp64 ** (1.0 / p)
     X = I * ((1.0 / c) if inverse else c).to(dt)[:, None, None]
-    res = torch.linalg.matrix_norm((M - I).double())
+    res = _residual_norm(M, I)
     res0 = res.clone()
+    accept = min(stagnation_accept, quadratic_start)
     active = torch.ones(b, dtype=torch.bool)
     converged = torch.zeros(b, dtype=torch.bool)
     iters = torch.zeros(b, dtype=torch.int64)
@@ -119,11 +176,12 @@ def coupled_newton_iterate(
     ia, ib = (
         (np.array(interval[0], dtype=float), np.array(interval[1], dtype=float)) if interval else (None, None)
     )
+    coef = (p + 1) / p
     for _k in range(max_iter):
         if not bool(active.any()):
             break
         if ia is not None and ib is not None:
-            scale_now = ia < 0.5
+            scale_now = ia < dynamic_until
             s = np.where(scale_now, best_step_scale(np.maximum(ia, 1e-300), ib, p), 1.0)
             if bool(scale_now.any()):
                 st = torch.as_tensor(s, dtype=torch.float64)
@@ -132,19 +190,22 @@ def coupled_newton_iterate(
             fa, fb = scalar_map(s * ia, p), scalar_map(s * ib, p)
             top = np.where((s * ia <= 1) & (s * ib >= 1), 1.0, np.maximum(fa, fb))
             ia, ib = np.minimum(fa, fb), top
-        T = ((p + 1) * I - M) / p
+        T = M * (-1.0 / p)
+        T.diagonal(dim1=-2, dim2=-1).add_(coef)
         X_new = X @ T if inverse else torch.linalg.solve(T, X)
         M_new = matrix_power(T, p) @ M
         matmuls += per_iter
-        res_new = torch.linalg.matrix_norm((M_new - I).double())
-        finite = torch.isfinite(res_new) & torch.isfinite(X_new).flatten(1).all(-1)
-        res_new = torch.where(finite, res_new, torch.full_like(res_new, float("inf")))
+        res_new = _residual_norm(M_new, I)
+        finite = torch.isfinite(res_new)
+        if not bool(finite.all()) or not bool(torch.isfinite(X_new).all()):
+            finite = finite & torch.isfinite(X_new).flatten(1).all(-1)
+            res_new = torch.where(finite, res_new, torch.full_like(res_new, float("inf")))
         diverged = active & (~finite | (res_new > divergence_factor * torch.clamp(res0, min=1.0)))
         hit_tol = active & ~diverged & (res_new <= tol)
         stagnated = active & ~diverged & ~hit_tol & (res < quadratic_start) & (res_new > 0.5 * res)
         take_new = active & ~diverged & ~(stagnated & (res_new >= res))
-        X = torch.where(take_new[:, None, None], X_new, X)
-        M = torch.where(take_new[:, None, None], M_new, M)
+        X = _select(take_new, X_new, X)
+        M = _select(take_new, M_new, M)
         iters = iters + active.long()
         res = torch.where(take_new, res_new, res)
         if record_history:
@@ -155,7 +216,7 @@ def coupled_newton_iterate(
             reason[i] = "tol"
         for i in torch.nonzero(stagnated).flatten().tolist():
             reason[i] = "stagnation"
-        converged |= hit_tol | (stagnated & (res <= stagnation_accept))
+        converged |= hit_tol | (stagnated & (res <= accept))
         active &= ~(diverged | hit_tol | stagnated)
     return NewtonOutcome(
         X=X,

@@ -73,7 +73,7 @@ class SchurNewtonConfig(SolverConfig):
         tol = prob.tol if prob.tol is not None else precision.default_tol(cdt, prob.n)
         max_iter = prob.max_iter if prob.max_iter is not None else 100
         roots, conv, iters, resid, hist = [], [], [], [], []
-        info: dict = {"k0": k0, "q": q, "k1": [], "stop_reason": [], "symmetric": []}
+        info: dict = {"k0": k0, "q": q, "k1": [], "stop_reason": [], "symmetric": [], "eps_abs": []}
         if ldt != cdt:
             info["compute_dtype_fallback"] = (
                 f"Schur form and square roots in {precision.info(ldt).name} (LAPACK), Newton products in "
@@ -92,17 +92,22 @@ class SchurNewtonConfig(SolverConfig):
                 R, Q = scipy.linalg.schur(a, output="real")
                 blocks = diagonal_blocks(R)
                 eigs = block_eigenvalues(R, blocks)
-            shift = prob.eps if prob.eps_mode == "absolute" else prob.eps * float(np.abs(eigs).max())
+            # eps is in the user's units; fp16 input was pre-scaled by prob.prescale (absolute eps scales too).
+            if prob.eps_mode == "absolute":
+                shift = prob.eps * prob.prescale
+            else:
+                shift = prob.eps * float(np.abs(eigs).max())
+            info["eps_abs"].append(shift / prob.prescale)
             if shift:
                 R = R + shift * np.eye(len(R), dtype=R.dtype)
                 eigs = eigs + shift
             bad = (np.abs(eigs.imag) == 0) & (eigs.real <= 0)
             if bad.any():
-                worst = float(eigs.real[bad].min())
+                worst = float(eigs.real[bad].min()) / prob.prescale
                 cls = NotPositiveDefiniteError if sym else NegativeRealEigenvalueError
                 raise cls(
                     f"schur_newton: eigenvalue {worst:.3e} lies on the closed negative real axis "
-                    f"(after eps shift {shift:.3e}); no principal root exists. Increase eps."
+                    f"(after eps shift {shift / prob.prescale:.3e}); no principal root exists. Increase eps."
                 )
             k1 = choose_k1(eigs, k0)
             U = R
