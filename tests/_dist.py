@@ -1,0 +1,86 @@
+"""Test helper: run a function on N local gloo ranks (CPU, 127.0.0.1 only) with a hard time limit.
+
+``run_ranks(fn, world_size, *args)`` spawns ``world_size`` processes; each calls
+``fn(rank, world_size, *args)`` after ``init_process_group("gloo")`` with one intra-op thread. The
+function must be importable (module level). Results travel through files: ``fn`` returns a picklable
+value which is ``torch.save``d and handed back as a list indexed by rank. A rank that raises fails the
+call with its traceback; a run that exceeds ``timeout`` is killed and fails.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _entry(
+    rank: int, fn: Any, world_size: int, port: int, outdir: str, pg_timeout: float, args: tuple
+) -> None:
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=pg_timeout),
+    )
+    out = Path(outdir)
+    try:
+        result = fn(rank, world_size, *args)
+        torch.save({"ok": True, "result": result}, out / f"rank{rank}.pt")
+    except BaseException as err:  # report any failure of the test body to the parent
+        torch.save({"ok": False, "error": repr(err), "tb": traceback.format_exc()}, out / f"rank{rank}.pt")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(fn: Any, world_size: int, *args: Any, timeout: float = 120.0, pg_timeout: float = 60.0) -> list:
+    """``[fn(0, ws, *args), ..., fn(ws-1, ws, *args)]`` computed on ``world_size`` gloo ranks.
+
+    Raises AssertionError with the failing rank's traceback if a rank raised, or if the run took
+    longer than ``timeout`` seconds.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = mp.start_processes(
+            _entry,
+            args=(fn, world_size, free_port(), tmp, pg_timeout, args),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = timeout
+        t0 = time.monotonic()
+        while not ctx.join(timeout=max(0.1, deadline - (time.monotonic() - t0))):
+            if time.monotonic() - t0 > deadline:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                raise AssertionError(f"distributed test did not finish within {timeout} s")
+        results = []
+        for r in range(world_size):
+            path = Path(tmp) / f"rank{r}.pt"
+            if not path.exists():
+                raise AssertionError(f"rank {r} wrote no result")
+            rec = torch.load(path, weights_only=False)
+            if not rec["ok"]:
+                raise AssertionError(f"rank {r} raised {rec['error']}\n{rec['tb']}")
+            results.append(rec["result"])
+        return results
