@@ -1,25 +1,18 @@
 """Per-block root diagnostics, and dumps of the factor matrices for the accuracy studies.
 
-Dump layout (one file per dump, read by ``matroots.matrices.load_shampoo_factors``)::
-
-    <dump_dir>/factors_step{step:07d}.npz
-        factor_0, factor_1, ...   float64 (n, n): the raw factor statistics (before bias correction)
-        meta                      str array, one JSON object per factor, with the keys
-                                  param, block, dim, step, beta2, eps (and n, root_p, eps_mode,
-                                  bias_correction: the divisor 1 - beta2^t applied before the root)
-
-``step`` in the file name is the optimizer's global step; ``step`` in ``meta`` is the parameter's own
-step count (they differ only for parameters that skipped updates).
+Factor dumps use the layout documented in :mod:`matroots.matrices` (version 1, read by
+``matroots.matrices.load_shampoo_factors``): ``<dump_dir>/factors_step{step:07d}.npz`` with float64
+``factor_k`` arrays (the raw statistics, before bias correction and eps) and a ``meta`` array of JSON
+strings with param, block, dim, step (the optimizer's global step), beta2, eps, plus n, root_p,
+eps_mode, param_step (the parameter's own step count) and bias_correction (the divisor 1 - beta2^t
+applied before the root).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from .state import BlockState, FactorState
 
@@ -117,23 +110,17 @@ def dump_factors(
 ) -> Path:
     """Write the factors to ``directory/factors_step{global_step:07d}.npz`` (see the module docstring).
 
-    ``entries``: (param key, block index, factor, extra meta) per factor.
+    ``entries``: (param key, block index, factor, extra meta) per factor; the file is written
+    atomically by :func:`matroots.matrices.save_shampoo_factors`.
     """
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    out = path / f"factors_step{global_step:07d}.npz"
-    arrays: dict[str, np.ndarray] = {}
-    meta = []
-    for k, (key, block, f, extra) in enumerate(entries):
-        arrays[f"factor_{k}"] = f.matrix.detach().cpu().double().numpy()
-        meta.append(
-            json.dumps(
-                {"param": key, "block": block, "dim": f.dim, "n": f.n, "root_p": str(f.root_p), **extra},
-                allow_nan=True,
-            )
-        )
-    arrays["meta"] = np.array(meta, dtype=np.str_)
-    np.savez(out, **arrays)
+    from matroots.matrices import save_shampoo_factors
+
+    out = Path(directory) / f"factors_step{global_step:07d}.npz"
+    factors = []
+    for key, block, f, extra in entries:
+        meta = {"param": str(key), "block": block, "dim": f.dim, "n": f.n, "root_p": str(f.root_p), **extra}
+        factors.append((f.matrix.detach().cpu().double().numpy(), meta))
+    save_shampoo_factors(out, factors)
     return out
 
 

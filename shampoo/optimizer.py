@@ -455,7 +455,13 @@ class Shampoo(torch.optim.Optimizer):
             opts = GroupOptions.from_group(self.param_groups[gi])
             for st in eng.states:
                 bc = 1.0 - opts.beta2**st.step if opts.use_bias_correction and opts.beta2 < 1.0 else 1.0
-                extra = {"step": st.step, "beta2": opts.beta2, "eps": opts.eps, "eps_mode": opts.eps_mode}
+                extra = {
+                    "step": self._global_step,
+                    "param_step": st.step,
+                    "beta2": opts.beta2,
+                    "eps": opts.eps,
+                    "eps_mode": opts.eps_mode,
+                }
                 for b in st.blocks:
                     for f in b.factors if b.owned else []:
                         entries.append((st.key, b.spec.index, f, {**extra, "bias_correction": bc}))
