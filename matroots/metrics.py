@@ -1,0 +1,448 @@
+"""Error metrics and bounds for computed matrix roots.
+
+Every function accepts numpy arrays or torch tensors (any real floating dtype; converted exactly to
+float64), computes in float64 unless it says otherwise, and returns a Python float. Batched input
+(..., n, n) gives the worst (largest) value over the batch. Formulas, with X ~ (A + eps I)^{-1/p}:
+
+* relative forward error  ||X - X_ref|| / ||X_ref||  (Frobenius or 2-norm), the headline accuracy
+  measure (Higham, *Functions of Matrices*, 2008, sec. 3.1);
+* residual  ||X^p (A + eps I) - I||_F  (for p = a/b: ||X^a (A + eps I)^b - I||_F). It is not a
+  proxy for accuracy: its float64 evaluation alone floors near n u kappa;
+* backward error  ||X^{-p} - A||_F / ||A||_F: the smallest relative perturbation dA with
+  X = (A + dA)^{-1/p};
+* condition number kappa_2(A) = sigma_max / sigma_min, and the relative condition number of
+  A^{-1/p}; for symmetric positive definite A (Higham 2008, Cor. 3.16 for normal matrices, Frobenius
+  norm) cond_rel = max_{i,j} |f[lambda_i, lambda_j]| ||A||_F / ||f(A)||_F with
+  max |f[.,.]| = |f'(lambda_min)| = (1/p) lambda_min^{-1/p-1}, which is ~ kappa/p;
+* the (kappa/p) u line for a dtype: the forward error a stable method can be expected to reach;
+* representation error ||fl(A) - A||_F / ||A||_F of rounding A to a dtype;
+* symmetry defect ||X - X^T||_F / ||X||_F;
+* eps bias ||(A + eps I)^{-1/p} - A^{-1/p}||_F / ||A^{-1/p}||_F: what regularisation costs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import precision
+from .errors import MatrootsError, NegativeRealEigenvalueError
+from .inputs import parse_exponent
+from .inputs import symmetry_defect as _symmetry_defect_tensor
+
+_U64 = 2.0**-53
+_SPECTRUM_CACHE: OrderedDict[str, np.ndarray] = OrderedDict()
+_SPECTRUM_CACHE_SIZE = 16
+
+
+def _f64(X: Any) -> np.ndarray:
+    """Exact float64 copy of a tensor, ndarray or :class:`~matroots.reference.Reference`."""
+    if hasattr(X, "root") and hasattr(X, "error_bound"):
+        X = X.root
+    if isinstance(X, torch.Tensor):
+        return X.detach().cpu().to(torch.float64).numpy()
+    arr = np.asarray(X)
+    if arr.dtype.kind not in "fiu":
+        raise MatrootsError(f"expected a real matrix, got dtype {arr.dtype}")
+    return arr.astype(np.float64, copy=False)
+
+
+def _batch(X: np.ndarray) -> np.ndarray:
+    if X.ndim < 2 or X.shape[-1] != X.shape[-2]:
+        raise MatrootsError(f"expected square matrices (..., n, n), got shape {X.shape}")
+    return X.reshape(-1, X.shape[-1], X.shape[-1])
+
+
+def _matpow(X: np.ndarray, k: int) -> np.ndarray:
+    """X^k for integer k >= 0 by binary powering (batched)."""
+    n = X.shape[-1]
+    out = np.broadcast_to(np.eye(n), X.shape).copy()
+    base = X
+    while k:
+        if k & 1:
+            out = out @ base
+        k >>= 1
+        if k:
+            base = base @ base
+    return out
+
+
+def _shift(A: np.ndarray, eps: float) -> np.ndarray:
+    return A + eps * np.eye(A.shape[-1]) if eps else A
+
+
+# ------------------------------------------------------------------------------------------ accuracy
+def relative_forward_error(X: Any, X_ref: Any, norm: str | int = "fro") -> float:
+    """||X - X_ref|| / ||X_ref|| in the Frobenius (``"fro"``) or spectral (``2``) norm.
+
+    ``X_ref`` may be a :class:`~matroots.reference.Reference`. Non-finite X gives inf (a failed root
+    has no accuracy); batched input gives the maximum over the batch.
+    """
+    if norm not in ("fro", 2, "2"):
+        raise ValueError(f"norm must be 'fro' or 2, got {norm!r}")
+    Xa, R = _f64(X), _f64(X_ref)
+    if Xa.shape != R.shape:
+        raise MatrootsError(f"shapes differ: X {Xa.shape} vs X_ref {R.shape}")
+    if not np.isfinite(Xa).all():
+        return math.inf
+    Xb, Rb = _batch(Xa), _batch(R)
+    order = "fro" if norm == "fro" else 2
+    num = np.linalg.norm(Xb - Rb, ord=order, axis=(-2, -1))
+    den = np.linalg.norm(Rb, ord=order, axis=(-2, -1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.where(num > 0, np.inf, 0.0))
+    return float(rel.max())
+
+
+def residual(X: Any, A: Any, p: Any, eps: float = 0.0) -> float:
+    """Absolute Frobenius residual ||X^p (A + eps I) - I||_F (for rational p = a/b:
+    ||X^a (A + eps I)^b - I||_F), evaluated in float64; inf for non-finite X; max over a batch."""
+    frac = parse_exponent(p)
+    Xb, Ab = _batch(_f64(X)), _batch(_f64(A))
+    if not np.isfinite(Xb).all():
+        return math.inf
+    Ae = _shift(Ab, float(eps))
+    R = _matpow(Xb, frac.numerator) @ _matpow(Ae, frac.denominator) - np.eye(Xb.shape[-1])
+    return float(np.linalg.norm(R, axis=(-2, -1)).max())
+
+
+def backward_error(X: Any, A: Any, p: Any, *, precise: bool | None = None) -> float:
+    """Normwise relative backward error ||X^{-p} - A||_F / ||A||_F of X as an inverse p-th root of A.
+
+    X = (A + dA)^{-1/p} exactly for dA = X^{-p} - A, the unique such perturbation. For integer p,
+    X^{-p} = (X^p)^{-1} is formed with python-flint ball arithmetic at 80 + p log2(cond(X)) bits when
+    ``precise`` (default: when python-flint is installed and n <= 128), else by a float64 LU solve,
+    whose own error is about u kappa(A) relative. For rational p, X^{-p} comes from a float64
+    eigendecomposition of X. Inf for non-finite or singular X; max over a batch.
+    """
+    frac = parse_exponent(p)
+    Xb, Ab = _batch(_f64(X)), _batch(_f64(A))
+    if not np.isfinite(Xb).all():
+        return math.inf
+    n = Xb.shape[-1]
+    if precise is None:
+        from .reference import flint_available
+
+        precise = flint_available() and n <= 128
+    worst = 0.0
+    for Xi, Ai in zip(Xb, Ab, strict=True):
+        if frac.denominator == 1:
+            Y = (
+                _inverse_power_precise(Xi, frac.numerator)
+                if precise
+                else _inverse_power_lu(Xi, frac.numerator)
+            )
+        else:
+            w, V = np.linalg.eig(Xi)
+            if np.any(w == 0):
+                return math.inf
+            Y = np.real((V * w ** (-float(frac))) @ np.linalg.inv(V))
+        if Y is None or not np.isfinite(Y).all():
+            return math.inf
+        den = float(np.linalg.norm(Ai))
+        worst = max(worst, float(np.linalg.norm(Y - Ai)) / den if den > 0 else math.inf)
+    return worst
+
+
+def _inverse_power_lu(X: np.ndarray, k: int) -> np.ndarray | None:
+    try:
+        return np.linalg.solve(_matpow(X[None], k)[0], np.eye(X.shape[0]))
+    except np.linalg.LinAlgError:
+        return None
+
+
+def _inverse_power_precise(X: np.ndarray, k: int) -> np.ndarray | None:
+    from flint import arb_mat
+
+    from ._ref_flint import to_numpy, working_prec
+
+    with np.errstate(all="ignore"):
+        c = float(np.linalg.cond(X))
+    bits = int(min(2048, 80 + k * math.log2(c if math.isfinite(c) and c > 1 else 1e300)))
+    with working_prec(bits):
+        M = arb_mat(X.tolist())
+        P = arb_mat(X.shape[0], X.shape[0])
+        for i in range(X.shape[0]):
+            P[i, i] = 1
+        for _ in range(k):
+            P = P * M
+        try:
+            Y = P.solve(_eye_arb(X.shape[0]), nonstop=True)
+        except (ZeroDivisionError, ValueError):
+            return None
+        return to_numpy(Y)
+
+
+def _eye_arb(n: int) -> Any:
+    from flint import arb_mat
+
+    E = arb_mat(n, n)
+    for i in range(n):
+        E[i, i] = 1
+    return E
+
+
+# ------------------------------------------------------------------------------------- conditioning
+def _spectrum(A: np.ndarray) -> np.ndarray:
+    """Ascending eigenvalues of symmetric A: float64, or high precision when float64 cannot resolve
+    the smallest (|lambda|_min < 1e3 n u |lambda|_max). Memoised by content hash."""
+    key = hashlib.sha256(np.ascontiguousarray(A).tobytes() + str(A.shape).encode()).hexdigest()
+    if key in _SPECTRUM_CACHE:
+        _SPECTRUM_CACHE.move_to_end(key)
+        return _SPECTRUM_CACHE[key]
+    lam = np.linalg.eigvalsh(A)
+    big = float(np.abs(lam).max())
+    if big > 0 and float(np.abs(lam).min()) < 1e3 * A.shape[0] * _U64 * big:
+        from . import reference
+
+        lam = reference.eigvalsh(A)
+    _SPECTRUM_CACHE[key] = lam
+    if len(_SPECTRUM_CACHE) > _SPECTRUM_CACHE_SIZE:
+        _SPECTRUM_CACHE.popitem(last=False)
+    return lam
+
+
+def _is_symmetric(A: np.ndarray) -> bool:
+    return bool(np.array_equal(A, np.swapaxes(A, -1, -2)))
+
+
+def condition_number(A: Any, *, eps: float = 0.0) -> float:
+    """2-norm condition number kappa_2(A + eps I) = sigma_max / sigma_min (inf when singular).
+
+    Symmetric A: max|lambda| / min|lambda| from :func:`_spectrum` (high precision when float64 cannot
+    resolve lambda_min, so kappa up to 1e16 and beyond is exact). General A: float64 SVD (reliable up
+    to kappa ~ 1e15). Max over a batch.
+    """
+    worst = 0.0
+    for Ai in _batch(_f64(A)):
+        Ae = _shift(Ai, float(eps))
+        a = np.abs(_spectrum(Ae)) if _is_symmetric(Ae) else np.linalg.svd(Ae, compute_uv=False)
+        lo = float(a.min())
+        worst = max(worst, math.inf if lo == 0 else float(a.max()) / lo)
+    return worst
+
+
+def _divided_differences_max(lam: np.ndarray, q: float) -> float:
+    """max_{i,j} |f[lambda_i, lambda_j]| for f(z) = z^q (principal branch), complex-safe."""
+    lam = np.asarray(lam, dtype=complex)
+    f = np.exp(q * np.log(lam))
+    fp = q * f / lam
+    a, b = lam[:, None], lam[None, :]
+    diff = a - b
+    close = np.abs(diff) <= 1e-8 * np.maximum(np.abs(a), np.abs(b))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dd = np.where(
+            close, 0.5 * (fp[:, None] + fp[None, :]), (f[:, None] - f[None, :]) / np.where(close, 1, diff)
+        )
+    return float(np.abs(dd).max())
+
+
+def cond_rel(A: Any, p: Any, *, eps: float = 0.0, eigenvalues: np.ndarray | None = None) -> float:
+    """Relative condition number of (A + eps I)^{-1/p} in the Frobenius norm.
+
+    Symmetric positive definite A (Higham 2008, Thm 3.15/Cor. 3.16): exactly
+    (1/p) lambda_min^{-1/p-1} ||A||_F / ||A^{-1/p}||_F  (~ kappa/p). General diagonalisable A = V
+    diag(lambda) V^{-1}: the upper estimate cond_2(V)^2 max|f[lambda_i, lambda_j]| ||A||_F /
+    ||f(A)||_F (float64 eigendecomposition). ``eigenvalues`` (of A + eps I, e.g. a reference's) skip
+    the eigensolver for symmetric A. Inf when A + eps I has a non-positive (or negative real) eigenvalue.
+    """
+    frac = parse_exponent(p)
+    q = -1.0 / float(frac)
+    worst = 0.0
+    for Ai in _batch(_f64(A)):
+        Ae = _shift(Ai, float(eps))
+        if _is_symmetric(Ae):
+            lam = (
+                np.sort(np.asarray(eigenvalues, dtype=float).reshape(-1))
+                if eigenvalues is not None
+                else _spectrum(Ae)
+            )
+            if lam[0] <= 0:
+                return math.inf
+            val = (
+                (-q)
+                * lam[0] ** (q - 1)
+                * math.sqrt(float(np.sum(lam**2)))
+                / math.sqrt(float(np.sum(lam ** (2 * q))))
+            )
+        else:
+            w, V = np.linalg.eig(Ae)
+            if np.any((np.abs(w.imag) <= 1e-14 * np.abs(w).max()) & (w.real <= 0)):
+                return math.inf
+            fA = np.real((V * np.exp(q * np.log(w.astype(complex)))) @ np.linalg.inv(V))
+            cv = float(np.linalg.cond(V))
+            val = (
+                cv**2 * _divided_differences_max(w, q) * float(np.linalg.norm(Ae)) / float(np.linalg.norm(fA))
+            )
+        worst = max(worst, val)
+    return worst
+
+
+def kappa_u_line(kappa: float, p: Any, dtype: Any) -> float:
+    """(kappa / p) u(dtype): the forward error expected of a stable method (cond_rel ~ kappa/p)."""
+    return float(kappa) / float(parse_exponent(p)) * precision.unit_roundoff(dtype)
+
+
+def representation_error(A: Any, dtype: Any, *, scale_fp16: bool = True) -> float:
+    """||fl(A) - A||_F / ||A||_F for round-to-nearest into ``dtype`` (a cast).
+
+    With ``scale_fp16`` (as the solvers do, see :func:`matroots.inputs.prepare`), fp16 input is first
+    scaled by the power of two that brings max|A| near 1, so the figure measures rounding rather than
+    overflow; without it, entries beyond 65504 give inf. Max over a batch.
+    """
+    dt = precision.as_dtype(dtype)
+    worst = 0.0
+    for Ai in _batch(_f64(A)):
+        t = torch.from_numpy(np.ascontiguousarray(Ai))
+        scale = 1.0
+        amax = float(t.abs().max())
+        if dt == torch.float16 and scale_fp16 and amax > 0:
+            scale = 2.0 ** (-math.floor(math.log2(amax)))
+        r = ((t * scale).to(dt).to(torch.float64) / scale).numpy()
+        den = float(np.linalg.norm(Ai))
+        if not np.isfinite(r).all():
+            return math.inf
+        worst = max(worst, float(np.linalg.norm(r - Ai)) / den if den > 0 else 0.0)
+    return worst
+
+
+def symmetry_defect(A: Any) -> float:
+    """Relative symmetry defect ||A - A^T||_F / ||A||_F (0 for the zero matrix); max over a batch."""
+    t = torch.from_numpy(np.ascontiguousarray(_batch(_f64(A))))
+    return float(_symmetry_defect_tensor(t).max())
+
+
+def eps_bias(
+    A: Any, p: Any, eps: float, eps_mode: str = "absolute", *, eigenvalues: np.ndarray | None = None
+) -> float:
+    """Relative cost of regularisation ||(A + eps I)^{-1/p} - A^{-1/p}||_F / ||A^{-1/p}||_F.
+
+    eps_abs = eps ("absolute") or eps lambda_max(A) ("relative", as :mod:`matroots.regularize`).
+    Symmetric A = Q diag(lambda) Q^T: the closed form (Q cancels)
+    sqrt(sum_i (lambda_i^{-1/p} expm1(-log1p(eps/lambda_i)/p))^2) / sqrt(sum_i lambda_i^{-2/p}), from the
+    eigenvalues of A (``eigenvalues`` if given, else :func:`_spectrum`, high precision when needed).
+    General A: two references (:func:`matroots.reference.inverse_root`). NaN when A itself has no
+    inverse root (a non-positive / negative real eigenvalue). Max over a batch.
+    """
+    if eps_mode not in ("absolute", "relative"):
+        raise ValueError(f"eps_mode must be 'absolute' or 'relative', got {eps_mode!r}")
+    frac = parse_exponent(p)
+    worst = 0.0
+    for Ai in _batch(_f64(A)):
+        sym = _is_symmetric(Ai)
+        if sym:
+            lam = (
+                np.sort(np.asarray(eigenvalues, dtype=float).reshape(-1))
+                if eigenvalues is not None
+                else _spectrum(Ai)
+            )
+            lmax = float(np.abs(lam).max())
+        else:
+            lmax = float(np.abs(np.linalg.eigvals(Ai)).max())
+        e = float(eps) * lmax if eps_mode == "relative" else float(eps)
+        if e == 0:
+            continue
+        if sym:
+            if lam[0] <= 0:
+                return math.nan
+            base = lam ** (-1.0 / float(frac))
+            d = base * np.expm1(-np.log1p(e / lam) / float(frac))
+            val = float(np.linalg.norm(d) / np.linalg.norm(base))
+        else:
+            from . import reference
+
+            try:
+                r_e = reference.inverse_root(Ai, frac, e)
+                r_0 = reference.inverse_root(Ai, frac, 0.0)
+            except NegativeRealEigenvalueError:
+                return math.nan
+            val = relative_forward_error(r_e.root, r_0.root)
+        worst = max(worst, val)
+    return worst
+
+
+def all_metrics(
+    X: Any,
+    A: Any,
+    p: Any,
+    *,
+    ref: Any,
+    eps: float = 0.0,
+    eps_mode: str = "absolute",
+    dtype: Any = None,
+    ref0: Any = None,
+) -> dict[str, float]:
+    """Every metric of this module for a computed X ~ (A + eps I)^{-1/p}, in one dict.
+
+    ``ref`` is the :class:`~matroots.reference.Reference` of the same (A, p, eps) that X approximates;
+    ``ref0`` (optional) that of eps = 0, used for the eps bias instead of the closed form. ``dtype``
+    (default: X's dtype for a tensor, else float64) sets the unit roundoff of ``kappa_u_line`` and
+    ``representation_error``. Keys: relative_forward_error (Frobenius), relative_forward_error_2,
+    residual, backward_error (of X for A + eps I), condition_number (kappa_2 of A + eps I), cond_rel,
+    kappa_u_line, representation_error (of A in dtype), symmetry_defect (of X),
+    input_symmetry_defect (of A), eps_bias, reference_error_bound.
+    """
+    if eps_mode not in ("absolute", "relative"):
+        raise ValueError(f"eps_mode must be 'absolute' or 'relative', got {eps_mode!r}")
+    if dtype is None:
+        dtype = X.dtype if isinstance(X, torch.Tensor) else torch.float64
+    Aa = _f64(A)
+    frac: Fraction = parse_exponent(p)
+    eig = getattr(ref, "eigenvalues", None)
+    sym_A = _is_symmetric(Aa)
+    if eps_mode == "relative":
+        lmax = (
+            float(np.abs(eig).max())
+            if eig is not None
+            else float(np.abs(np.linalg.eigvals(_batch(Aa))).max())
+        )
+        e = float(eps) * lmax  # approximately: eig are those of A + eps I
+    else:
+        e = float(eps)
+    Ae = _shift(Aa, e)
+    sym_eig = eig if (eig is not None and sym_A and np.isrealobj(eig) and Aa.ndim == 2) else None
+    if sym_eig is not None:
+        a = np.abs(sym_eig)
+        kappa = math.inf if a.min() == 0 else float(a.max() / a.min())
+    else:
+        kappa = condition_number(Ae)
+    if ref0 is not None:
+        bias = relative_forward_error(getattr(ref, "root", ref), getattr(ref0, "root", ref0))
+    elif e == 0:
+        bias = 0.0
+    else:
+        bias = eps_bias(Aa, frac, e, "absolute")
+    return {
+        "relative_forward_error": relative_forward_error(X, ref, "fro"),
+        "relative_forward_error_2": relative_forward_error(X, ref, 2),
+        "residual": residual(X, Aa, frac, e),
+        "backward_error": backward_error(X, Ae, frac),
+        "condition_number": kappa,
+        "cond_rel": cond_rel(Ae, frac, eigenvalues=sym_eig),
+        "kappa_u_line": kappa_u_line(kappa, frac, dtype),
+        "representation_error": representation_error(Aa, dtype),
+        "symmetry_defect": symmetry_defect(X),
+        "input_symmetry_defect": symmetry_defect(Aa),
+        "eps_bias": bias,
+        "reference_error_bound": float(getattr(ref, "error_bound", math.nan)),
+    }
+
+
+__all__ = [
+    "all_metrics",
+    "backward_error",
+    "cond_rel",
+    "condition_number",
+    "eps_bias",
+    "kappa_u_line",
+    "relative_forward_error",
+    "representation_error",
+    "residual",
+    "symmetry_defect",
+]
