@@ -21,6 +21,7 @@ from .config import (
     SGDGrafting,
 )
 from .diagnostics import BlockDiagnostics, FactorDiagnostics
+from .distributed import DDPConfig
 from .errors import (
     NonFiniteGradientWarning,
     RootComputationError,
@@ -36,6 +37,7 @@ __all__ = [
     "BlockDiagnostics",
     "BlockKind",
     "BlockSpec",
+    "DDPConfig",
     "DiagnosticsConfig",
     "ExponentOverride",
     "FactorDiagnostics",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import heapq
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,16 +155,23 @@ def block_cost(spec: BlockSpec, cost_model: str = "roots") -> float:
     return float(sum(spec.shape[i] ** power for i in factors) + spec.numel)
 
 
-def lpt_assign(costs: Sequence[float], world_size: int) -> tuple[int, ...]:
+def lpt_assign(
+    costs: Sequence[float], world_size: int, initial_loads: Sequence[float] | None = None
+) -> tuple[int, ...]:
     """Greedy longest-processing-time assignment: the owner rank of each item.
 
     Items are taken in decreasing cost (ties by position) and each goes to the currently least-loaded
-    rank (ties by lowest rank). Deterministic: the same costs give the same owners on every rank.
+    rank (ties by lowest rank), starting from ``initial_loads`` (default zero). Deterministic: the
+    same costs give the same owners on every rank.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    loads0 = [0.0] * world_size if initial_loads is None else [float(x) for x in initial_loads]
+    if len(loads0) != world_size:
+        raise ValueError(f"initial_loads has {len(loads0)} entries for world size {world_size}")
     owners = [0] * len(costs)
-    heap = [(0.0, r) for r in range(world_size)]
+    heap = [(loads0[r], r) for r in range(world_size)]
+    heapq.heapify(heap)
     for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
         load, r = heapq.heappop(heap)
         owners[i] = r
@@ -193,22 +201,31 @@ class BlockAssignment:
         return max(self.loads) / mean if mean > 0 else 1.0
 
 
-def assign_blocks(specs: Sequence[BlockSpec], world_size: int, cost_model: str = "roots") -> BlockAssignment:
+def assign_blocks(
+    specs: Sequence[BlockSpec],
+    world_size: int,
+    cost_model: str = "roots",
+    previous: BlockAssignment | None = None,
+) -> BlockAssignment:
     """Assign ``specs`` to ``world_size`` ranks by :func:`lpt_assign` on :func:`block_cost`.
 
     The specs are put in canonical (param_index, index) order first, so the result does not depend on
-    the order they are passed in.
+    the order they are passed in. With ``previous``, blocks it already assigns keep their owner and the
+    new ones are spread from its loads on (for param groups added after the first step).
     """
-    ordered = sorted(specs, key=block_key)
+    prev_owners = dict(previous.owners) if previous is not None else {}
+    loads = list(previous.loads) if previous is not None else [0.0] * world_size
+    if previous is not None and previous.world_size != world_size:
+        raise ValueError(f"previous assignment is for {previous.world_size} ranks, not {world_size}")
+    ordered = sorted((s for s in specs if block_key(s) not in prev_owners), key=block_key)
     keys = [block_key(s) for s in ordered]
     if len(set(keys)) != len(keys):
         raise ValueError("assign_blocks: duplicate (param_index, block index) keys")
     costs = [block_cost(s, cost_model) for s in ordered]
-    owners = lpt_assign(costs, world_size)
-    loads = [0.0] * world_size
+    owners = lpt_assign(costs, world_size, loads)
     for c, r in zip(costs, owners, strict=True):
         loads[r] += c
-    return BlockAssignment(world_size, dict(zip(keys, owners, strict=True)), tuple(loads))
+    return BlockAssignment(world_size, {**prev_owners, **dict(zip(keys, owners, strict=True))}, tuple(loads))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -284,12 +301,12 @@ class DirectionExchange:
 
     def gather(
         self,
-        local: Sequence[torch.Tensor],
+        local: Sequence[torch.Tensor | None],
         device: torch.device | None = None,
         *,
         error: str | None = None,
     ) -> list[list[torch.Tensor]]:
-        """All-gather: ``local`` are this rank's owned directions; returns, per rank, its directions
+        """All-gather: ``local`` are this rank's owned directions (None: zeros); returns, per rank, its directions
         as flat tensors in the communication dtype (views into one received buffer).
 
         Every rank, the sender included, gets its directions back from the buffer, so with a narrow
@@ -301,12 +318,14 @@ class DirectionExchange:
         if error is None and len(local) != len(mine):
             raise ValueError(f"rank {self.rank}: expected {len(mine)} directions, got {len(local)}")
         if device is None:
-            device = local[0].device if local else torch.device("cpu")
+            device = next((t.device for t in local if t is not None), torch.device("cpu"))
         send = torch.zeros(self.segment, dtype=self.dtype, device=device)
         if error is not None:
             send[0] = _STATUS_FAILED
         else:
             for t, n, o in zip(local, mine, self._offsets[self.rank], strict=True):
+                if t is None:
+                    continue
                 if t.numel() != n:
                     raise ValueError(f"rank {self.rank}: a direction has {t.numel()} elements, expected {n}")
                 send[o : o + n].copy_(t.reshape(-1))
@@ -331,9 +350,194 @@ class DirectionExchange:
         ]
 
 
+# ----------------------------------------------------------------------------------------------------
+# The optimizer's side: ownership, assembly of directions, state
+
+
+def layout_groups(param_groups: Sequence[dict[str, Any]]) -> list[BlockSpec]:
+    """Every block of every parameter of ``param_groups``, laid out as the optimizer lays them out
+    (param_index is the parameter's global position)."""
+    from .blocking import layout_param  # local: blocking <- config is cheap, but keep the top light
+    from .config import GroupOptions
+
+    specs: list[BlockSpec] = []
+    index = 0
+    for group in param_groups:
+        opts = GroupOptions.from_group(group)
+        for p in group["params"]:
+            lay = layout_param(
+                index,
+                tuple(p.shape),
+                max_preconditioner_dim=opts.max_preconditioner_dim,
+                merge_dims_=opts.merge_dims,
+                exponent_override=opts.exponent_override,
+                vector_policy=opts.vector_policy,
+            )
+            specs.extend(lay.blocks)
+            index += 1
+    return specs
+
+
+@dataclass
+class CommStats:
+    """Cumulative cost of the direction all-gathers on this rank."""
+
+    calls: int = 0
+    seconds: float = 0.0
+    bytes_sent: int = 0
+
+    def reset(self) -> None:
+        self.calls, self.seconds, self.bytes_sent = 0, 0.0, 0
+
+
+class BlockSharding:
+    """Data-parallel Shampoo's state on one rank: the assignment, one exchange plan per param group.
+
+    The optimizer calls :meth:`owns` while it builds its per-group state (only owned blocks get
+    statistics, roots and buckets), :meth:`assemble` where the search directions of a group meet,
+    :meth:`report_failure` when computing its owned directions raised a Shampoo error, and
+    :meth:`gather_state` in ``state_dict``.
+    """
+
+    def __init__(self, config: DDPConfig) -> None:
+        self.config = config
+        self.rank, self.world_size = config.world()
+        self.assignment: BlockAssignment | None = None
+        self._plans: dict[int, tuple[Any, list[list[tuple[int, BlockSpec]]], DirectionExchange]] = {}
+        self.comm = CommStats()
+        logger.info(
+            "shampoo distributed: rank %d of %d, communication %s, cost model %s",
+            self.rank, self.world_size, config.communication_dtype, config.cost_model,
+        )  # fmt: skip
+
+    # -- ownership ---------------------------------------------------------------------------------
+
+    def owns(self, spec: BlockSpec, param_groups: Sequence[dict[str, Any]]) -> bool:
+        """Whether this rank computes ``spec``. The first call assigns every block of every group;
+        blocks of groups added later are assigned on top of it."""
+        key = block_key(spec)
+        if self.assignment is None or key not in self.assignment.owners:
+            self.assignment = assign_blocks(
+                layout_groups(param_groups), self.world_size, self.config.cost_model, self.assignment
+            )
+            logger.info(
+                "shampoo distributed: %d blocks over %d ranks, load max/mean %.3f",
+                len(self.assignment.owners), self.world_size, self.assignment.imbalance,
+            )  # fmt: skip
+        return self.assignment.owners[key] == self.rank
+
+    def _plan(self, eng: Any) -> tuple[list[list[tuple[int, BlockSpec]]], DirectionExchange]:
+        """Per rank, the (local param index, block) pairs it owns in a group, and the exchange."""
+        cached = self._plans.get(id(eng))
+        if cached is not None and cached[0] is eng:
+            return cached[1], cached[2]
+        assert self.assignment is not None
+        entries: list[list[tuple[int, BlockSpec]]] = [[] for _ in range(self.world_size)]
+        for i, st in enumerate(eng.states):
+            for b in st.blocks:
+                entries[self.assignment.owner(b.spec)].append((i, b.spec))
+        exchange = DirectionExchange(
+            [[spec.numel for _, spec in per] for per in entries],
+            self.rank,
+            dtype=self.config.communication_dtype,  # type: ignore[arg-type]
+            group=self.config.process_group,
+            timeout=self.config.timeout,  # type: ignore[arg-type]
+        )
+        self._plans[id(eng)] = (eng, entries, exchange)
+        return entries, exchange
+
+    # -- directions --------------------------------------------------------------------------------
+
+    def assemble(self, eng: Any, present: list[int], outputs: Sequence[Any]) -> list[torch.Tensor]:
+        """All-gather the owned blocks' directions of one group (one collective) and write every
+        block's direction into its parameter's direction tensor, in the parameter's dtype.
+
+        ``outputs``: (bucket, members, positions, stacked directions) per owned bucket, as returned
+        by the optimizer's ``block_directions``. Blocks of parameters without a gradient this step
+        are sent as zeros and not written.
+        """
+        entries, exchange = self._plan(eng)
+        local: dict[tuple[int, int], torch.Tensor] = {}
+        for bucket, members, positions, D in outputs:
+            for k, j in enumerate(positions):
+                local[(members[j], bucket.blocks[j].spec.index)] = D[k]
+        send = [local.get((i, spec.index)) for i, spec in entries[self.rank]]
+        t0 = time.perf_counter()
+        gathered = exchange.gather(send, device=eng.directions[0].device if eng.directions else None)
+        self.comm.seconds += time.perf_counter() - t0
+        self.comm.calls += 1
+        self.comm.bytes_sent += exchange.bytes_per_rank
+        views = {i: eng.states[i].layout.merged_view(eng.directions[i]) for i in present}
+        for per_rank, flats in zip(entries, gathered, strict=True):
+            for (i, spec), flat in zip(per_rank, flats, strict=True):
+                view = views.get(i)
+                if view is not None:
+                    view[spec.slices].copy_(flat.view(spec.shape))
+        return [eng.directions[i] for i in present]
+
+    def report_failure(self, eng: Any, err: BaseException) -> None:
+        """This rank could not compute its directions of a group (``err``, a Shampoo error): take
+        part in the group's collective with a failure status so every other rank raises
+        :class:`RemoteRankError` at the same step instead of waiting. The caller re-raises ``err``."""
+        _, exchange = self._plan(eng)
+        logger.error("shampoo distributed: rank %d failed: %s", self.rank, err)
+        exchange.gather([], error=f"{type(err).__name__}: {err}")
+
+    # -- state -------------------------------------------------------------------------------------
+
+    def gather_state(self, state: dict[Any, dict[str, Any]]) -> dict[Any, dict[str, Any]]:
+        """The rank-independent optimizer state: every rank's owned blocks merged (collective).
+
+        Each rank's ``flatten``ed state holds the replicated entries (step, momentum) and its owned
+        blocks (``blocks.<i>.*``); the union is the single-process state dict, which loads on any
+        number of ranks.
+        """
+        if self.world_size == 1:
+            return state
+        cpu = {
+            k: {n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in d.items()}
+            for k, d in state.items()
+        }
+        shards: list[Any] = [None] * self.world_size
+        dist.all_gather_object(shards, cpu, group=self.config.process_group)
+        merged: dict[Any, dict[str, Any]] = {k: dict(d) for k, d in state.items()}
+        for r, shard in enumerate(shards):
+            if r == self.rank:
+                continue
+            for key, flat in shard.items():
+                mine = merged.setdefault(key, dict(flat))
+                device = next((v.device for v in mine.values() if isinstance(v, torch.Tensor)), None)
+                for name, v in flat.items():
+                    if name.startswith("blocks.") and name not in mine:
+                        mine[name] = v.to(device) if isinstance(v, torch.Tensor) and device is not None else v
+        return merged
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of optimizer state held by this process, split into ``blocks`` (factor statistics, roots,
+    first moments, grafting and diagonal state of the owned blocks) and ``replicated`` (per-parameter
+    momentum buffers)."""
+    blocks = replicated = 0
+    for st in optimizer.state.values():
+        for b in getattr(st, "blocks", ()):
+            if not b.owned:
+                continue
+            for t in (b.first_moment, b.graft_state, b.diagonal):
+                if t is not None:
+                    blocks += t.numel() * t.element_size()
+            for f in b.factors:
+                blocks += f.matrix.numel() * f.matrix.element_size() + f.root.numel() * f.root.element_size()
+        mom = getattr(st, "momentum_buffer", None)
+        if mom is not None:
+            replicated += mom.numel() * mom.element_size()
+    return {"blocks": blocks, "replicated": replicated, "total": blocks + replicated}
+
+
 __all__ = [
     "COST_MODELS",
     "BlockAssignment",
+    "BlockSharding",
+    "CommStats",
     "DDPConfig",
     "DirectionExchange",
     "DistributedError",
@@ -342,5 +546,7 @@ __all__ = [
     "assign_blocks",
     "block_cost",
     "block_key",
+    "layout_groups",
     "lpt_assign",
+    "state_bytes",
 ]

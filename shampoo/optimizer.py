@@ -41,6 +41,7 @@ from .config import (
     normalise_group,
 )
 from .diagnostics import BlockDiagnostics, block_diagnostics, dump_factors, to_frame
+from .distributed import BlockSharding, DDPConfig
 from .errors import NonFiniteGradientWarning, ShampooError, StateDictError
 from .preconditioner import BlockBucket
 from .roots import RootJob, compute_roots
@@ -193,7 +194,10 @@ class Shampoo(torch.optim.Optimizer):
         warm_start: warm-start the root solver from the previous root where it supports it.
         failure: a :class:`FailurePolicy` (fallback solver, consecutive-failure limit).
         diagnostics: a :class:`DiagnosticsConfig` (log level, factor dumps); optimizer-wide.
-        distributed: reserved for the distributed optimizer (issue 6); must be None here.
+        distributed: a :class:`shampoo.DDPConfig` for data-parallel Shampoo (each rank computes its
+            blocks' statistics, roots and directions; one all-gather shares them, see
+            :mod:`shampoo.distributed`), or None for a single process. Gradients must already be
+            identical on every rank (DistributedDataParallel, or an all-reduce before ``step``).
 
     Every option except ``diagnostics`` and ``distributed`` can be set per param group.
     """
@@ -227,8 +231,9 @@ class Shampoo(torch.optim.Optimizer):
         diagnostics: DiagnosticsConfig | None = None,
         distributed: Any = None,
     ) -> None:
-        if distributed is not None:
-            raise NotImplementedError("distributed Shampoo is not available in this build (issue 6)")
+        if distributed is not None and not isinstance(distributed, DDPConfig):
+            raise ValueError(f"distributed must be a shampoo.DDPConfig or None, got {distributed!r}")
+        self._sharding = BlockSharding(distributed) if distributed is not None else None
         self._diag = diagnostics if diagnostics is not None else DiagnosticsConfig()
         if not isinstance(self._diag, DiagnosticsConfig):
             raise ValueError(f"diagnostics must be a DiagnosticsConfig, got {diagnostics!r}")
@@ -291,8 +296,8 @@ class Shampoo(torch.optim.Optimizer):
         return keys
 
     def _owns(self, spec: BlockSpec) -> bool:
-        """Whether this process computes the block's statistics, roots and direction (always, here)."""
-        return True
+        """Whether this process computes the block's statistics, roots and direction."""
+        return self._sharding is None or self._sharding.owns(spec, self.param_groups)
 
     def _engine(self, gi: int, opts: GroupOptions) -> _GroupEngine:
         eng = self._engines[gi]
@@ -352,7 +357,12 @@ class Shampoo(torch.optim.Optimizer):
             grads = list(torch._foreach_add(grads, plist, alpha=opts.weight_decay))  # type: ignore[arg-type]
         for i in idx:
             eng.states[i].step += 1
-        outputs, report = eng.block_directions(opts, idx, grads, self._diag)  # type: ignore[arg-type]
+        try:
+            outputs, report = eng.block_directions(opts, idx, grads, self._diag)  # type: ignore[arg-type]
+        except ShampooError as err:
+            if self._sharding is not None:
+                self._sharding.report_failure(eng, err)  # the other ranks raise instead of waiting
+            raise
         if report is not None:
             self.timing.root_seconds += report.seconds
             self.timing.root_rounds += 1
@@ -375,6 +385,8 @@ class Shampoo(torch.optim.Optimizer):
         This is the single place where search directions meet: a distributed optimizer all-gathers
         the owned blocks' directions here and writes the other ranks' blocks the same way.
         """
+        if self._sharding is not None:
+            return self._sharding.assemble(eng, present, outputs)
         views = {i: eng.states[i].layout.merged_view(eng.directions[i]) for i in present}
         for bucket, members, positions, D in outputs:
             for k, j in enumerate(positions):
@@ -481,6 +493,8 @@ class Shampoo(torch.optim.Optimizer):
             if eng is not None:
                 for st in eng.states:
                     state[st.key] = flatten(st)
+        if self._sharding is not None:  # collective: every rank's blocks, in the single-process form
+            state = self._sharding.gather_state(state)
         groups = []
         for g, ks in zip(self.param_groups, keys, strict=True):
             packed = {k: (config_to_dict(v) if k in CONFIG_KEYS else copy.deepcopy(v)) for k, v in g.items()}
