@@ -489,6 +489,9 @@ def kms(
             else:
                 hi = mid
         rho = 1.0 - 2.0**-lo
+    rho = 0.5 if rho is None else float(rho)
+    if not -1 < rho < 1:
+        raise ValueError(f"rho must be in (-1, 1), got {rho!r}")
     return build(rho), {"rho": rho}
 
 
