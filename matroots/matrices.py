@@ -154,13 +154,13 @@ def _meta(
 def exact_spectrum(A: np.ndarray, *, precise: bool = True) -> np.ndarray:
     """Ascending eigenvalues of the symmetric float64 matrix ``A`` as it is stored.
 
-    Uses float64 ``eigvalsh``; when the smallest |eigenvalue| is below 1e3 n u lambda_max (where float64
-    cannot resolve it) and ``precise`` is set, recomputes them with the high-precision symmetric
-    eigensolver :func:`matroots.reference.eigvalsh`.
+    Uses float64 ``eigvalsh``, whose eigenvalues carry absolute errors ~ n u lambda_max (relative
+    ~ n u kappa for the smallest); when kappa exceeds 1e3 and ``precise`` is set, recomputes them with
+    the high-precision symmetric eigensolver :func:`matroots.reference.eigvalsh`.
     """
     lam = np.linalg.eigvalsh(A)
     scale = float(np.abs(lam).max()) if lam.size else 0.0
-    if precise and scale > 0 and float(np.abs(lam).min()) < 1e3 * A.shape[0] * _U64 * scale:
+    if precise and scale > 0 and float(np.abs(lam).min()) < 1e-3 * scale:
         from . import reference  # local import: reference imports nothing from here
 
         lam = reference.eigvalsh(A)
@@ -196,6 +196,7 @@ def randsvd_spectrum(n: int, kappa: float, mode: int, rng: np.random.Generator |
         s = kappa ** (-i / (n - 1))
     elif mode == 4:
         s = 1.0 - i / (n - 1) * (1.0 - 1.0 / kappa)
+        s[-1] = 1.0 / kappa
     elif mode == 5:
         if rng is None:
             raise ValueError("randsvd mode 5 needs rng")
@@ -430,6 +431,7 @@ def pei(n: int, kappa: float | None = None, rng: Any = None, *, alpha: float | N
     n = _check_n(n)
     if alpha is None:
         alpha = 1.0 if kappa is None or kappa <= 1 else n / (_check_kappa(kappa, 2.0) - 1.0)
+    alpha = (1.0 + alpha) - 1.0  # the shift the float64 diagonal 1 + alpha really holds (exact)
     A = np.ones((n, n)) + alpha * np.eye(n)
     lam = np.concatenate([np.full(n - 1, alpha), [alpha + n]])
     return A, _meta("pei", n, lam, "closed_form", alpha=float(alpha))
