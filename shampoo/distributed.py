@@ -452,13 +452,14 @@ class BlockSharding:
         """All-gather the owned blocks' directions of one group (one collective) and write every
         block's direction into its parameter's direction tensor, in the parameter's dtype.
 
-        ``outputs``: (bucket, members, positions, stacked directions) per owned bucket, as returned
-        by the optimizer's ``block_directions``. Blocks of parameters without a gradient this step
+        ``outputs``: (bucket, members, positions, stacked directions or (directions, per-block
+        scale)) per owned bucket, as returned by the optimizer's ``block_directions``. Blocks of parameters without a gradient this step
         are sent as zeros and not written.
         """
         entries, exchange = self._plan(eng)
         local: dict[tuple[int, int], torch.Tensor] = {}
-        for bucket, members, positions, D in outputs:
+        for bucket, members, positions, out in outputs:
+            D = _scaled(out)
             for k, j in enumerate(positions):
                 local[(members[j], bucket.blocks[j].spec.index)] = D[k]
         send = [local.get((i, spec.index)) for i, spec in entries[self.rank]]
@@ -511,6 +512,17 @@ class BlockSharding:
                     if name.startswith("blocks.") and name not in mine:
                         mine[name] = v.to(device) if isinstance(v, torch.Tensor) and device is not None else v
         return merged
+
+
+def _scaled(out: Any) -> torch.Tensor:
+    """Stacked block directions from a bucket's output: a tensor, or (directions, per-block scale)
+    with the scale a float or a (b,) tensor (the grafting factor, applied at assembly)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    D, scale = out
+    if isinstance(scale, torch.Tensor):
+        return D * scale.to(D.dtype).view(-1, *([1] * (D.ndim - 1)))
+    return D if scale == 1.0 else D * scale
 
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
