@@ -137,7 +137,9 @@ def from_dict(raw: dict[str, Any]) -> GridSpec:
     if unknown:
         raise ValueError(f"unknown grid keys {sorted(unknown)}; known: {sorted(known)}")
     solvers = tuple(SolverSpec(**s) for s in raw.pop("solvers", []))
-    eps = tuple(EpsSpec(**e) if isinstance(e, dict) else EpsSpec(value=float(e)) for e in raw.pop("eps", [{}]))
+    eps = tuple(
+        EpsSpec(**e) if isinstance(e, dict) else EpsSpec(value=float(e)) for e in raw.pop("eps", [{}])
+    )
     kw: dict[str, Any] = {}
     for k, v in raw.items():
         kw[k] = tuple(v) if isinstance(v, list) else v

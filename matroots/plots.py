@@ -7,13 +7,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
 
-from . import precision  # noqa: E402
-from .report import failed  # noqa: E402
+from . import precision
+from .report import failed
 
 DTYPE_ORDER = ["fp64", "fp32", "bf16", "fp16"]
 
@@ -35,8 +35,17 @@ def error_vs_kappa(df: pd.DataFrame, out: Path) -> list[Path]:
     kap = np.logspace(0, np.log10(max(df["kappa"].max(), 10)), 50)
     for ax, t in zip(axes[0], dtypes, strict=False):
         sub = d[d["dtype"] == t]
-        sns.lineplot(data=sub, x="kappa", y="forward_error", hue="solver", estimator="median",
-                     errorbar=("pi", 100), marker="o", ax=ax, legend=ax is axes[0][0])
+        sns.lineplot(
+            data=sub,
+            x="kappa",
+            y="forward_error",
+            hue="solver",
+            estimator="median",
+            errorbar=("pi", 100),
+            marker="o",
+            ax=ax,
+            legend=ax is axes[0][0],
+        )
         u = precision.unit_roundoff(t)
         for p in sorted(d["p"].unique()):
             ax.plot(kap, kap / p * u, ls="--", lw=1, color="grey")
@@ -61,7 +70,9 @@ def failure_heatmap(df: pd.DataFrame, out: Path) -> list[Path]:
     solvers = sorted(d["solver"].unique())
     fig, axes = plt.subplots(1, len(solvers), figsize=(3.4 * len(solvers), 3.2), squeeze=False)
     for ax, s in zip(axes[0], solvers, strict=True):
-        piv = d[d["solver"] == s].pivot_table(index="dtype", columns="kappa", values="_failed", aggfunc="mean")
+        piv = d[d["solver"] == s].pivot_table(
+            index="dtype", columns="kappa", values="_failed", aggfunc="mean"
+        )
         piv = piv.reindex([t for t in DTYPE_ORDER if t in piv.index])
         piv.columns = [f"{c:.0e}" for c in piv.columns]
         sns.heatmap(piv, vmin=0, vmax=1, cmap="Reds", annot=True, fmt=".2f", cbar=False, ax=ax)

@@ -19,8 +19,10 @@ DEFAULT_ACCURACY = 1e-2
 
 def kappa_band(kappa: pd.Series) -> pd.Series:
     """Label of the decade band [1e0,1e3), [1e3,1e6), ... each kappa falls in."""
-    labels = [f"[{lo:.0e},{hi:.0e})" if np.isfinite(hi) else f">={lo:.0e}"
-              for lo, hi in zip(KAPPA_BANDS[:-1], KAPPA_BANDS[1:], strict=True)]
+    labels = [
+        f"[{lo:.0e},{hi:.0e})" if np.isfinite(hi) else f">={lo:.0e}"
+        for lo, hi in zip(KAPPA_BANDS[:-1], KAPPA_BANDS[1:], strict=True)
+    ]
     return pd.cut(kappa, bins=list(KAPPA_BANDS), labels=labels, right=False).astype(str)
 
 
@@ -56,8 +58,9 @@ def headline_error(df: pd.DataFrame) -> pd.Series:
 
 def best_solver_table(df: pd.DataFrame, accuracy: float = DEFAULT_ACCURACY) -> pd.DataFrame:
     """Cheapest solver meeting ``accuracy`` per (dtype, kappa band, eps); 'none' where none does."""
-    d = df.assign(band=kappa_band(df["kappa"]), eps_label=eps_label(df), _failed=failed(df),
-                  _err=headline_error(df))
+    d = df.assign(
+        band=kappa_band(df["kappa"]), eps_label=eps_label(df), _failed=failed(df), _err=headline_error(df)
+    )
     rows = []
     for (dtype, band, eps), grp in d.groupby(["dtype", "band", "eps_label"], sort=True):
         best = None
@@ -67,11 +70,17 @@ def best_solver_table(df: pd.DataFrame, accuracy: float = DEFAULT_ACCURACY) -> p
                 cost = float(s["seconds"].median())
                 if best is None or cost < best[1]:
                     best = (solver, cost, float(s["_err"].max()), float(s["matmuls"].median()))
-        rows.append({"dtype": dtype, "kappa_band": band, "eps": eps,
-                     "best_solver": best[0] if best else "none",
-                     "median_seconds": best[1] if best else np.nan,
-                     "max_error": best[2] if best else np.nan,
-                     "median_matmuls": best[3] if best else np.nan})
+        rows.append(
+            {
+                "dtype": dtype,
+                "kappa_band": band,
+                "eps": eps,
+                "best_solver": best[0] if best else "none",
+                "median_seconds": best[1] if best else np.nan,
+                "max_error": best[2] if best else np.nan,
+                "median_matmuls": best[3] if best else np.nan,
+            }
+        )
     return pd.DataFrame(rows)
 
 

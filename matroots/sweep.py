@@ -35,6 +35,7 @@ from .errors import MatrootsError
 log = logging.getLogger("matroots.sweep")
 
 PARTS = "parts"
+RUNNING = ".started"
 MAX_CRASHES = 3
 
 
@@ -71,7 +72,9 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(unit.seed)
-    A, meta = matrices.generate(unit.family, unit.n, unit.kappa, rng, **grid.family_options.get(unit.family, {}))
+    A, meta = matrices.generate(
+        unit.family, unit.n, unit.kappa, rng, **grid.family_options.get(unit.family, {})
+    )
     lmax = _lambda_max(A, meta)
     eps_abs = unit.eps * lmax if unit.eps_mode == "relative" else unit.eps
     base = {
@@ -112,9 +115,16 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
     for dtype in grid.dtypes:
         u = precision.unit_roundoff(dtype)
         for spec in grid.solvers:
-            row = dict(base, dtype=precision.info(dtype).name, solver=spec.label, method=spec.name,
-                       options=json.dumps(spec.options, sort_keys=True), unit_roundoff=u, failure="",
-                       kappa_u=metrics.kappa_u_line(kappa_ref, unit.p, dtype))
+            row = dict(
+                base,
+                dtype=precision.info(dtype).name,
+                solver=spec.label,
+                method=spec.name,
+                options=json.dumps(spec.options, sort_keys=True),
+                unit_roundoff=u,
+                failure="",
+                kappa_u=metrics.kappa_u_line(kappa_ref, unit.p, dtype),
+            )
             cfg = api.resolve_method(spec.name, **spec.options)
             t1 = time.perf_counter()
             try:
@@ -122,15 +132,22 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
                     warnings.simplefilter("ignore")
                     res = cfg.solve(A, unit.p, eps=unit.eps, eps_mode=unit.eps_mode, dtype=dtype)
             except MatrootsError as exc:
-                row.update(failure=type(exc).__name__, converged=False, seconds=time.perf_counter() - t1,
-                           failure_message=str(exc)[:300])
+                row.update(
+                    failure=type(exc).__name__,
+                    converged=False,
+                    seconds=time.perf_counter() - t1,
+                    failure_message=str(exc)[:300],
+                )
                 rows.append(row)
                 continue
             X = res.root.double().numpy()
             stop = res.info.get("stop_reason")
             row.update(
-                converged=bool(res.converged), iterations=int(res.iterations), matmuls=float(res.matmuls),
-                seconds=float(res.seconds), residual_own=float(res.residual),
+                converged=bool(res.converged),
+                iterations=int(res.iterations),
+                matmuls=float(res.matmuls),
+                seconds=float(res.seconds),
+                residual_own=float(res.residual),
                 stop_reason=stop[0] if isinstance(stop, list) else (stop or ""),
             )
             if not np.isfinite(X).all():
@@ -138,7 +155,9 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
             elif not res.converged:
                 row["failure"] = "NotConverged"
             if ref is not None and np.isfinite(X).all():
-                row.update(metrics.all_metrics(X, A, unit.p, ref=ref, eps=eps_abs, eps_mode="absolute", dtype=dtype))
+                row.update(
+                    metrics.all_metrics(X, A, unit.p, ref=ref, eps=eps_abs, eps_mode="absolute", dtype=dtype)
+                )
                 # The headline columns the report and plots read, under fixed names.
                 row["forward_error"] = metrics.relative_forward_error(X, ref.root)
                 row["residual"] = metrics.residual(X, A, unit.p, eps=eps_abs)
@@ -164,6 +183,9 @@ def _fault_injection(unit: gridmod.Unit) -> None:
 
 
 def _unit_job(grid_dict: dict[str, Any], unit: gridmod.Unit, out_dir: str) -> str:
+    marker = Path(out_dir) / RUNNING / unit.key
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
     _fault_injection(unit)
     grid = gridmod.from_dict(grid_dict)
     rows = run_unit(grid, unit)
@@ -173,11 +195,24 @@ def _unit_job(grid_dict: dict[str, Any], unit: gridmod.Unit, out_dir: str) -> st
 
 def _crash_rows(grid: gridmod.GridSpec, unit: gridmod.Unit) -> pd.DataFrame:
     rows = [
-        {"family": unit.family, "n": unit.n, "kappa": unit.kappa, "seed": unit.seed, "p": unit.p,
-         "eps": unit.eps, "eps_mode": unit.eps_mode, "unit": unit.key, "dtype": precision.info(d).name,
-         "solver": s.label, "method": s.name, "failure": "WorkerCrashed", "converged": False,
-         "config_hash": grid.config_hash()}
-        for d in grid.dtypes for s in grid.solvers
+        {
+            "family": unit.family,
+            "n": unit.n,
+            "kappa": unit.kappa,
+            "seed": unit.seed,
+            "p": unit.p,
+            "eps": unit.eps,
+            "eps_mode": unit.eps_mode,
+            "unit": unit.key,
+            "dtype": precision.info(d).name,
+            "solver": s.label,
+            "method": s.name,
+            "failure": "WorkerCrashed",
+            "converged": False,
+            "config_hash": grid.config_hash(),
+        }
+        for d in grid.dtypes
+        for s in grid.solvers
     ]
     return pd.DataFrame(rows)
 
@@ -195,11 +230,18 @@ def prepare_out_dir(grid: gridmod.GridSpec, out_dir: Path, *, resume: bool) -> N
     if prov_path.exists():
         old = json.loads(prov_path.read_text())
         if old.get("config_hash") != grid.config_hash():
-            raise SweepError(f"{out_dir} holds a run of another config ({old.get('config_hash')}); use another --out")
+            raise SweepError(
+                f"{out_dir} holds a run of another config ({old.get('config_hash')}); use another --out"
+            )
         if done_units(out_dir) and not resume:
             raise SweepError(f"{out_dir} already holds rows of this sweep; pass --resume to continue it")
-    prov = {"config_hash": grid.config_hash(), "config": grid.to_dict(), "versions": provenance.versions(),
-            "machine": provenance.machine(), "seeds": list(grid.seeds)}
+    prov = {
+        "config_hash": grid.config_hash(),
+        "config": grid.to_dict(),
+        "versions": provenance.versions(),
+        "machine": provenance.machine(),
+        "seeds": list(grid.seeds),
+    }
     tmp = prov_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(prov, indent=2, default=str))
     os.replace(tmp, prov_path)
@@ -219,49 +261,73 @@ def run_sweep(
     prepare_out_dir(grid, out, resume=resume)
     todo = [u for u in gridmod.units(grid) if u.key not in done_units(out)]
     workers = workers or os.cpu_count() or 1
-    log.info("sweep %s: %d units to run (%d rows each), %d workers", grid.name, len(todo),
-             len(grid.dtypes) * len(grid.solvers), workers)
+    log.info(
+        "sweep %s: %d units to run (%d rows each), %d workers",
+        grid.name,
+        len(todo),
+        len(grid.dtypes) * len(grid.solvers),
+        workers,
+    )
     if todo:
         _run_pool(grid, todo, out, workers, progress)
     return collect(out, csv=csv)
 
 
-def _run_pool(grid: gridmod.GridSpec, todo: list[gridmod.Unit], out: Path, workers: int, progress: bool) -> None:
+def _run_batch(grid: gridmod.GridSpec, units: list[gridmod.Unit], out: Path, workers: int, bar: Any) -> bool:
+    """Run units in one process pool; return True when a worker died (the pool broke)."""
+    ctx = mp.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=min(workers, len(units)), mp_context=ctx) as pool:
+        futs = {pool.submit(_unit_job, grid.to_dict(), u, str(out)): u for u in units}
+        try:
+            for fut in cf.as_completed(futs):
+                fut.result()
+                bar.update(1)
+        except cf.process.BrokenProcessPool:
+            return True
+        except KeyboardInterrupt:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    return False
+
+
+def _run_pool(
+    grid: gridmod.GridSpec, todo: list[gridmod.Unit], out: Path, workers: int, progress: bool
+) -> None:
+    """Run units, replacing dead workers. After a worker dies, the units that had started (the
+    suspects) are rerun one at a time, so a crash is charged only to the unit that caused it."""
     from tqdm.auto import tqdm
 
     crashes: dict[str, int] = {}
-    pending = list(todo)
+    started = out / RUNNING
     bar = tqdm(total=len(todo), desc=f"sweep {grid.name}", unit="unit", disable=not progress)
-    ctx = mp.get_context("spawn")
+    suspects: list[gridmod.Unit] = []
     try:
-        while pending:
-            with cf.ProcessPoolExecutor(max_workers=min(workers, len(pending)), mp_context=ctx) as pool:
-                futs = {pool.submit(_unit_job, grid.to_dict(), u, str(out)): u for u in pending}
-                broken = False
-                try:
-                    for fut in cf.as_completed(futs):
-                        fut.result()
-                        pending.remove(futs[fut])
-                        bar.update(1)
-                except cf.process.BrokenProcessPool:
-                    broken = True
-                except KeyboardInterrupt:
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    raise
-            if broken:
-                finished = done_units(out)
-                for u in list(pending):
-                    if u.key in finished:
-                        pending.remove(u)
-                        bar.update(1)
-                        continue
+        while True:
+            finished = done_units(out)
+            pending = [u for u in todo if u.key not in finished]
+            bar.n = len(todo) - len(pending)
+            bar.refresh()
+            if not pending:
+                break
+            if suspects:
+                u = suspects.pop(0)
+                if u.key in finished:
+                    continue
+                if _run_batch(grid, [u], out, 1, bar):
                     crashes[u.key] = crashes.get(u.key, 0) + 1
+                    log.warning("unit %s killed its worker (%d)", u, crashes[u.key])
                     if crashes[u.key] >= MAX_CRASHES:
-                        log.error("unit %s crashed its worker %d times; recorded as WorkerCrashed", u, MAX_CRASHES)
+                        log.error(
+                            "unit %s crashed its worker %d times; recorded as WorkerCrashed", u, MAX_CRASHES
+                        )
                         _atomic_write_parquet(_crash_rows(grid, u), out / PARTS / f"{u.key}.parquet")
-                        pending.remove(u)
-                        bar.update(1)
-                log.warning("a worker died; restarting the pool for %d units", len(pending))
+                    else:
+                        suspects.append(u)
+                continue
+            if _run_batch(grid, pending, out, workers, bar):
+                finished = done_units(out)
+                suspects = [u for u in pending if (started / u.key).exists() and u.key not in finished]
+                log.warning("a worker died; rerunning %d started units one at a time", len(suspects))
     except KeyboardInterrupt:
         log.error("sweep interrupted: finished units are saved; rerun with --resume to continue")
         raise
@@ -276,7 +342,9 @@ def collect(out_dir: str | Path, *, csv: bool = False) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame()
     df = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
-    order = [c for c in ("family", "n", "kappa", "seed", "p", "eps_mode", "eps", "dtype", "solver") if c in df]
+    order = [
+        c for c in ("family", "n", "kappa", "seed", "p", "eps_mode", "eps", "dtype", "solver") if c in df
+    ]
     df = df.sort_values(order, kind="stable").reset_index(drop=True)
     _atomic_write_parquet(df, out / "results.parquet")
     if csv:

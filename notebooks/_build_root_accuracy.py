@@ -149,6 +149,8 @@ plots.residual_vs_error(df, RUN_DIR / "figures")
 Image(filename=str(RUN_DIR / "figures" / "residual_vs_error.png"))
 """)
 
-nb = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                                  "language": "python"}})
+nb = nbf.v4.new_notebook(
+    cells=cells,
+    metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+)
 nbf.write(nb, Path(__file__).with_name("root_accuracy.ipynb"))

@@ -39,7 +39,8 @@ def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("MATROOTS_WORKERS", "2")
     monkeypatch.setenv("MATROOTS_CACHE_DIR", str(tmp_path / "cache"))
     nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}
-                   ).execute()
+    NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}
+    ).execute()
     assert (tmp_path / "run" / "results.parquet").exists()
     assert os.path.exists(tmp_path / "run" / "figures" / "error_vs_kappa.png")

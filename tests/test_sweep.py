@@ -53,9 +53,18 @@ def test_grid_expansion_counts(tiny_config: Path) -> None:
     g = grid.load_config(tiny_config)
     assert len(grid.units(g)) == 1 * 1 * 2 * 1 * 1 * 2
     assert grid.case_count(g) == 4 * 2 * 2
-    big = grid.from_dict({"solvers": [{"name": "eigh"}, {"name": "schur_newton"}], "dtypes": ["fp64", "fp32", "bf16"],
-                          "families": ["randsvd", "clustered"], "n": [8, 16], "kappa": [1, 10, 100], "p": [2, 4],
-                          "eps": [0.0, {"value": 1e-3}], "seeds": [0, 1, 2]})
+    big = grid.from_dict(
+        {
+            "solvers": [{"name": "eigh"}, {"name": "schur_newton"}],
+            "dtypes": ["fp64", "fp32", "bf16"],
+            "families": ["randsvd", "clustered"],
+            "n": [8, 16],
+            "kappa": [1, 10, 100],
+            "p": [2, 4],
+            "eps": [0.0, {"value": 1e-3}],
+            "seeds": [0, 1, 2],
+        }
+    )
     assert len(grid.units(big)) == 2 * 2 * 3 * 3 * 2 * 2
     assert grid.case_count(big) == 144 * 3 * 2
     assert len({u.key for u in grid.units(big)}) == 144
@@ -86,13 +95,26 @@ def test_sweep_rows_and_metrics(tiny_config: Path, tmp_path: Path) -> None:
     fp64 = ok[ok["dtype"] == "fp64"]
     # fp64 errors sit near the conditioning line (kappa/p) u, far below 1
     assert (fp64["forward_error"] <= 100 * fp64["kappa_u"].clip(lower=1e-15) * np.sqrt(6)).all()
-    for col in ("iterations", "matmuls", "converged", "failure", "seconds", "config_hash", "versions", "machine",
-                "seed", "residual", "eps_abs"):
+    for col in (
+        "iterations",
+        "matmuls",
+        "converged",
+        "failure",
+        "seconds",
+        "config_hash",
+        "versions",
+        "machine",
+        "seed",
+        "residual",
+        "eps_abs",
+    ):
         assert col in df.columns, col
     assert (tmp_path / "run" / "provenance.json").exists()
 
 
-def test_resume_after_killed_worker(tiny_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resume_after_killed_worker(
+    tiny_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     g = grid.load_config(tiny_config)
     crash = tmp_path / "crash"
     crash.mkdir()
@@ -109,8 +131,20 @@ def test_resume_after_killed_parent(tiny_config: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     env = dict(os.environ, MATROOTS_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "matroots.cli", "sweep", str(tiny_config), "--out", str(out), "--workers", "1",
-         "--no-progress"], env=env, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "matroots.cli",
+            "sweep",
+            str(tiny_config),
+            "--out",
+            str(out),
+            "--workers",
+            "1",
+            "--no-progress",
+        ],
+        env=env,
+        start_new_session=True,
     )
     deadline = time.time() + 120
     while time.time() < deadline and len(sweep.done_units(out)) < 1 and proc.poll() is None:
@@ -153,42 +187,66 @@ def test_report_recomputed_from_rows(tiny_config: Path, tmp_path: Path) -> None:
     for _, r in best.iterrows():
         if r["best_solver"] == "none":
             continue
-        grp = df[(df["dtype"] == r["dtype"]) & (df["solver"] == r["best_solver"])
-                 & (report.kappa_band(df["kappa"]) == r["kappa_band"]) & (report.eps_label(df) == r["eps"])]
+        grp = df[
+            (df["dtype"] == r["dtype"])
+            & (df["solver"] == r["best_solver"])
+            & (report.kappa_band(df["kappa"]) == r["kappa_band"])
+            & (report.eps_label(df) == r["eps"])
+        ]
         assert (grp["failure"] == "").all()
         assert (report.headline_error(grp) <= 1e-2).all()
     text = report.format_report(df)
     assert "Best solver" in text and "failure_rate" in text
 
 
-def test_cli_end_to_end(tiny_config: Path, tmp_path: Path) -> None:
-    env = dict(os.environ, MATROOTS_CACHE_DIR=str(tmp_path / "cache"))
+def test_cli_end_to_end(tiny_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from matroots import cli
+
     out = tmp_path / "run"
 
-    def run(*args: str) -> subprocess.CompletedProcess:
-        r = subprocess.run([sys.executable, "-m", "matroots.cli", *args], env=env, capture_output=True, text=True,
-                           timeout=300)
-        assert r.returncode == 0, r.stderr
-        return r
+    def run(*args: str) -> str:
+        assert cli.main(list(args)) == 0
+        return capsys.readouterr().out
 
-    dry = run("sweep", str(tiny_config), "--dry-run")
-    assert "16 (case, solver) rows" in dry.stdout
+    assert "16 (case, solver) rows" in run("sweep", str(tiny_config), "--dry-run")
     run("sweep", str(tiny_config), "--out", str(out), "--workers", "2", "--no-progress", "--csv")
     assert (out / "results.parquet").exists() and (out / "results.csv").exists()
-    rep = run("report", str(out))
-    assert "Best solver" in rep.stdout
+    assert "Best solver" in run("report", str(out))
     run("plot", str(out))
     for name in ("error_vs_kappa", "iterations_vs_kappa", "failure_heatmap", "residual_vs_error"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000
         assert (out / "figures" / f"{name}.pdf").exists()
     A = np.diag([1.0, 16.0, 81.0])
     np.save(tmp_path / "a.npy", A)
-    sol = run("solve", str(tmp_path / "a.npy"), "-p", "4", "--method", "coupled_newton", "--dtype", "fp32",
-              "--save", str(tmp_path / "x.npy"), "--reference")
-    assert "converged   True" in sol.stdout and "forward error" in sol.stdout
+    sol = run(
+        "solve",
+        str(tmp_path / "a.npy"),
+        "-p",
+        "4",
+        "--method",
+        "coupled_newton",
+        "--dtype",
+        "fp32",
+        "--save",
+        str(tmp_path / "x.npy"),
+        "--reference",
+    )
+    assert "converged   True" in sol and "forward error" in sol
     np.testing.assert_allclose(np.load(tmp_path / "x.npy"), np.diag([1.0, 0.5, 1 / 3]), rtol=1e-6)
+    parser = cli.build_parser()
     for sub in ("sweep", "report", "plot", "solve"):
-        assert "usage" in run(sub, "--help").stdout
-    bad = subprocess.run([sys.executable, "-m", "matroots.cli", "solve", str(tmp_path / "a.npy"), "-p", "-1"],
-                         env=env, capture_output=True, text=True)
-    assert bad.returncode == 2 and "UnsupportedExponentError" in bad.stderr
+        with pytest.raises(SystemExit):
+            parser.parse_args([sub, "--help"])
+        assert "usage" in capsys.readouterr().out
+    assert cli.main(["solve", str(tmp_path / "a.npy"), "-p", "-1"]) == 2
+    assert "UnsupportedExponentError" in capsys.readouterr().err
+    # the installed console script runs the same main
+    env = dict(os.environ, MATROOTS_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run(
+        [sys.executable, "-m", "matroots.cli", "report", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and "Best solver" in r.stdout
