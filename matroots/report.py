@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 
@@ -21,7 +23,7 @@ def kappa_band(kappa: pd.Series) -> pd.Series:
     """Label of the decade band [1e0,1e3), [1e3,1e6), ... each kappa falls in."""
     labels = [
         f"[{lo:.0e},{hi:.0e})" if np.isfinite(hi) else f">={lo:.0e}"
-        for lo, hi in zip(KAPPA_BANDS[:-1], KAPPA_BANDS[1:], strict=True)
+        for lo, hi in itertools.pairwise(KAPPA_BANDS)
     ]
     return pd.cut(kappa, bins=list(KAPPA_BANDS), labels=labels, right=False).astype(str)
 

@@ -77,10 +77,21 @@ def lanczos_extremes(A: torch.Tensor, steps: int | None = None) -> SpectrumEstim
         for _ in range(2):  # classical Gram-Schmidt twice ("twice is enough")
             w = w - torch.bmm(Vj, torch.bmm(Vj.mT, w.unsqueeze(-1))).squeeze(-1)
         bj = w.norm(dim=-1)
+        # Breakdown: the Krylov space is invariant (e.g. A = c I). Its Ritz values are exact
+        # eigenvalues; continue from a fresh vector orthogonal to the basis, with a zero coupling.
+        scale = alpha[:, : j + 1].abs().amax(-1).clamp_min(torch.finfo(work.dtype).tiny)
+        broke = bj <= 64 * n * torch.finfo(work.dtype).eps * scale
+        bj = torch.where(broke, torch.zeros_like(bj), bj)
         beta[:, j] = bj
         if j + 1 < k:
-            safe = torch.where(bj > 0, bj, torch.ones_like(bj))
-            v = w / safe.unsqueeze(-1)
+            if bool(broke.any()):
+                g = torch.Generator(device="cpu").manual_seed(0x5EED + j + 1)
+                r = torch.randn(b, n, generator=g, dtype=torch.float64).to(work)
+                for _ in range(2):
+                    r = r - torch.bmm(Vj, torch.bmm(Vj.mT, r.unsqueeze(-1))).squeeze(-1)
+                w = torch.where(broke.unsqueeze(-1), r, w)
+            nw = w.norm(dim=-1)
+            v = w / torch.where(nw > 0, nw, torch.ones_like(nw)).unsqueeze(-1)
     T = torch.diag_embed(alpha) + torch.diag_embed(beta[:, :-1], 1) + torch.diag_embed(beta[:, :-1], -1)
     theta, S = torch.linalg.eigh(T)
     resid = (beta[:, -1] * S[:, -1, -1]).abs()

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
-import pandas as pd
 import seaborn as sns
+from IPython.display import Image, display
 
 from matroots import grid, plots, report, sweep
 
@@ -82,7 +82,6 @@ fp64 = df[(df.dtype == "fp64") & ~df.failed & (df.eps == 0)]
 plots.error_vs_kappa(df[df.eps == 0], RUN_DIR / "figures")
 ratio = (fp64.forward_error / fp64.kappa_u.clip(lower=np.finfo(float).eps)).groupby(fp64.solver).median()
 display(ratio.rename("median error / ((kappa/p) u), fp64").to_frame())
-from IPython.display import Image
 Image(filename=str(RUN_DIR / "figures" / "error_vs_kappa.png"))
 """)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -158,10 +159,8 @@ def test_resume_after_killed_parent(tiny_config: Path, tmp_path: Path) -> None:
         sweep.run_sweep(g, out, workers=1, progress=False)
     df = sweep.run_sweep(g, out, workers=2, resume=True, progress=False)
     _check_complete(df, g)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)  # reap any orphaned worker
-    except ProcessLookupError:
-        pass
 
 
 def test_same_config_same_rows(tiny_config: Path, tmp_path: Path) -> None:
