@@ -194,6 +194,30 @@ def layout_param(
     return ParamLayout(param_index, shape, merged, tuple(blocks))
 
 
+def tile_grid(layout: ParamLayout) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(grid, block shape) when the parameter's blocks are equal and tile its merged view evenly.
+
+    Then block j of the parameter is ``tiled_view(t, grid, shape)[np.unravel_index(j, grid)]``, so all
+    of them move in one strided copy instead of one copy per block.
+    """
+    shapes = {b.shape for b in layout.blocks}
+    if len(shapes) != 1:
+        return None
+    (shape,) = shapes
+    merged = layout.merged_shape
+    if len(shape) != len(merged) or any(m % c for m, c in zip(merged, shape, strict=True)):
+        return None
+    grid = tuple(m // c for m, c in zip(merged, shape, strict=True))
+    return (grid, shape) if math.prod(grid) == len(layout.blocks) else None
+
+
+def tiled_view(t: torch.Tensor, grid: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
+    """A view of ``t`` (in its merged shape) as (*grid, *shape): the blocks, in block order."""
+    k = len(grid)
+    split = t.view(*(x for pair in zip(grid, shape, strict=True) for x in pair))
+    return split.permute(*range(0, 2 * k, 2), *range(1, 2 * k, 2))
+
+
 def block_view(merged: torch.Tensor, spec: BlockSpec) -> torch.Tensor:
     """The block ``spec`` of a tensor already in its parameter's merged shape (a view)."""
     return merged[spec.slices]
@@ -208,4 +232,6 @@ __all__ = [
     "layout_param",
     "merge_dims",
     "root_from_exponent",
+    "tile_grid",
+    "tiled_view",
 ]

@@ -525,6 +525,11 @@ def _scaled(out: Any) -> torch.Tensor:
     return D if scale == 1.0 else D * scale
 
 
+def sharding_of(optimizer: Any) -> BlockSharding | None:
+    """The :class:`BlockSharding` of a distributed Shampoo optimizer (None for anything else)."""
+    return getattr(optimizer, "_sharding", None)
+
+
 def state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes of optimizer state held by this process, split into ``blocks`` (factor statistics, roots,
     first moments, grafting and diagonal state of the owned blocks) and ``replicated`` (per-parameter
@@ -560,5 +565,6 @@ __all__ = [
     "block_key",
     "layout_groups",
     "lpt_assign",
+    "sharding_of",
     "state_bytes",
 ]

@@ -2,8 +2,9 @@
 
 Every function works on a stack of same-shape blocks, shape (b, *block_shape), so a whole bucket is
 one elementwise kernel. ``grad`` is the (weight-decayed) gradient, ``m_hat`` the bias-corrected
-gradient EMA that the optimizer preconditions (equal to ``grad`` when beta1 = 0). The formulas match
-torch.optim exactly so that grafting alone reproduces it:
+gradient EMA that the optimizer preconditions (equal to ``grad`` when beta1 = 0; the functions take
+the uncorrected EMA and the optimizer folds 1/(1 - beta1^t) into its per-block output scale). The
+formulas are torch.optim's, so that grafting alone reproduces it to rounding:
 
 * sgd:      d = m_hat
 * adagrad:  v += g^2;                          d = m_hat / (sqrt(v) + eps)        (Adagrad, lr_decay 0)
@@ -39,7 +40,7 @@ def update(cfg: GraftingConfig, state: torch.Tensor | None, grad: torch.Tensor) 
 
 
 def bias_correction2(cfg: GraftingConfig, steps: torch.Tensor | int, use: bool) -> torch.Tensor | float:
-    """sqrt(1 - beta2^t) for Adam (1 otherwise); ``steps`` an int or a per-block tensor."""
+    """sqrt(1 - beta2^t) for Adam (1 otherwise); ``steps`` an int or a per-block tensor (b,)."""
     if not (use and isinstance(cfg, AdamGrafting)):
         return 1.0
     if isinstance(steps, int):
@@ -50,23 +51,29 @@ def bias_correction2(cfg: GraftingConfig, steps: torch.Tensor | int, use: bool) 
 def direction(
     cfg: GraftingConfig,
     state: torch.Tensor | None,
-    m_hat: torch.Tensor,
+    m: torch.Tensor,
     bc2_sqrt: torch.Tensor | float = 1.0,
-) -> torch.Tensor:
-    """The grafting direction (a new tensor, or ``m_hat`` itself for sgd / none)."""
+) -> tuple[torch.Tensor, torch.Tensor | float]:
+    """The grafting direction of ``m`` as (d, s): the direction is s * d, with s a per-block factor
+    (a float, or a (b,) tensor) that the caller folds into a later pass.
+
+    Adam's sqrt(v / (1 - beta2^t)) + eps is computed as (sqrt(v) + eps sqrt(1 - beta2^t)) / sqrt(1 - beta2^t),
+    which saves a pass over the state. ``d`` is ``m`` itself for sgd / none.
+    """
     if state is None:
-        return m_hat
+        return m, 1.0
     eps = cfg.eps  # type: ignore[attr-defined]
-    if isinstance(cfg, AdamGrafting):
-        denom = state.sqrt()
-        if isinstance(bc2_sqrt, torch.Tensor):
-            denom.div_(bc2_sqrt.to(denom.dtype).view(-1, *([1] * (denom.ndim - 1))))
-        elif bc2_sqrt != 1.0:
-            denom.div_(bc2_sqrt)
-        denom.add_(eps)
+    denom = state.sqrt()
+    scale: torch.Tensor | float = 1.0
+    if isinstance(cfg, AdamGrafting) and isinstance(bc2_sqrt, torch.Tensor):
+        scale = bc2_sqrt.to(denom.dtype)
+        denom.add_((eps * scale).view(-1, *([1] * (denom.ndim - 1))))
+    elif isinstance(cfg, AdamGrafting):
+        scale = bc2_sqrt
+        denom.add_(eps * bc2_sqrt)
     else:
-        denom = state.sqrt().add_(eps)
-    return m_hat / denom
+        denom.add_(eps)
+    return torch.div(m, denom, out=denom), scale
 
 
 __all__ = ["bias_correction2", "direction", "has_state", "init", "update"]

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .blocking import BlockKind, BlockSpec, layout_param
+from .blocking import BlockKind, BlockSpec, layout_param, tile_grid, tiled_view
 from .config import (
     CONFIG_KEYS,
     DiagnosticsConfig,
@@ -74,6 +74,16 @@ class StepTiming:
         return self.root_seconds / self.step_seconds if self.step_seconds else 0.0
 
 
+@dataclass(frozen=True)
+class _Segment:
+    """Consecutive positions of one parameter in a bucket (tiling: see blocking.tile_grid)."""
+
+    param: int
+    start: int
+    count: int
+    tiling: tuple[tuple[int, ...], tuple[int, ...]] | None
+
+
 class _GroupEngine:
     """Layout, typed state and buckets of one param group (built at its first step or load)."""
 
@@ -110,7 +120,84 @@ class _GroupEngine:
         for (*_, dtype, device), items in groups.items():
             self.buckets.append(BlockBucket([bs for _, bs in items], opts, dtype, device))
             self.members.append([i for i, _ in items])
+        self.segments = [self._segments(b, m) for b, m in zip(self.buckets, self.members, strict=True)]
         self.directions = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
+
+    def _segments(self, bucket: BlockBucket, members: list[int]) -> list[_Segment]:
+        """Runs of consecutive bucket positions of one parameter; tiled when they are all its blocks."""
+        segs: list[_Segment] = []
+        for j, i in enumerate(members):
+            if segs and segs[-1].param == i:
+                segs[-1] = _Segment(i, segs[-1].start, segs[-1].count + 1, None)
+            else:
+                segs.append(_Segment(i, j, 1, None))
+        out = []
+        for seg in segs:
+            layout = self.states[seg.param].layout
+            idx = [bucket.blocks[j].spec.index for j in range(seg.start, seg.start + seg.count)]
+            tiling = tile_grid(layout) if idx == list(range(len(layout.blocks))) else None
+            out.append(_Segment(seg.param, seg.start, seg.count, tiling))
+        return out
+
+    def gather(self, bi: int, positions: list[int], merged: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The stacked gradient blocks of bucket ``bi`` at ``positions`` (one strided copy per tiled
+        parameter when every block is present)."""
+        bucket, members = self.buckets[bi], self.members[bi]
+        if len(positions) < len(members):
+            return torch.stack([merged[members[j]][bucket.blocks[j].spec.slices] for j in positions])
+        buf = bucket.grad_buffer
+        for seg in self.segments[bi]:
+            src = merged[seg.param]
+            if seg.tiling is not None:
+                grid, shape = seg.tiling
+                buf[seg.start : seg.start + seg.count].view(*grid, *shape).copy_(tiled_view(src, grid, shape))
+            else:
+                for j in range(seg.start, seg.start + seg.count):
+                    buf[j].copy_(src[bucket.blocks[j].spec.slices])
+        return buf
+
+    def scatter(
+        self,
+        bi: int,
+        positions: list[int],
+        D: torch.Tensor,
+        scale: torch.Tensor | float,
+        views: dict[int, torch.Tensor],
+    ) -> None:
+        """Write s_j D_j into the direction views of the parameters (the inverse of :meth:`gather`)."""
+        bucket, members = self.buckets[bi], self.members[bi]
+        sc = scale.to(D.dtype) if isinstance(scale, torch.Tensor) else scale
+        if len(positions) == len(members):
+            for seg in self.segments[bi]:
+                if seg.tiling is None:
+                    continue
+                grid, shape = seg.tiling
+                src = D[seg.start : seg.start + seg.count].view(*grid, *shape)
+                out = tiled_view(views[seg.param], grid, shape)
+                if isinstance(sc, torch.Tensor):
+                    torch.mul(
+                        src, sc[seg.start : seg.start + seg.count].view(*grid, *([1] * len(shape))), out=out
+                    )
+                elif sc != 1.0:
+                    torch.mul(src, sc, out=out)
+                else:
+                    out.copy_(src)
+            todo = [
+                (k, k)
+                for seg in self.segments[bi]
+                if seg.tiling is None
+                for k in range(seg.start, seg.start + seg.count)
+            ]
+        else:
+            todo = list(enumerate(positions))
+        for k, j in todo:
+            out = views[members[j]][bucket.blocks[j].spec.slices]
+            if isinstance(sc, torch.Tensor):
+                torch.mul(D[k], sc[k], out=out)
+            elif sc != 1.0:
+                torch.mul(D[k], sc, out=out)
+            else:
+                out.copy_(D[k])
 
     def label(self, bucket: BlockBucket, position: int, slot: int) -> str:
         spec = bucket.blocks[position].spec
@@ -119,26 +206,27 @@ class _GroupEngine:
 
     def block_directions(
         self, opts: GroupOptions, present: list[int], grads: list[torch.Tensor], diag: DiagnosticsConfig
-    ) -> tuple[list[tuple[BlockBucket, list[int], list[int], torch.Tensor]], Any]:
+    ) -> tuple[list[tuple[int, list[int], torch.Tensor, Any]], Any]:
         """Stages 2-4 on the owned blocks of the present parameters.
 
-        Returns (bucket, members, positions, stacked directions) per bucket, and the roots report.
+        Returns (bucket index, positions, stacked directions D, per-block scale s) per bucket (block
+        j's direction is s_j D_j), and the roots report.
         """
         merged = {i: self.states[i].layout.merged_view(g) for i, g in zip(present, grads, strict=True)}
         work = []
-        for bucket, members in zip(self.buckets, self.members, strict=True):
+        for bi, (bucket, members) in enumerate(zip(self.buckets, self.members, strict=True)):
             positions = [j for j, i in enumerate(members) if i in merged]
             if not positions:
                 continue
             full = len(positions) == len(members)
             sel = None if full else torch.tensor(positions, device=bucket.device)
-            G = bucket.stack([merged[members[j]][bucket.blocks[j].spec.slices] for j in positions])
+            G = self.gather(bi, positions, merged)
             steps = [self.states[members[j]].step for j in positions]
-            m_hat = bucket.update_statistics(sel, G, opts, steps)
-            work.append((bucket, members, positions, sel, m_hat, steps))
+            m = bucket.update_statistics(sel, G, opts, steps)
+            work.append((bi, bucket, positions, sel, m, steps))
         start, freq = opts.start_preconditioning_step, opts.precondition_frequency
         jobs = []
-        for bucket, _members, positions, _sel, _m, steps in work:
+        for _bi, bucket, positions, _sel, _m, steps in work:
             if not bucket.factors:
                 continue
             due = [
@@ -151,12 +239,12 @@ class _GroupEngine:
                 jobs.extend(RootJob(bucket, slot, pos, ts) for slot in range(len(bucket.factors)))
         report = compute_roots(jobs, opts, diag, self.label) if jobs else None
         out = []
-        for bucket, members, positions, sel, m_hat, steps in work:
+        for bi, bucket, positions, sel, m, steps in work:
             use = [
                 t >= start and (bucket.kind is BlockKind.DIAGONAL or bucket.has_any_root(j))
                 for j, t in zip(positions, steps, strict=True)
             ]
-            out.append((bucket, members, positions, bucket.directions(sel, m_hat, opts, steps, use)))
+            out.append((bi, positions, *bucket.directions(sel, m, opts, steps, use)))
         return out, report
 
 
@@ -378,9 +466,10 @@ class Shampoo(torch.optim.Optimizer):
         self,
         eng: _GroupEngine,
         present: list[int],
-        outputs: list[tuple[BlockBucket, list[int], list[int], torch.Tensor]],
+        outputs: list[tuple[int, list[int], torch.Tensor, Any]],
     ) -> list[torch.Tensor]:
-        """Write every block's direction into its parameter's direction tensor.
+        """Write every block's direction (scaled by its per-block factor) into its parameter's
+        direction tensor.
 
         This is the single place where search directions meet: a distributed optimizer all-gathers
         the owned blocks' directions here and writes the other ranks' blocks the same way.
@@ -388,9 +477,8 @@ class Shampoo(torch.optim.Optimizer):
         if self._sharding is not None:
             return self._sharding.assemble(eng, present, outputs)
         views = {i: eng.states[i].layout.merged_view(eng.directions[i]) for i in present}
-        for bucket, members, positions, D in outputs:
-            for k, j in enumerate(positions):
-                views[members[j]][bucket.blocks[j].spec.slices].copy_(D[k])
+        for bi, positions, D, scale in outputs:
+            eng.scatter(bi, positions, D, scale, views)
         return [eng.directions[i] for i in present]
 
     def _apply(

@@ -24,6 +24,25 @@ from .config import GroupOptions, NoGrafting
 from .state import BlockState, FactorState
 
 
+def _col(x: torch.Tensor | float, ndim: int, dtype: torch.dtype) -> torch.Tensor | float:
+    """A per-block (k,) tensor shaped to broadcast over a stack of ndim dims."""
+    if isinstance(x, torch.Tensor):
+        return x.to(dtype).view(-1, *([1] * (ndim - 1)))
+    return x
+
+
+def _vec(x: torch.Tensor | float, k: int, device: torch.device) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.to(torch.float64)
+    return torch.full((k,), float(x), dtype=torch.float64, device=device)
+
+
+def _div(a: torch.Tensor | float, b: torch.Tensor | float) -> torch.Tensor | float:
+    if not isinstance(b, torch.Tensor) and b == 1.0:
+        return a
+    return a / b
+
+
 def per_block(values: list[float], ndim: int, device: torch.device) -> float | torch.Tensor:
     """A float when all values agree (the common case), else a (b, 1, ..., 1) float64 tensor."""
     first = values[0]
@@ -54,12 +73,6 @@ def precondition(X: torch.Tensor, roots: list[torch.Tensor | None]) -> torch.Ten
         Y = Y.reshape(b, shape[i], -1)
         Y = torch.bmm(Y.mT, R) if R is not None else Y.mT
     return Y.reshape(X.shape)
-
-
-def _scale(x: torch.Tensor, s: float | torch.Tensor) -> torch.Tensor:
-    if isinstance(s, torch.Tensor):
-        return x / s.to(x.dtype)
-    return x if s == 1.0 else x / s
 
 
 def block_norms(x: torch.Tensor) -> torch.Tensor:
@@ -115,25 +128,20 @@ class BlockBucket:
                 )
                 for k, d in enumerate(self.factor_dims)
             ]
-        self._grad_buf = zeros  # reused for the stacked gradient of a full step
+        self.grad_buffer = zeros  # reused for the stacked gradient of a full step
 
     def __len__(self) -> int:
         return len(self.blocks)
 
     # -- statistics ---------------------------------------------------------------------------------
 
-    def stack(self, views: list[torch.Tensor]) -> torch.Tensor:
-        """Stack the gradient blocks (into a reused buffer when every block is present)."""
-        if len(views) == len(self.blocks):
-            return torch.stack(views, out=self._grad_buf)
-        return torch.stack(views)
-
     def update_statistics(
         self, sel: torch.Tensor | None, G: torch.Tensor, opts: GroupOptions, steps: list[int]
     ) -> torch.Tensor:
         """Fold the stacked gradient G of the selected blocks (``sel`` None: all) into every statistic.
 
-        Returns m_hat, the bias-corrected gradient EMA (G itself when beta1 = 0).
+        Returns m, the gradient EMA (G itself when beta1 = 0); its bias correction 1/(1 - beta1^t) is a
+        per-block factor that :meth:`directions` folds into the output scale.
         """
         b1, b2 = opts.beta1, opts.beta2
         if self.graft_state is not None:
@@ -162,52 +170,67 @@ class BlockBucket:
         m = _take(self.first_moment, sel)
         m.lerp_(G, 1.0 - b1)
         _put(self.first_moment, sel, m)
-        if not opts.use_bias_correction:
-            return m
-        bc1 = per_block([1.0 - b1**t for t in steps], G.ndim, G.device)
-        return _scale(m, bc1)
+        return m
 
     # -- directions ---------------------------------------------------------------------------------
 
     def directions(
         self,
         sel: torch.Tensor | None,
-        m_hat: torch.Tensor,
+        m: torch.Tensor,
         opts: GroupOptions,
         steps: list[int],
         use_preconditioner: list[bool],
-    ) -> torch.Tensor:
-        """Search directions (k, *shape) of the selected blocks.
+    ) -> tuple[torch.Tensor, torch.Tensor | float]:
+        """Search directions of the selected blocks as (D, s): block j's direction is s_j D_j.
 
+        ``m`` is the gradient EMA from :meth:`update_statistics`. The per-block factor s (a float, or a
+        (k,) tensor) carries the bias correction of m, Adam's bias correction and the grafting norm
+        ratio, so that the caller applies all of them in the one pass that writes the direction out.
         ``use_preconditioner[j]``: block j is past ``start_preconditioning_step`` (and, for Shampoo
         blocks, has at least one root); otherwise its direction is the grafting direction.
         """
         cfg = opts.grafting
-        bc2 = grafting.bias_correction2(cfg, _steps_arg(steps, m_hat.device), opts.use_bias_correction)
-        graft_dir = grafting.direction(cfg, _take(self.graft_state, sel), m_hat, bc2)
+        dev = m.device
+        bc1: torch.Tensor | float = 1.0
+        if self.first_moment is not None and opts.use_bias_correction:
+            bc1 = per_block([1.0 - opts.beta1**t for t in steps], 1, dev)
+        bc2 = grafting.bias_correction2(cfg, _steps_arg(steps, dev), opts.use_bias_correction)
+        graft_dir, graft_scale = grafting.direction(cfg, _take(self.graft_state, sel), m, bc2)
         if self.kind is BlockKind.GRAFT or not any(use_preconditioner):
-            return graft_dir
+            return graft_dir, _div(graft_scale, bc1)
+        pre_scale: torch.Tensor | float = 1.0
         if self.kind is BlockKind.DIAGONAL:
             assert self.diagonal is not None
             u = _take(self.diagonal, sel)
+            denom = u.sqrt()
             if opts.use_bias_correction and opts.beta2 < 1.0:
-                u = _scale(u, per_block([1.0 - opts.beta2**t for t in steps], u.ndim, u.device))
-            pre = m_hat / u.sqrt().add_(opts.diagonal_eps)
+                # sqrt(u / c) + eps = (sqrt(u) + eps sqrt(c)) / sqrt(c), c = 1 - beta2^t
+                c = per_block([(1.0 - opts.beta2**t) ** 0.5 for t in steps], 1, dev)
+                denom.add_(_col(c, denom.ndim, denom.dtype) * opts.diagonal_eps)
+                pre_scale = c
+            else:
+                denom.add_(opts.diagonal_eps)
+            pre = torch.div(m, denom, out=denom)
         else:
             roots: list[torch.Tensor | None] = [None] * len(self.shape)
             for k, d in enumerate(self.factor_dims):
                 roots[d] = _take(self.roots[k], sel)
-            pre = precondition(m_hat, roots)
+            pre = precondition(m, roots)
         if not isinstance(cfg, NoGrafting):
             # Grafting: rescale each block to the norm of the grafting direction.
             gn = block_norms(graft_dir)
+            if isinstance(graft_scale, torch.Tensor) or graft_scale != 1.0:
+                gn = gn * graft_scale
             pn = block_norms(pre)
-            scale = torch.where(pn > 0, gn / pn, torch.zeros_like(pn))
-            pre.mul_(scale.view(-1, *([1] * (pre.ndim - 1))))
+            pre_scale = torch.where(pn > 0, gn / pn, torch.zeros_like(pn))
         if all(use_preconditioner):
-            return pre
-        mask = torch.tensor(use_preconditioner, device=pre.device).view(-1, *([1] * (pre.ndim - 1)))
-        return torch.where(mask, pre, graft_dir)
+            return pre, _div(pre_scale, bc1)
+        mask = torch.tensor(use_preconditioner, device=dev)
+        D = torch.where(mask.view(-1, *([1] * (pre.ndim - 1))), pre, graft_dir)
+        k = len(steps)
+        scale = torch.where(mask, _vec(pre_scale, k, dev), _vec(graft_scale, k, dev))
+        return D, _div(scale, bc1)
 
     def has_any_root(self, position: int) -> bool:
         return any(f.has_root for f in self.blocks[position].factors)

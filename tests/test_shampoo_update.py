@@ -83,15 +83,40 @@ def test_textbook_with_ema_bias_correction_and_first_moment() -> None:
     np.testing.assert_allclose(upd, ref, rtol=1e-9, atol=1e-12)
 
 
-def test_blocked_equals_per_block() -> None:
-    W = torch.zeros(10, 7, dtype=torch.float64, requires_grad=True)
-    grads = rand_grads((10, 7), seed=1)
-    (upd,) = run_updates(make_opt([W], max_preconditioner_dim=4), [W], [[g] for g in grads])
+@pytest.mark.parametrize(("shape", "tiled"), [((10, 7), False), ((8, 12), True)])
+def test_blocked_equals_per_block(shape: tuple[int, int], tiled: bool) -> None:
+    W = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
+    grads = rand_grads(shape, seed=1)
+    opt = make_opt([W], max_preconditioner_dim=4)
+    (upd,) = run_updates(opt, [W], [[g] for g in grads])
+    assert (shampoo.blocking.tile_grid(opt.state[W].layout) is not None) == tiled
     G = [g.numpy() for g in grads]
-    for rows in (slice(0, 4), slice(4, 8), slice(8, 10)):
-        for cols in (slice(0, 4), slice(4, 7)):
+    for rows in [slice(r, min(r + 4, shape[0])) for r in range(0, shape[0], 4)]:
+        for cols in [slice(c, min(c + 4, shape[1])) for c in range(0, shape[1], 4)]:
             ref = textbook([g[rows, cols] for g in G], [0.25, 0.25])
             np.testing.assert_allclose(upd[rows, cols], ref, rtol=1e-9, atol=1e-12)
+
+
+def test_absent_gradients_leave_state_alone() -> None:
+    """A parameter without a gradient is skipped; its bucket-mates are updated as if alone."""
+    a = torch.zeros(4, 3, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(4, 3, dtype=torch.float64, requires_grad=True)
+    solo = torch.zeros(4, 3, dtype=torch.float64, requires_grad=True)
+    kw = dict(grafting="adam", betas=(0.9, 0.9), precondition_frequency=2)
+    opt, ref = make_opt([a, b], **kw), make_opt([solo], **kw)
+    ga, gb = rand_grads((4, 3), 5, seed=8), rand_grads((4, 3), 5, seed=9)
+    for t in range(5):
+        a.grad, solo.grad = ga[t].clone(), ga[t].clone()
+        b.grad = gb[t].clone() if t in (0, 3) else None
+        opt.step()
+        ref.step()
+    torch.testing.assert_close(a, solo, rtol=1e-14, atol=1e-15)
+    assert opt.state[a].step == 5 and opt.state[b].step == 2
+    (fa, *_), (fb, *_) = opt.state[a].blocks[0].factors, opt.state[b].blocks[0].factors
+    assert fa.root_step == 5 and fb.root_step == 1
+    np.testing.assert_allclose(
+        fb.matrix.numpy(), 0.9 * 0.1 * gb[0].numpy() @ gb[0].numpy().T + 0.1 * gb[3].numpy() @ gb[3].numpy().T
+    )
 
 
 def test_merged_dims() -> None:

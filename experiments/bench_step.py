@@ -1,0 +1,201 @@
+"""Workload W1 (DESIGN.md §6): step time of Shampoo against AdamW on a small transformer encoder.
+
+W1: 4-layer ``nn.TransformerEncoder`` (d_model 256, 4 heads, feed-forward 1024, torch's default
+dropout 0.1), token embedding and LM head over a vocabulary of 512, sequences of 128 tokens, batch
+16, ``torch.set_num_threads(2)``. Shampoo: blocks of 256, Adam grafting, eigh roots in fp32,
+precondition_frequency 10 (and 100). Every configuration trains its own copy of the model from the
+same initial weights on the same batches; configurations are interleaved in chunks so that machine
+noise hits them alike. Each timed window spans a multiple of every precondition frequency, so root
+computations enter the mean at their true rate.
+
+Prints, per configuration: total step time (zero_grad + forward + backward + optimizer), the
+optimizer step alone, the root computations' share, and the ratios against AdamW.
+
+    python experiments/bench_step.py                  # 10 rounds x 10 steps per configuration
+    python experiments/bench_step.py --rounds 20 --out runs/bench_step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import shampoo
+
+VOCAB, D_MODEL, HEADS, FF, LAYERS, SEQ, BATCH = 512, 256, 4, 1024, 4, 128, 16
+
+
+class W1Model(nn.Module):
+    """Token + position embedding, a 4-layer encoder and an LM head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, D_MODEL)
+        self.pos = nn.Parameter(torch.zeros(SEQ, D_MODEL))
+        layer = nn.TransformerEncoderLayer(D_MODEL, HEADS, FF, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
+        self.head = nn.Linear(D_MODEL, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens) + self.pos))
+
+
+@dataclass
+class Run:
+    name: str
+    model: nn.Module
+    opt: torch.optim.Optimizer
+    total: list[float] = field(default_factory=list)
+    optim: list[float] = field(default_factory=list)
+
+    def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> None:
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        logits = self.model(tokens)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+        loss.backward()
+        t1 = time.perf_counter()
+        self.opt.step()
+        t2 = time.perf_counter()
+        self.total.append(t2 - t0)
+        self.optim.append(t2 - t1)
+
+
+def make_runs(frequencies: list[int], root_solver: str, seed: int) -> list[Run]:
+    torch.manual_seed(seed)
+    init = W1Model().state_dict()
+    runs = []
+
+    def fresh() -> nn.Module:
+        m = W1Model()
+        m.load_state_dict(init)
+        return m
+
+    m = fresh()
+    runs.append(Run("adamw", m, torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.01)))
+    for f in frequencies:
+        m = fresh()
+        opt = shampoo.Shampoo(
+            m.named_parameters(),
+            lr=1e-3,
+            betas=(0.9, 0.999),
+            weight_decay=0.01,
+            max_preconditioner_dim=256,
+            precondition_frequency=f,
+            start_preconditioning_step=1,
+            grafting="adam",
+            root_solver=root_solver,
+        )
+        runs.append(Run(f"shampoo_f{f}", m, opt))
+    return runs
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")
+    ap.add_argument("--chunk", type=int, default=10, help="steps per configuration per round (default 10)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps per configuration (default 3)")
+    ap.add_argument("--frequencies", type=int, nargs="+", default=[10, 100])
+    ap.add_argument("--root-solver", default="eigh")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    timed = args.rounds * args.chunk
+    for f in args.frequencies:
+        if timed % f:
+            print(
+                f"warning: {timed} timed steps is not a multiple of frequency {f}; roots enter at the wrong rate"
+            )
+
+    g = torch.Generator().manual_seed(args.seed)
+    batches = [torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g) for _ in range(8)]
+    runs = make_runs(args.frequencies, args.root_solver, args.seed)
+    step_no = 0
+    for run in runs:  # warm-up (includes Shampoo's first, cold, root computation)
+        for i in range(args.warmup):
+            b = batches[i % len(batches)]
+            run.step(b[:, :-1], b[:, 1:])
+        run.total.clear()
+        run.optim.clear()
+        if isinstance(run.opt, shampoo.Shampoo):
+            run.opt.timing.reset()
+    for r in range(args.rounds):
+        for run in runs:
+            for i in range(args.chunk):
+                b = batches[(r * args.chunk + i) % len(batches)]
+                run.step(b[:, :-1], b[:, 1:])
+        step_no += args.chunk
+        print(
+            f"round {r + 1}/{args.rounds}: "
+            + ", ".join(f"{x.name} {statistics.fmean(x.total[-args.chunk :]):.3f}s" for x in runs),
+            flush=True,
+        )
+
+    base = runs[0]
+    base_total, base_opt = statistics.fmean(base.total), statistics.fmean(base.optim)
+    results = {
+        "workload": "W1",
+        "threads": args.threads,
+        "timed_steps": timed,
+        "root_solver": args.root_solver,
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "configs": {},
+    }
+    print()
+    print(f"W1, {args.threads} threads, {timed} timed steps per configuration (mean per step)")
+    header = f"{'config':<14}{'total s':>9}{'optim s':>9}{'fwd+bwd s':>10}{'root share':>11}{'total/AdamW':>12}{'optim/AdamW':>12}"
+    print(header)
+    print("-" * len(header))
+    for run in runs:
+        total, optim = statistics.fmean(run.total), statistics.fmean(run.optim)
+        entry = {
+            "total_s": total,
+            "optimizer_s": optim,
+            "fwd_bwd_s": total - optim,
+            "total_ratio": total / base_total,
+            "optimizer_ratio": optim / base_opt,
+            "median_total_s": statistics.median(run.total),
+        }
+        share = ""
+        if isinstance(run.opt, shampoo.Shampoo):
+            t = run.opt.timing
+            entry.update(
+                root_seconds_per_step=t.root_seconds / t.steps,
+                root_share_of_optimizer=t.root_share,
+                root_share_of_total=t.root_seconds / sum(run.total),
+                root_rounds=t.root_rounds,
+                roots_per_round=t.roots_computed / max(t.root_rounds, 1),
+            )
+            share = f"{100 * t.root_share:.0f}% opt"
+        results["configs"][run.name] = entry
+        print(
+            f"{run.name:<14}{total:>9.4f}{optim:>9.4f}{total - optim:>10.4f}{share:>11}"
+            f"{entry['total_ratio']:>11.3f}x{entry['optimizer_ratio']:>11.1f}x"
+        )
+    for run in runs[1:]:
+        e = results["configs"][run.name]
+        print(
+            f"{run.name}: total step {e['total_ratio']:.3f}x AdamW; root computation "
+            f"{1e3 * e['root_seconds_per_step']:.1f} ms/step amortised = {100 * e['root_share_of_total']:.1f}% of the "
+            f"step, {100 * e['root_share_of_optimizer']:.0f}% of the optimizer ({e['root_rounds']} rounds of "
+            f"{e['roots_per_round']:.0f} roots)"
+        )
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()
