@@ -48,10 +48,6 @@ from ._ref_mpmath import BadSpectrum
 logger = logging.getLogger(__name__)
 
 
-# Eigenvalues closer than this (relative to ||A||_2) are refined as a cluster, by rotations from a float64
-# eigendecomposition of the shifted block, rather than by the Ogita-Aishima formula, whose float64
-# correction E = num / gap converges only at the rate u ||A|| / gap.
-CLUSTER_REL = 0.0
 _U = 2.0**-53
 
 
@@ -225,7 +221,7 @@ def refine_symmetric(A: arb_mat, A64: np.ndarray, prec: int, max_iter: int = 40)
         hi, lo = _ritz(S, R)
         dS = np.linalg.norm(off) + np.linalg.norm(np.diag(Sf) * np.diag(Rf) / (1.0 - np.diag(Rf)))
         delta = 2.0 * (dS + normA * np.linalg.norm(Rf))
-        groups = _clusters(hi, lo, max(delta, CLUSTER_REL * normA))
+        groups = _clusters(hi, lo, delta)
         pending = [g for g in groups if np.linalg.norm(off[np.ix_(g, g)]) > floor * normA]
         if pending and rn > floor:
             # Rotations assume orthonormal columns (else S_CC q = lambda G_CC q is a generalised

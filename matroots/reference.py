@@ -50,18 +50,11 @@ of its payload; a corrupted or truncated entry is logged, deleted and recomputed
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import importlib.util
-import json
 import logging
 import math
-import os
-import pathlib
-import tempfile
 import threading
 import time
-import zipfile
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
@@ -69,7 +62,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import _ref_cache as _cache
 from . import _ref_mpmath as mpb
+from ._ref_cache import cache_dir
 from .errors import (
     MatrootsError,
     NegativeRealEigenvalueError,
@@ -87,7 +82,6 @@ MAX_DIGITS = 600
 RULE_VERSION = 1
 BACKENDS = ("auto", "flint", "mpmath")
 _U64 = 2.0**-53
-_CACHE_ENV = "MATROOTS_CACHE_DIR"
 _LOCK = threading.RLock()  # mpmath's and flint's working precisions are process-global
 
 
@@ -221,17 +215,6 @@ def _resolve_backend(backend: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------- cache
-def cache_dir() -> pathlib.Path:
-    """Folder of the reference cache: ``$MATROOTS_CACHE_DIR``, else ``$XDG_CACHE_HOME/matroots``, else
-    ``~/.cache/matroots``."""
-    env = os.environ.get(_CACHE_ENV)
-    if env:
-        return pathlib.Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = pathlib.Path(xdg).expanduser() if xdg else pathlib.Path.home() / ".cache"
-    return base / "matroots"
-
-
 def cache_key(
     A: np.ndarray, kind: str, p: Fraction, eps: float, digits: int | None, backend: str, sym: Any
 ) -> str:
@@ -240,44 +223,20 @@ def cache_key(
         "v": RULE_VERSION,
         "target": TARGET_DIGITS,
         "kind": kind,
-        "shape": list(A.shape),
         "p": str(p),
         "eps": float(eps).hex(),
         "digits": "auto" if digits is None else int(digits),
         "backend": f"auto:{flint_available()}" if backend == "auto" else backend,
         "symmetric": sym,
     }
-    h = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
-    h.update(np.ascontiguousarray(A, dtype="<f8").tobytes())
-    return h.hexdigest()
-
-
-def _entry_path(key: str) -> pathlib.Path:
-    return cache_dir() / "references" / key[:2] / f"{key}.npz"
-
-
-def _checksum(root: np.ndarray, eig: np.ndarray, meta: str) -> str:
-    h = hashlib.sha256(np.ascontiguousarray(root).tobytes())
-    h.update(np.ascontiguousarray(eig).tobytes())
-    h.update(meta.encode())
-    return h.hexdigest()
+    return _cache.content_key(A, header)
 
 
 def _cache_load(key: str) -> Reference | None:
-    path = _entry_path(key)
-    if not path.exists():
+    hit = _cache.load(key)
+    if hit is None:
         return None
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            root, eig, meta_s, check = z["root"], z["eigenvalues"], str(z["meta"]), str(z["checksum"])
-        meta = json.loads(meta_s)
-        if meta.get("key") != key or check != _checksum(root, eig, meta_s):
-            raise ValueError("checksum or key mismatch")
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-        logger.warning("corrupted reference cache entry %s (%s): recomputing", path, exc)
-        with contextlib.suppress(OSError):
-            path.unlink()
-        return None
+    root, eig, meta = hit
     return Reference(
         root=root,
         error_bound=float(meta["error_bound"]),
@@ -292,42 +251,16 @@ def _cache_load(key: str) -> Reference | None:
 
 
 def _cache_store(key: str, ref: Reference) -> None:
-    path = _entry_path(key)
-    meta = json.dumps(
-        {
-            "key": key,
-            "error_bound": ref.error_bound,
-            "digits": ref.digits,
-            "backend": ref.backend,
-            "method_notes": ref.method_notes,
-            "symmetric": ref.symmetric,
-            "seconds": ref.seconds,
-        },
-        sort_keys=True,
-    )
-    eig = np.zeros(0) if ref.eigenvalues is None else np.ascontiguousarray(ref.eigenvalues)
-    root = np.ascontiguousarray(ref.root)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(
-                    fh,
-                    root=root,
-                    eigenvalues=eig,
-                    meta=np.array(meta),
-                    checksum=np.array(_checksum(root, eig, meta)),
-                )
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except OSError as exc:
-        logger.warning("could not write the reference cache entry %s: %s", path, exc)
+    meta = {
+        "error_bound": ref.error_bound,
+        "digits": ref.digits,
+        "backend": ref.backend,
+        "method_notes": ref.method_notes,
+        "symmetric": ref.symmetric,
+        "seconds": ref.seconds,
+    }
+    eig = np.zeros(0) if ref.eigenvalues is None else ref.eigenvalues
+    _cache.store(key, ref.root, eig, meta)
 
 
 # ------------------------------------------------------------------------------------------ compute
