@@ -455,3 +455,11 @@ def test_unwritable_cache_still_computes(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="matroots.reference"):
         ref = reference.inverse_root(np.diag([4.0]), 2)
     assert ref.root[0, 0] == 0.5
+
+
+def test_auto_backend_without_flint(monkeypatch):
+    monkeypatch.setattr(reference, "flint_available", lambda: False)
+    ref = reference.inverse_root(np.diag([4.0, 9.0]), 2, cache=False)
+    assert ref.backend == "mpmath"
+    with pytest.raises(MatrootsError, match="python-flint"):
+        reference.inverse_root(np.diag([4.0, 9.0]), 2, backend="flint", cache=False)
