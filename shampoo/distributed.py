@@ -452,14 +452,15 @@ class BlockSharding:
         """All-gather the owned blocks' directions of one group (one collective) and write every
         block's direction into its parameter's direction tensor, in the parameter's dtype.
 
-        ``outputs``: (bucket, members, positions, stacked directions or (directions, per-block
-        scale)) per owned bucket, as returned by the optimizer's ``block_directions``. Blocks of parameters without a gradient this step
+        ``outputs``: (bucket index, positions, stacked directions D, per-block scale s) per owned
+        bucket, as returned by the optimizer's ``block_directions`` (block j's direction is s_j D_j). Blocks of parameters without a gradient this step
         are sent as zeros and not written.
         """
         entries, exchange = self._plan(eng)
         local: dict[tuple[int, int], torch.Tensor] = {}
-        for bucket, members, positions, out in outputs:
-            D = _scaled(out)
+        for bi, positions, D, scale in outputs:
+            bucket, members = eng.buckets[bi], eng.members[bi]
+            D = _scaled(D, scale)
             for k, j in enumerate(positions):
                 local[(members[j], bucket.blocks[j].spec.index)] = D[k]
         send = [local.get((i, spec.index)) for i, spec in entries[self.rank]]
@@ -514,12 +515,9 @@ class BlockSharding:
         return merged
 
 
-def _scaled(out: Any) -> torch.Tensor:
-    """Stacked block directions from a bucket's output: a tensor, or (directions, per-block scale)
-    with the scale a float or a (b,) tensor (the grafting factor, applied at assembly)."""
-    if isinstance(out, torch.Tensor):
-        return out
-    D, scale = out
+def _scaled(D: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    """Stacked block directions s_j D_j; the per-block scale (the grafting factor, applied at
+    assembly) is a float or a (b,) tensor."""
     if isinstance(scale, torch.Tensor):
         return D * scale.to(D.dtype).view(-1, *([1] * (D.ndim - 1)))
     return D if scale == 1.0 else D * scale
