@@ -122,11 +122,17 @@ def _rad_frob(rows: list[list[arb]]) -> arb:
 
 
 def _mid_frob(rows: list[list[arb]]) -> float:
-    return math.sqrt(sum(float(x) ** 2 for row in rows for x in row))
+    """Frobenius norm of the midpoints (summed in arb: no float64 overflow or underflow)."""
+    total = arb(0)
+    for row in rows:
+        for x in row:
+            m = x.mid()
+            total += m * m
+    return float(total.sqrt())
 
 
 # ------------------------------------------------------------------------------------------ refinement
-def _ritz(S: arb_mat, R: arb_mat) -> tuple[np.ndarray, np.ndarray]:
+def _ritz(S: arb_mat, R: arb_mat, s2: arb) -> tuple[np.ndarray, np.ndarray]:
     """Ritz values s_ii / (1 - r_ii), formed at working precision, as double-double (hi, lo) arrays.
 
     Eigenvalues closer than u |lambda| (e.g. a cluster near 1) are told apart only by ``lo``.
@@ -134,19 +140,19 @@ def _ritz(S: arb_mat, R: arb_mat) -> tuple[np.ndarray, np.ndarray]:
     n = S.nrows()
     hi, lo = np.empty(n), np.empty(n)
     for i in range(n):
-        lam = S[i, i] / (1 - R[i, i])
+        lam = S[i, i] * s2 / (1 - R[i, i])
         hi[i] = float(lam)
         lo[i] = float(lam - hi[i])
     return hi, lo
 
 
-def _numerators(S: arb_mat, R: arb_mat, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+def _numerators(S: arb_mat, R: arb_mat, hi: np.ndarray, lo: np.ndarray, s2: arb) -> np.ndarray:
     """s_ij + lambda_j r_ij at working precision, then rounded: the two terms nearly cancel once the
     eigenvectors are accurate, so forming the sum in float64 would stall the refinement."""
     lam = [arb(float(h)) + arb(float(low)) for h, low in zip(hi, lo, strict=True)]
     out = np.empty((S.nrows(), S.ncols()))
     for i, (srow, rrow) in enumerate(zip(S.tolist(), R.tolist(), strict=True)):
-        out[i] = [float(sij + lj * rij) for sij, lj, rij in zip(srow, lam, rrow, strict=True)]
+        out[i] = [float(sij * s2 + lj * rij) for sij, lj, rij in zip(srow, lam, rrow, strict=True)]
     return out
 
 
@@ -199,6 +205,9 @@ def refine_symmetric(A: arb_mat, A64: np.ndarray, prec: int, max_iter: int = 40)
     n = A64.shape[0]
     lam0, X0 = np.linalg.eigh(A64)
     normA = max(float(np.abs(lam0).max()), np.finfo(float).tiny)
+    # every float64 quantity below is relative to ||A||: scaled by an exact power of two in arb, so
+    # matrices near the overflow or underflow thresholds refine like any other
+    s2 = arb(2) ** (-round(math.log2(normA)))
     X = arb_mat(X0.tolist())
     eye = _identity(n)
     floor = 64.0 * n * 2.0**-prec
@@ -206,9 +215,9 @@ def refine_symmetric(A: arb_mat, A64: np.ndarray, prec: int, max_iter: int = 40)
     rotations = 0
     it = 0
     for it in range(1, max_iter + 1):  # noqa: B007 (reported in the notes)
-        S, R, Sf, Rf = _sr(A, X, eye)
+        S, R, Sf, Rf = _sr(A, X, eye, s2)
         off = Sf - np.diag(np.diag(Sf))
-        offn, rn = float(np.linalg.norm(off)) / normA, float(np.linalg.norm(Rf))
+        offn, rn = float(np.linalg.norm(off)), float(np.linalg.norm(Rf))
         if offn <= floor and rn <= floor:
             break
         err = max(offn, rn)
@@ -218,24 +227,24 @@ def refine_symmetric(A: arb_mat, A64: np.ndarray, prec: int, max_iter: int = 40)
             since_best += 1
             if since_best >= 3:
                 break  # stagnation (the rounding floor of this precision): the certificate decides
-        hi, lo = _ritz(S, R)
+        hi, lo = _ritz(S, R, s2)
         dS = np.linalg.norm(off) + np.linalg.norm(np.diag(Sf) * np.diag(Rf) / (1.0 - np.diag(Rf)))
-        delta = 2.0 * (dS + normA * np.linalg.norm(Rf))
+        delta = 2.0 * (dS + float(normA * s2) * np.linalg.norm(Rf))
         groups = _clusters(hi, lo, delta)
-        pending = [g for g in groups if np.linalg.norm(off[np.ix_(g, g)]) > floor * normA]
+        pending = [g for g in groups if np.linalg.norm(off[np.ix_(g, g)]) > floor]
         if pending and rn > floor:
             # Rotations assume orthonormal columns (else S_CC q = lambda G_CC q is a generalised
             # problem): orthonormalise first, at working precision.
             X = _orthonormalize(X, floor)
-            S, R, Sf, Rf = _sr(A, X, eye)
+            S, R, Sf, Rf = _sr(A, X, eye, s2)
         rotated = False
         for g in pending:
             # T = S_CC - mu I, formed at prec bits, then rounded: its float64 eigenvectors resolve
             # the cluster to relative accuracy u of its width.
-            mu = arb(float(np.mean(hi[g])))
+            mu = arb(float(np.mean(hi[g])))  # scaled units
             T = Sf[np.ix_(g, g)].copy()
             for a, i in enumerate(g):
-                T[a, a] = float(S[int(i), int(i)] - mu)
+                T[a, a] = float(S[int(i), int(i)] * s2 - mu)
             T = 0.5 * (T + T.T)
             scale = float(np.abs(T).max())
             if scale == 0.0 or np.linalg.norm(T - np.diag(np.diag(T))) <= 16.0 * _U * g.size * scale:
@@ -246,9 +255,9 @@ def refine_symmetric(A: arb_mat, A64: np.ndarray, prec: int, max_iter: int = 40)
             rotated = True
             rotations += 1
         if rotated:
-            S, R, Sf, Rf = _sr(A, X, eye)
-            hi, lo = _ritz(S, R)
-        num = _numerators(S, R, hi, lo)
+            S, R, Sf, Rf = _sr(A, X, eye, s2)
+            hi, lo = _ritz(S, R, s2)
+        num = _numerators(S, R, hi, lo, s2)
         den = _gaps(hi, lo)
         with np.errstate(divide="ignore", invalid="ignore"):
             E = num / den
@@ -260,11 +269,12 @@ def refine_symmetric(A: arb_mat, A64: np.ndarray, prec: int, max_iter: int = 40)
     return X, it, notes
 
 
-def _sr(A: arb_mat, X: arb_mat, eye: arb_mat) -> tuple[arb_mat, arb_mat, np.ndarray, np.ndarray]:
+def _sr(A: arb_mat, X: arb_mat, eye: arb_mat, s2: arb) -> tuple[arb_mat, arb_mat, np.ndarray, np.ndarray]:
+    """S = X^T A X and R = I - X^T X at working precision, with float64 copies (S scaled by s2)."""
     Xt = X.transpose()
     S = (Xt * (A * X).mid()).mid()
     R = (eye - Xt * X).mid()
-    return S, R, to_numpy(S), to_numpy(R)
+    return S, R, to_numpy(S * s2), to_numpy(R)
 
 
 # ---------------------------------------------------------------------------------------- certificate

@@ -463,3 +463,13 @@ def test_auto_backend_without_flint(monkeypatch):
     assert ref.backend == "mpmath"
     with pytest.raises(MatrootsError, match="python-flint"):
         reference.inverse_root(np.diag([4.0, 9.0]), 2, backend="flint", cache=False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("e", [-1000, 1000])
+def test_extreme_scaling(backend, e):
+    """(2^e T)^{-1/2} = 2^{-e/2} T^{-1/2}: exact scalings near the float64 range limits."""
+    T = matrices.generate("tridiag", 5)[0]
+    ref = reference.inverse_root(2.0**e * T, 2, backend=backend, cache=False)
+    assert rel(ref.root, 2.0 ** (-e / 2) * tridiag_closed_form(5, Fraction(-1, 2))) <= 4 * U
+    assert ref.error_bound <= 1e-20
