@@ -161,11 +161,12 @@ def _inverse_power_precise(X: np.ndarray, k: int) -> np.ndarray | None:
     from flint import arb_mat
 
     from ._ref_flint import to_numpy, working_prec
+    from .reference import _LOCK  # flint's working precision is process-global
 
     with np.errstate(all="ignore"):
         c = float(np.linalg.cond(X))
     bits = int(min(2048, 80 + k * math.log2(c if math.isfinite(c) and c > 1 else 1e300)))
-    with working_prec(bits):
+    with _LOCK, working_prec(bits):
         M = arb_mat(X.tolist())
         P = arb_mat(X.shape[0], X.shape[0])
         for i in range(X.shape[0]):
