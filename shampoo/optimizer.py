@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .blocking import BlockKind, BlockSpec, layout_param, tile_grid, tiled_view
+from .blocking import BlockSpec
 from .config import (
     CONFIG_KEYS,
     DiagnosticsConfig,
@@ -42,10 +42,9 @@ from .config import (
 )
 from .diagnostics import BlockDiagnostics, block_diagnostics, dump_factors, to_frame
 from .distributed import BlockSharding, DDPConfig
+from .engine import GroupEngine
 from .errors import NonFiniteGradientWarning, ShampooError, StateDictError
-from .preconditioner import BlockBucket
-from .roots import RootJob, compute_roots
-from .state import BlockState, ParamState, flatten, restore
+from .state import ParamState, flatten, restore
 
 log = logging.getLogger("shampoo")
 
@@ -72,180 +71,6 @@ class StepTiming:
     @property
     def root_share(self) -> float:
         return self.root_seconds / self.step_seconds if self.step_seconds else 0.0
-
-
-@dataclass(frozen=True)
-class _Segment:
-    """Consecutive positions of one parameter in a bucket (tiling: see blocking.tile_grid)."""
-
-    param: int
-    start: int
-    count: int
-    tiling: tuple[tuple[int, ...], tuple[int, ...]] | None
-
-
-class _GroupEngine:
-    """Layout, typed state and buckets of one param group (built at its first step or load)."""
-
-    def __init__(
-        self,
-        params: list[torch.Tensor],
-        keys: list[str | int],
-        first_index: int,
-        opts: GroupOptions,
-        owns: Callable[[BlockSpec], bool],
-    ):
-        self.params = params
-        self.structure = opts.structure()
-        self.states: list[ParamState] = []
-        for i, (p, key) in enumerate(zip(params, keys, strict=True)):
-            layout = layout_param(
-                first_index + i,
-                tuple(p.shape),
-                max_preconditioner_dim=opts.max_preconditioner_dim,
-                merge_dims_=opts.merge_dims,
-                exponent_override=opts.exponent_override,
-                vector_policy=opts.vector_policy,
-            )
-            blocks = [BlockState(spec=s, owned=owns(s)) for s in layout.blocks]
-            mom = torch.zeros_like(p, memory_format=torch.contiguous_format) if opts.momentum > 0 else None
-            self.states.append(ParamState(key=key, layout=layout, blocks=blocks, momentum_buffer=mom))
-        groups: dict[tuple[Any, ...], list[tuple[int, BlockState]]] = {}
-        for i, (p, st) in enumerate(zip(params, self.states, strict=True)):
-            for bs in st.blocks:
-                if bs.owned:
-                    groups.setdefault((*bs.spec.bucket_key, p.dtype, p.device), []).append((i, bs))
-        self.buckets: list[BlockBucket] = []
-        self.members: list[list[int]] = []  # per bucket: local param index of each position
-        for (*_, dtype, device), items in groups.items():
-            self.buckets.append(BlockBucket([bs for _, bs in items], opts, dtype, device))
-            self.members.append([i for i, _ in items])
-        self.segments = [self._segments(b, m) for b, m in zip(self.buckets, self.members, strict=True)]
-        self.directions = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
-
-    def _segments(self, bucket: BlockBucket, members: list[int]) -> list[_Segment]:
-        """Runs of consecutive bucket positions of one parameter; tiled when they are all its blocks."""
-        segs: list[_Segment] = []
-        for j, i in enumerate(members):
-            if segs and segs[-1].param == i:
-                segs[-1] = _Segment(i, segs[-1].start, segs[-1].count + 1, None)
-            else:
-                segs.append(_Segment(i, j, 1, None))
-        out = []
-        for seg in segs:
-            layout = self.states[seg.param].layout
-            idx = [bucket.blocks[j].spec.index for j in range(seg.start, seg.start + seg.count)]
-            tiling = tile_grid(layout) if idx == list(range(len(layout.blocks))) else None
-            out.append(_Segment(seg.param, seg.start, seg.count, tiling))
-        return out
-
-    def gather(self, bi: int, positions: list[int], merged: dict[int, torch.Tensor]) -> torch.Tensor:
-        """The stacked gradient blocks of bucket ``bi`` at ``positions`` (one strided copy per tiled
-        parameter when every block is present)."""
-        bucket, members = self.buckets[bi], self.members[bi]
-        if len(positions) < len(members):
-            return torch.stack([merged[members[j]][bucket.blocks[j].spec.slices] for j in positions])
-        buf = bucket.grad_buffer
-        for seg in self.segments[bi]:
-            src = merged[seg.param]
-            if seg.tiling is not None:
-                grid, shape = seg.tiling
-                buf[seg.start : seg.start + seg.count].view(*grid, *shape).copy_(tiled_view(src, grid, shape))
-            else:
-                for j in range(seg.start, seg.start + seg.count):
-                    buf[j].copy_(src[bucket.blocks[j].spec.slices])
-        return buf
-
-    def scatter(
-        self,
-        bi: int,
-        positions: list[int],
-        D: torch.Tensor,
-        scale: torch.Tensor | float,
-        views: dict[int, torch.Tensor],
-    ) -> None:
-        """Write s_j D_j into the direction views of the parameters (the inverse of :meth:`gather`)."""
-        bucket, members = self.buckets[bi], self.members[bi]
-        sc = scale.to(D.dtype) if isinstance(scale, torch.Tensor) else scale
-        if len(positions) == len(members):
-            for seg in self.segments[bi]:
-                if seg.tiling is None:
-                    continue
-                grid, shape = seg.tiling
-                src = D[seg.start : seg.start + seg.count].view(*grid, *shape)
-                out = tiled_view(views[seg.param], grid, shape)
-                if isinstance(sc, torch.Tensor):
-                    torch.mul(
-                        src, sc[seg.start : seg.start + seg.count].view(*grid, *([1] * len(shape))), out=out
-                    )
-                elif sc != 1.0:
-                    torch.mul(src, sc, out=out)
-                else:
-                    out.copy_(src)
-            todo = [
-                (k, k)
-                for seg in self.segments[bi]
-                if seg.tiling is None
-                for k in range(seg.start, seg.start + seg.count)
-            ]
-        else:
-            todo = list(enumerate(positions))
-        for k, j in todo:
-            out = views[members[j]][bucket.blocks[j].spec.slices]
-            if isinstance(sc, torch.Tensor):
-                torch.mul(D[k], sc[k], out=out)
-            elif sc != 1.0:
-                torch.mul(D[k], sc, out=out)
-            else:
-                out.copy_(D[k])
-
-    def label(self, bucket: BlockBucket, position: int, slot: int) -> str:
-        spec = bucket.blocks[position].spec
-        key = self.states[self.members[self.buckets.index(bucket)][position]].key
-        return f"{key!s}[block {spec.index}, dim {bucket.factor_dims[slot]}]"
-
-    def block_directions(
-        self, opts: GroupOptions, present: list[int], grads: list[torch.Tensor], diag: DiagnosticsConfig
-    ) -> tuple[list[tuple[int, list[int], torch.Tensor, Any]], Any]:
-        """Stages 2-4 on the owned blocks of the present parameters.
-
-        Returns (bucket index, positions, stacked directions D, per-block scale s) per bucket (block
-        j's direction is s_j D_j), and the roots report.
-        """
-        merged = {i: self.states[i].layout.merged_view(g) for i, g in zip(present, grads, strict=True)}
-        work = []
-        for bi, (bucket, members) in enumerate(zip(self.buckets, self.members, strict=True)):
-            positions = [j for j, i in enumerate(members) if i in merged]
-            if not positions:
-                continue
-            full = len(positions) == len(members)
-            sel = None if full else torch.tensor(positions, device=bucket.device)
-            G = self.gather(bi, positions, merged)
-            steps = [self.states[members[j]].step for j in positions]
-            m = bucket.update_statistics(sel, G, opts, steps)
-            work.append((bi, bucket, positions, sel, m, steps))
-        start, freq = opts.start_preconditioning_step, opts.precondition_frequency
-        jobs = []
-        for _bi, bucket, positions, _sel, _m, steps in work:
-            if not bucket.factors:
-                continue
-            due = [
-                (j, t)
-                for j, t in zip(positions, steps, strict=True)
-                if t >= start and (t - start) % freq == 0
-            ]
-            if due:
-                pos, ts = [j for j, _ in due], [t for _, t in due]
-                jobs.extend(RootJob(bucket, slot, pos, ts) for slot in range(len(bucket.factors)))
-        report = compute_roots(jobs, opts, diag, self.label) if jobs else None
-        out = []
-        for bi, bucket, positions, sel, m, steps in work:
-            use = [
-                t >= start and (bucket.kind is BlockKind.DIAGONAL or bucket.has_any_root(j))
-                for j, t in zip(positions, steps, strict=True)
-            ]
-            out.append((bi, positions, *bucket.directions(sel, m, opts, steps, use)))
-        return out, report
 
 
 class Shampoo(torch.optim.Optimizer):
@@ -325,7 +150,7 @@ class Shampoo(torch.optim.Optimizer):
         self._diag = diagnostics if diagnostics is not None else DiagnosticsConfig()
         if not isinstance(self._diag, DiagnosticsConfig):
             raise ValueError(f"diagnostics must be a DiagnosticsConfig, got {diagnostics!r}")
-        self._engines: list[_GroupEngine | None] = []
+        self._engines: list[GroupEngine | None] = []
         self._global_step = 0
         self.timing = StepTiming()
         defaults = dict(
@@ -387,12 +212,12 @@ class Shampoo(torch.optim.Optimizer):
         """Whether this process computes the block's statistics, roots and direction."""
         return self._sharding is None or self._sharding.owns(spec, self.param_groups)
 
-    def _engine(self, gi: int, opts: GroupOptions) -> _GroupEngine:
+    def _engine(self, gi: int, opts: GroupOptions) -> GroupEngine:
         eng = self._engines[gi]
         if eng is None:
             first = sum(len(g["params"]) for g in self.param_groups[:gi])
             group = self.param_groups[gi]
-            eng = _GroupEngine(list(group["params"]), self._param_keys()[gi], first, opts, self._owns)
+            eng = GroupEngine(list(group["params"]), self._param_keys()[gi], first, opts, self._owns)
             for p, st in zip(group["params"], eng.states, strict=True):
                 self.state[p] = st
             self._engines[gi] = eng
@@ -464,7 +289,7 @@ class Shampoo(torch.optim.Optimizer):
 
     def _assemble_directions(
         self,
-        eng: _GroupEngine,
+        eng: GroupEngine,
         present: list[int],
         outputs: list[tuple[int, list[int], torch.Tensor, Any]],
     ) -> list[torch.Tensor]:
@@ -483,7 +308,7 @@ class Shampoo(torch.optim.Optimizer):
 
     def _apply(
         self,
-        eng: _GroupEngine,
+        eng: GroupEngine,
         opts: GroupOptions,
         idx: list[int],
         params: list[torch.Tensor],

@@ -1,0 +1,200 @@
+"""One param group's blocks: layout, typed state, buckets, and stages 2-4 of the step pipeline.
+
+A :class:`GroupEngine` is built at a group's first step (or state load). It lays out every
+parameter (:mod:`shampoo.blocking`), creates the typed :class:`~shampoo.state.ParamState` of each,
+stacks the blocks this process owns into :class:`~shampoo.preconditioner.BlockBucket` s, and runs
+statistics, roots and directions on them (:meth:`GroupEngine.block_directions`). Gradients enter the
+buckets and directions leave them through :meth:`GroupEngine.gather` / :meth:`GroupEngine.scatter`,
+one strided copy per evenly tiled parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .blocking import BlockKind, BlockSpec, layout_param, tile_grid, tiled_view
+from .config import DiagnosticsConfig, GroupOptions
+from .preconditioner import BlockBucket
+from .roots import RootJob, compute_roots
+from .state import BlockState, ParamState
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive positions of one parameter in a bucket (tiling: see blocking.tile_grid)."""
+
+    param: int
+    start: int
+    count: int
+    tiling: tuple[tuple[int, ...], tuple[int, ...]] | None
+
+
+class GroupEngine:
+    """Layout, typed state and buckets of one param group (built at its first step or load)."""
+
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        keys: list[str | int],
+        first_index: int,
+        opts: GroupOptions,
+        owns: Callable[[BlockSpec], bool],
+    ):
+        self.params = params
+        self.structure = opts.structure()
+        self.states: list[ParamState] = []
+        for i, (p, key) in enumerate(zip(params, keys, strict=True)):
+            layout = layout_param(
+                first_index + i,
+                tuple(p.shape),
+                max_preconditioner_dim=opts.max_preconditioner_dim,
+                merge_dims_=opts.merge_dims,
+                exponent_override=opts.exponent_override,
+                vector_policy=opts.vector_policy,
+            )
+            blocks = [BlockState(spec=s, owned=owns(s)) for s in layout.blocks]
+            mom = torch.zeros_like(p, memory_format=torch.contiguous_format) if opts.momentum > 0 else None
+            self.states.append(ParamState(key=key, layout=layout, blocks=blocks, momentum_buffer=mom))
+        groups: dict[tuple[Any, ...], list[tuple[int, BlockState]]] = {}
+        for i, (p, st) in enumerate(zip(params, self.states, strict=True)):
+            for bs in st.blocks:
+                if bs.owned:
+                    groups.setdefault((*bs.spec.bucket_key, p.dtype, p.device), []).append((i, bs))
+        self.buckets: list[BlockBucket] = []
+        self.members: list[list[int]] = []  # per bucket: local param index of each position
+        for (*_, dtype, device), items in groups.items():
+            self.buckets.append(BlockBucket([bs for _, bs in items], opts, dtype, device))
+            self.members.append([i for i, _ in items])
+        self.segments = [self._segments(b, m) for b, m in zip(self.buckets, self.members, strict=True)]
+        self.directions = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
+
+    def _segments(self, bucket: BlockBucket, members: list[int]) -> list[Segment]:
+        """Runs of consecutive bucket positions of one parameter; tiled when they are all its blocks."""
+        segs: list[Segment] = []
+        for j, i in enumerate(members):
+            if segs and segs[-1].param == i:
+                segs[-1] = Segment(i, segs[-1].start, segs[-1].count + 1, None)
+            else:
+                segs.append(Segment(i, j, 1, None))
+        out = []
+        for seg in segs:
+            layout = self.states[seg.param].layout
+            idx = [bucket.blocks[j].spec.index for j in range(seg.start, seg.start + seg.count)]
+            tiling = tile_grid(layout) if idx == list(range(len(layout.blocks))) else None
+            out.append(Segment(seg.param, seg.start, seg.count, tiling))
+        return out
+
+    def gather(self, bi: int, positions: list[int], merged: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The stacked gradient blocks of bucket ``bi`` at ``positions`` (one strided copy per tiled
+        parameter when every block is present)."""
+        bucket, members = self.buckets[bi], self.members[bi]
+        if len(positions) < len(members):
+            return torch.stack([merged[members[j]][bucket.blocks[j].spec.slices] for j in positions])
+        buf = bucket.grad_buffer
+        for seg in self.segments[bi]:
+            src = merged[seg.param]
+            if seg.tiling is not None:
+                grid, shape = seg.tiling
+                buf[seg.start : seg.start + seg.count].view(*grid, *shape).copy_(tiled_view(src, grid, shape))
+            else:
+                for j in range(seg.start, seg.start + seg.count):
+                    buf[j].copy_(src[bucket.blocks[j].spec.slices])
+        return buf
+
+    def scatter(
+        self,
+        bi: int,
+        positions: list[int],
+        D: torch.Tensor,
+        scale: torch.Tensor | float,
+        views: dict[int, torch.Tensor],
+    ) -> None:
+        """Write s_j D_j into the direction views of the parameters (the inverse of :meth:`gather`)."""
+        bucket, members = self.buckets[bi], self.members[bi]
+        sc = scale.to(D.dtype) if isinstance(scale, torch.Tensor) else scale
+        if len(positions) == len(members):
+            for seg in self.segments[bi]:
+                if seg.tiling is None:
+                    continue
+                grid, shape = seg.tiling
+                src = D[seg.start : seg.start + seg.count].view(*grid, *shape)
+                out = tiled_view(views[seg.param], grid, shape)
+                if isinstance(sc, torch.Tensor):
+                    torch.mul(
+                        src, sc[seg.start : seg.start + seg.count].view(*grid, *([1] * len(shape))), out=out
+                    )
+                elif sc != 1.0:
+                    torch.mul(src, sc, out=out)
+                else:
+                    out.copy_(src)
+            todo = [
+                (k, k)
+                for seg in self.segments[bi]
+                if seg.tiling is None
+                for k in range(seg.start, seg.start + seg.count)
+            ]
+        else:
+            todo = list(enumerate(positions))
+        for k, j in todo:
+            out = views[members[j]][bucket.blocks[j].spec.slices]
+            if isinstance(sc, torch.Tensor):
+                torch.mul(D[k], sc[k], out=out)
+            elif sc != 1.0:
+                torch.mul(D[k], sc, out=out)
+            else:
+                out.copy_(D[k])
+
+    def label(self, bucket: BlockBucket, position: int, slot: int) -> str:
+        spec = bucket.blocks[position].spec
+        key = self.states[self.members[self.buckets.index(bucket)][position]].key
+        return f"{key!s}[block {spec.index}, dim {bucket.factor_dims[slot]}]"
+
+    def block_directions(
+        self, opts: GroupOptions, present: list[int], grads: list[torch.Tensor], diag: DiagnosticsConfig
+    ) -> tuple[list[tuple[int, list[int], torch.Tensor, Any]], Any]:
+        """Stages 2-4 on the owned blocks of the present parameters.
+
+        Returns (bucket index, positions, stacked directions D, per-block scale s) per bucket (block
+        j's direction is s_j D_j), and the roots report.
+        """
+        merged = {i: self.states[i].layout.merged_view(g) for i, g in zip(present, grads, strict=True)}
+        work = []
+        for bi, (bucket, members) in enumerate(zip(self.buckets, self.members, strict=True)):
+            positions = [j for j, i in enumerate(members) if i in merged]
+            if not positions:
+                continue
+            full = len(positions) == len(members)
+            sel = None if full else torch.tensor(positions, device=bucket.device)
+            G = self.gather(bi, positions, merged)
+            steps = [self.states[members[j]].step for j in positions]
+            m = bucket.update_statistics(sel, G, opts, steps)
+            work.append((bi, bucket, positions, sel, m, steps))
+        start, freq = opts.start_preconditioning_step, opts.precondition_frequency
+        jobs = []
+        for _bi, bucket, positions, _sel, _m, steps in work:
+            if not bucket.factors:
+                continue
+            due = [
+                (j, t)
+                for j, t in zip(positions, steps, strict=True)
+                if t >= start and (t - start) % freq == 0
+            ]
+            if due:
+                pos, ts = [j for j, _ in due], [t for _, t in due]
+                jobs.extend(RootJob(bucket, slot, pos, ts) for slot in range(len(bucket.factors)))
+        report = compute_roots(jobs, opts, diag, self.label) if jobs else None
+        out = []
+        for bi, bucket, positions, sel, m, steps in work:
+            use = [
+                t >= start and (bucket.kind is BlockKind.DIAGONAL or bucket.has_any_root(j))
+                for j, t in zip(positions, steps, strict=True)
+            ]
+            out.append((bi, positions, *bucket.directions(sel, m, opts, steps, use)))
+        return out, report
+
+
+__all__ = ["GroupEngine", "Segment"]
