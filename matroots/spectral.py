@@ -19,12 +19,19 @@ import torch
 
 @dataclass(frozen=True)
 class SpectrumEstimate:
-    """Extreme-eigenvalue estimates for a batch (tensors of the batch shape, float64)."""
+    """Extreme-eigenvalue estimates for a batch (tensors of the batch shape, float64).
+
+    ``ritz`` (b, k) are all Ritz values and ``weights`` (b, k) the Gauss-quadrature weights of the
+    start vector's spectral measure (squared first components of T's eigenvectors, summing to 1): a
+    coarse picture of the whole spectrum, exact (all eigenvalues) when k = n.
+    """
 
     lmin: torch.Tensor
     lmax: torch.Tensor
     lmax_upper: torch.Tensor
     matvecs: int
+    ritz: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
 
 
 def _start_vectors(batch: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -68,6 +75,8 @@ def lanczos_extremes(A: torch.Tensor, steps: int | None = None) -> SpectrumEstim
     beta = torch.zeros(b, k, dtype=work.dtype, device=work.device)
     v = _start_vectors(b, n, work.dtype, work.device)
     used = 0
+    scale = work.abs().sum(-1).amax(-1)  # ||A||_inf, for the breakdown test
+    g = torch.Generator(device="cpu").manual_seed(0x1A2C)
     for j in range(k):
         V[:, :, j] = v
         w = torch.bmm(work, v.unsqueeze(-1)).squeeze(-1)
@@ -77,26 +86,31 @@ def lanczos_extremes(A: torch.Tensor, steps: int | None = None) -> SpectrumEstim
         for _ in range(2):  # classical Gram-Schmidt twice ("twice is enough")
             w = w - torch.bmm(Vj, torch.bmm(Vj.mT, w.unsqueeze(-1))).squeeze(-1)
         bj = w.norm(dim=-1)
-        # Breakdown: the Krylov space is invariant (e.g. A = c I). Its Ritz values are exact
-        # eigenvalues; continue from a fresh vector orthogonal to the basis, with a zero coupling.
-        scale = alpha[:, : j + 1].abs().amax(-1).clamp_min(torch.finfo(work.dtype).tiny)
-        broke = bj <= 64 * n * torch.finfo(work.dtype).eps * scale
-        bj = torch.where(broke, torch.zeros_like(bj), bj)
-        beta[:, j] = bj
+        broke = bj <= 1e-13 * scale
+        beta[:, j] = torch.where(broke, torch.zeros_like(bj), bj)
         if j + 1 < k:
             if bool(broke.any()):
-                g = torch.Generator(device="cpu").manual_seed(0x5EED + j + 1)
+                # Invariant subspace found: restart with a fresh direction orthogonal to the basis
+                # (beta_j = 0 splits T into blocks whose Ritz values all lie in the spectrum).
                 r = torch.randn(b, n, generator=g, dtype=torch.float64).to(work)
                 for _ in range(2):
                     r = r - torch.bmm(Vj, torch.bmm(Vj.mT, r.unsqueeze(-1))).squeeze(-1)
                 w = torch.where(broke.unsqueeze(-1), r, w)
-            nw = w.norm(dim=-1)
-            v = w / torch.where(nw > 0, nw, torch.ones_like(nw)).unsqueeze(-1)
+                bj = torch.where(broke, w.norm(dim=-1), bj)
+            safe = torch.where(bj > 0, bj, torch.ones_like(bj))
+            v = w / safe.unsqueeze(-1)
     T = torch.diag_embed(alpha) + torch.diag_embed(beta[:, :-1], 1) + torch.diag_embed(beta[:, :-1], -1)
     theta, S = torch.linalg.eigh(T)
     resid = (beta[:, -1] * S[:, -1, -1]).abs()
     lmax = theta[:, -1]
-    return SpectrumEstimate(lmin=theta[:, 0], lmax=lmax, lmax_upper=lmax + resid, matvecs=used)
+    return SpectrumEstimate(
+        lmin=theta[:, 0],
+        lmax=lmax,
+        lmax_upper=lmax + resid,
+        matvecs=used,
+        ritz=theta,
+        weights=S[:, 0, :] ** 2,
+    )
 
 
 def gershgorin_bounds(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -62,6 +62,38 @@ def best_step_scale(a: np.ndarray, b: np.ndarray, p: int) -> np.ndarray:
     return np.where(take_hi, hi, L)
 
 
+def predicted_iterations(
+    eigs: np.ndarray,
+    mult: np.ndarray,
+    p: int,
+    cp: float,
+    tol: float,
+    *,
+    max_iter: int = 100,
+    quadratic_start: float = 0.5,
+) -> int:
+    """Iterations the coupled iteration needs on a spectrum ``eigs`` with multiplicities ``mult``.
+
+    The scalar model (each eigenvalue m -> f(m)) under the stopping rule of
+    :func:`coupled_newton_iterate`: ||M_k - I||_F = sqrt(sum mult (m - 1)^2) <= tol, or stagnation.
+    Exact (up to rounding) when ``eigs`` are all the eigenvalues; with Lanczos Ritz values and
+    n times their quadrature weights as ``mult`` it is an estimate.
+    """
+    m = np.asarray(eigs, dtype=float) / cp
+    w = np.asarray(mult, dtype=float)
+    with np.errstate(all="ignore"):
+        r = float(np.sqrt((w * (m - 1) ** 2).sum()))
+        if r <= tol:
+            return 0
+        for k in range(1, max_iter + 1):
+            m = scalar_map(m, p)
+            r_new = float(np.sqrt((w * (m - 1) ** 2).sum()))
+            if not np.isfinite(r_new) or r_new <= tol or (r < quadratic_start and r_new > 0.5 * r):
+                return k
+            r = r_new
+    return max_iter
+
+
 def scalar_limits(
     eigs: np.ndarray, p: int, cp: np.ndarray | float, iterations: int | np.ndarray
 ) -> np.ndarray:

@@ -70,7 +70,7 @@ class SchurNewtonConfig(SolverConfig):
         k0, q = split_exponent(p)
         ldt = precision.lapack_dtype(prob.compute_dtype)
         cdt = prob.compute_dtype
-        tol = prob.tol if prob.tol is not None else precision.default_tol(cdt, prob.n)
+        tol = prob.tol if prob.tol is not None else precision.default_tol(cdt, prob.n, q)
         max_iter = prob.max_iter if prob.max_iter is not None else 100
         roots, conv, iters, resid, hist = [], [], [], [], []
         info: dict = {"k0": k0, "q": q, "k1": [], "stop_reason": [], "symmetric": [], "eps_abs": []}
