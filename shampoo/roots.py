@@ -24,7 +24,7 @@ from matroots import ConvergenceWarning, MatrootsError
 from matroots.solvers import SolverConfig
 from matroots.spectral import power_lambda_max
 
-from .config import DiagnosticsConfig, GroupOptions, supports_warm_start
+from .config import DiagnosticsConfig, FailurePolicy, GroupOptions, supports_warm_start
 from .errors import RootComputationError, RootFailureWarning
 from .preconditioner import BlockBucket
 from .state import FactorState
@@ -331,12 +331,12 @@ def _labels(
 def _check_limits(
     group: list[RootJob],
     states: list[FactorState],
-    policy: object,
+    policy: FailurePolicy,
     label: Callable[[BlockBucket, int, int], str],
     p: Fraction,
 ) -> None:
-    max_fail = policy.max_consecutive_failures  # type: ignore[attr-defined]
-    max_primary = policy.max_consecutive_primary_failures  # type: ignore[attr-defined]
+    max_fail = policy.max_consecutive_failures
+    max_primary = policy.max_consecutive_primary_failures
     over = [f.consecutive_failures >= max_fail for f in states]
     over_primary = [max_primary is not None and f.consecutive_primary_failures >= max_primary for f in states]
     if not any(over) and not any(over_primary):
