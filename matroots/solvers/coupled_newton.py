@@ -197,11 +197,12 @@ class CoupledNewtonConfig(SolverConfig):
         matmuls += out.matmuls
         if interval is not None and "divergence" in out.reason:
             # A wrong spectral estimate: redo those problems with the always-safe Frobenius scaling.
-            cp = 2.0 * torch.linalg.matrix_norm(A.double()) / (p + 1)
+            idx = [i for i, r in enumerate(out.reason) if r == "divergence"]
+            cp_f = 2.0 * torch.linalg.matrix_norm(A[idx].double()) / (p + 1)
             retry = coupled_newton_iterate(
-                A,
+                A[idx],
                 p,
-                cp,
+                cp_f,
                 tol=tol,
                 max_iter=max_iter,
                 stagnation_accept=accept,
@@ -209,8 +210,10 @@ class CoupledNewtonConfig(SolverConfig):
                 record_history=prob.record_history,
             )
             matmuls += retry.matmuls
-            info["retried_frobenius"] = True
-            out = retry
+            info["retried_frobenius"] = idx
+            cp = cp.clone()
+            cp[idx] = cp_f
+            out = _merge(out, retry, idx)
         if sym and "divergence" in out.reason:
             self._diagnose_divergence(A, out, prob)
         if eigs is not None:
@@ -354,6 +357,37 @@ class CoupledNewtonConfig(SolverConfig):
         lmin = np.maximum(lmin, lmax * 1e-300)
         cpn = optimal_c_power(lmin, lmax, p)
         return torch.as_tensor(cpn), (lmin / cpn, lmax / cpn), est.matvecs + zest.matvecs, est
+
+
+def _merge(out: NewtonOutcome, sub: NewtonOutcome, idx: list[int]) -> NewtonOutcome:
+    """``out`` with the batch elements ``idx`` replaced by those of ``sub`` (a rerun of that subset).
+
+    Iterations add up (the failed attempt was spent too); the rerun's residual history is appended,
+    the other elements repeating their final residual.
+    """
+    X = out.X.clone()
+    X[idx] = sub.X
+    conv, iters, res = out.converged.clone(), out.iterations.clone(), out.residual.clone()
+    conv[idx] = sub.converged
+    iters[idx] = iters[idx] + sub.iterations
+    res[idx] = sub.residual
+    reason = list(out.reason)
+    for j, i in enumerate(idx):
+        reason[i] = sub.reason[j]
+    history = list(out.history)
+    for h in sub.history:
+        full = (history[-1] if history else out.residual).clone()
+        full[idx] = h
+        history.append(full)
+    return NewtonOutcome(
+        X=X,
+        converged=conv,
+        iterations=iters,
+        residual=res,
+        reason=reason,
+        matmuls=out.matmuls + sub.matmuls,
+        history=history,
+    )
 
 
 def newton_schulz_inverse(
