@@ -286,6 +286,8 @@ class DirectionExchange:
         self.group = group
         self.timeout = timeout
         self.segment = 1 + max((sum(n) for n in self.numels), default=0)
+        self._send: torch.Tensor | None = None
+        self._recv: torch.Tensor | None = None
         self._offsets = []
         for ns in self.numels:
             offs, o = [], 1
@@ -299,6 +301,26 @@ class DirectionExchange:
         """Bytes each rank sends (its padded segment)."""
         return self.segment * torch.empty((), dtype=self.dtype).element_size()
 
+    def _buffers(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The persistent send and receive buffers on ``device`` (allocated once, zero padding)."""
+        if self._send is None or self._send.device != device:
+            self._send = torch.zeros(self.segment, dtype=self.dtype, device=device)
+            self._recv = (
+                self._send
+                if self.world_size == 1
+                else torch.zeros(self.world_size * self.segment, dtype=self.dtype, device=device)
+            )
+        assert self._recv is not None
+        return self._send, self._recv
+
+    def send_views(self, device: torch.device) -> list[torch.Tensor]:
+        """Flat views of this rank's owned blocks in the send buffer, to be written in place before
+        :meth:`exchange` (saves a copy over :meth:`gather`)."""
+        send, _ = self._buffers(device)
+        return [
+            send[o : o + n] for n, o in zip(self.numels[self.rank], self._offsets[self.rank], strict=True)
+        ]
+
     def gather(
         self,
         local: Sequence[torch.Tensor | None],
@@ -306,36 +328,41 @@ class DirectionExchange:
         *,
         error: str | None = None,
     ) -> list[list[torch.Tensor]]:
-        """All-gather: ``local`` are this rank's owned directions (None: zeros); returns, per rank, its directions
-        as flat tensors in the communication dtype (views into one received buffer).
+        """All-gather: ``local`` are this rank's owned directions (None: zeros); returns, per rank,
+        its directions as flat tensors in the communication dtype (views into the receive buffer,
+        valid until the next exchange).
 
         Every rank, the sender included, gets its directions back from the buffer, so with a narrow
         communication dtype all ranks see the same rounded values. ``error``: this rank failed to
         compute its directions (a message); it still takes part in the collective, then every rank
         raises :class:`RemoteRankError` (the failing rank re-raises its own error after this call).
         """
-        mine = self.numels[self.rank]
-        if error is None and len(local) != len(mine):
-            raise ValueError(f"rank {self.rank}: expected {len(mine)} directions, got {len(local)}")
         if device is None:
             device = next((t.device for t in local if t is not None), torch.device("cpu"))
-        send = torch.zeros(self.segment, dtype=self.dtype, device=device)
-        if error is not None:
-            send[0] = _STATUS_FAILED
-        else:
-            for t, n, o in zip(local, mine, self._offsets[self.rank], strict=True):
+        if error is None:
+            views = self.send_views(device)
+            if len(local) != len(views):
+                raise ValueError(f"rank {self.rank}: expected {len(views)} directions, got {len(local)}")
+            for t, v in zip(local, views, strict=True):
                 if t is None:
-                    continue
-                if t.numel() != n:
-                    raise ValueError(f"rank {self.rank}: a direction has {t.numel()} elements, expected {n}")
-                send[o : o + n].copy_(t.reshape(-1))
-        if self.world_size == 1:
-            recv = send
-        else:
-            recv = torch.empty(self.world_size * self.segment, dtype=self.dtype, device=device)
+                    v.zero_()
+                elif t.numel() != v.numel():
+                    raise ValueError(
+                        f"rank {self.rank}: a direction has {t.numel()} elements, expected {v.numel()}"
+                    )
+                else:
+                    v.copy_(t.reshape(-1))
+        return self.exchange(device, error=error)
+
+    def exchange(self, device: torch.device, *, error: str | None = None) -> list[list[torch.Tensor]]:
+        """The collective on the send buffer as filled through :meth:`send_views`; see :meth:`gather`."""
+        send, recv = self._buffers(device)
+        send[0] = _STATUS_FAILED if error is not None else _STATUS_OK
+        if self.world_size > 1:
             _all_gather_flat(recv, send, self.group, self.timeout)
-        recv = recv.view(self.world_size, self.segment)
-        failed = [r for r in range(self.world_size) if recv[r, 0].item() != _STATUS_OK]
+        table = recv.view(self.world_size, self.segment)
+        status = table[:, 0].tolist()
+        failed = [r for r in range(self.world_size) if status[r] != _STATUS_OK]
         if failed:
             others = [r for r in failed if r != self.rank]
             if others:
@@ -345,7 +372,7 @@ class DirectionExchange:
                 )
             return []
         return [
-            [recv[r, o : o + n] for n, o in zip(self.numels[r], self._offsets[r], strict=True)]
+            [table[r, o : o + n] for n, o in zip(self.numels[r], self._offsets[r], strict=True)]
             for r in range(self.world_size)
         ]
 
@@ -390,6 +417,9 @@ class CommStats:
         self.calls, self.seconds, self.bytes_sent = 0, 0.0, 0
 
 
+_Plan = tuple[list[list[tuple[int, BlockSpec]]], DirectionExchange, dict[tuple[int, int], int]]
+
+
 class BlockSharding:
     """Data-parallel Shampoo's state on one rank: the assignment, one exchange plan per param group.
 
@@ -403,7 +433,7 @@ class BlockSharding:
         self.config = config
         self.rank, self.world_size = config.world()
         self.assignment: BlockAssignment | None = None
-        self._plans: dict[int, tuple[Any, list[list[tuple[int, BlockSpec]]], DirectionExchange]] = {}
+        self._plans: dict[int, tuple[Any, _Plan]] = {}
         self.comm = CommStats()
         logger.info(
             "shampoo distributed: rank %d of %d, communication %s, cost model %s",
@@ -426,11 +456,12 @@ class BlockSharding:
             )  # fmt: skip
         return self.assignment.owners[key] == self.rank
 
-    def _plan(self, eng: Any) -> tuple[list[list[tuple[int, BlockSpec]]], DirectionExchange]:
-        """Per rank, the (local param index, block) pairs it owns in a group, and the exchange."""
+    def _plan(self, eng: Any) -> _Plan:
+        """Per rank, the (local param index, block) pairs it owns in a group; the exchange; and
+        the position of each of this rank's (param, block index) pairs in its send list."""
         cached = self._plans.get(id(eng))
         if cached is not None and cached[0] is eng:
-            return cached[1], cached[2]
+            return cached[1]
         assert self.assignment is not None
         entries: list[list[tuple[int, BlockSpec]]] = [[] for _ in range(self.world_size)]
         for i, st in enumerate(eng.states):
@@ -443,8 +474,10 @@ class BlockSharding:
             group=self.config.process_group,
             timeout=self.config.timeout,  # type: ignore[arg-type]
         )
-        self._plans[id(eng)] = (eng, entries, exchange)
-        return entries, exchange
+        slot = {(i, spec.index): e for e, (i, spec) in enumerate(entries[self.rank])}
+        plan = (entries, exchange, slot)
+        self._plans[id(eng)] = (eng, plan)
+        return plan
 
     # -- directions --------------------------------------------------------------------------------
 
@@ -456,16 +489,28 @@ class BlockSharding:
         bucket, as returned by the optimizer's ``block_directions`` (block j's direction is s_j D_j). Blocks of parameters without a gradient this step
         are sent as zeros and not written.
         """
-        entries, exchange = self._plan(eng)
-        local: dict[tuple[int, int], torch.Tensor] = {}
+        entries, exchange, slot = self._plan(eng)
+        device = eng.directions[0].device if eng.directions else torch.device("cpu")
+        send = exchange.send_views(device)
+        filled = [False] * len(send)
         for bi, positions, D, scale in outputs:
             bucket, members = eng.buckets[bi], eng.members[bi]
-            D = _scaled(D, scale)
+            sc = scale.to(D.dtype) if isinstance(scale, torch.Tensor) else scale
             for k, j in enumerate(positions):
-                local[(members[j], bucket.blocks[j].spec.index)] = D[k]
-        send = [local.get((i, spec.index)) for i, spec in entries[self.rank]]
+                e = slot[(members[j], bucket.blocks[j].spec.index)]
+                out = send[e].view(D.shape[1:])
+                if isinstance(sc, torch.Tensor):
+                    torch.mul(D[k], sc[k], out=out)
+                elif sc != 1.0:
+                    torch.mul(D[k], sc, out=out)
+                else:
+                    out.copy_(D[k])
+                filled[e] = True
+        for e, done in enumerate(filled):
+            if not done:  # a parameter without a gradient this step
+                send[e].zero_()
         t0 = time.perf_counter()
-        gathered = exchange.gather(send, device=eng.directions[0].device if eng.directions else None)
+        gathered = exchange.exchange(device)
         self.comm.seconds += time.perf_counter() - t0
         self.comm.calls += 1
         self.comm.bytes_sent += exchange.bytes_per_rank
@@ -481,9 +526,10 @@ class BlockSharding:
         """This rank could not compute its directions of a group (``err``, a Shampoo error): take
         part in the group's collective with a failure status so every other rank raises
         :class:`RemoteRankError` at the same step instead of waiting. The caller re-raises ``err``."""
-        _, exchange = self._plan(eng)
+        _, exchange, _ = self._plan(eng)
         logger.error("shampoo distributed: rank %d failed: %s", self.rank, err)
-        exchange.gather([], error=f"{type(err).__name__}: {err}")
+        device = eng.directions[0].device if eng.directions else torch.device("cpu")
+        exchange.exchange(device, error=f"{type(err).__name__}: {err}")
 
     # -- state -------------------------------------------------------------------------------------
 
@@ -513,14 +559,6 @@ class BlockSharding:
                     if name.startswith("blocks.") and name not in mine:
                         mine[name] = v.to(device) if isinstance(v, torch.Tensor) and device is not None else v
         return merged
-
-
-def _scaled(D: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
-    """Stacked block directions s_j D_j; the per-block scale (the grafting factor, applied at
-    assembly) is a float or a (b,) tensor."""
-    if isinstance(scale, torch.Tensor):
-        return D * scale.to(D.dtype).view(-1, *([1] * (D.ndim - 1)))
-    return D if scale == 1.0 else D * scale
 
 
 def sharding_of(optimizer: Any) -> BlockSharding | None:
