@@ -220,7 +220,7 @@ class CoupledNewtonConfig(SolverConfig):
             self._check_principal(eigs, p, cp, out, info)
         info.update(stop_reason=out.reason, tol=tol, c_power=cp / prob.prescale)
         return RawResult(
-            root=out.X,
+            root=0.5 * (out.X + out.X.mT) if sym else out.X,  # X_k commutes with A only up to rounding
             converged=out.converged,
             iterations=out.iterations,
             residual=out.residual,

@@ -86,7 +86,7 @@ class EighConfig(SolverConfig):
         else:
             rtol = self.rtol if self.rtol is not None else prob.n * precision.unit_roundoff(cdtype)
             thresh = torch.clamp(rtol * wr[..., -1:].abs(), min=self.atol * prob.prescale)
-            if self.rank_policy == "clamp" and bool((thresh <= 0).any()):
+            if self.rank_policy == "clamp" and self.atol <= 0 and bool((wr[..., -1] <= 0).any()):
                 raise NotPositiveDefiniteError(
                     f"rank_policy='clamp' has nothing to clamp to: the largest eigenvalue is "
                     f"{float(wr[..., -1].min()) / prob.prescale:.3e} <= 0 and atol=0; pass atol > 0 "
@@ -102,6 +102,7 @@ class EighConfig(SolverConfig):
                 if not inverse:
                     f = torch.where(keep, wr.clamp_min(0).pow(e), torch.zeros_like(wr))
         X = (Q * f.unsqueeze(-2)) @ Q.mT
+        X = 0.5 * (X + X.mT)  # exactly symmetric (the GEMM's rounding is not)
         b = prob.A.shape[0]
         info["eigh_calls"] = 1
         info["residual_note"] = "eigh reports no residual (NaN); use matroots.metrics for errors"

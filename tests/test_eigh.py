@@ -1,0 +1,91 @@
+"""eigh-specific behaviour: diagnostics, the fp32 -> fp64 retry, symmetry tolerance, honest NaN residual."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from _refs import U, fwd_bound, ref_inverse_root, rel_err, spd_matrix
+
+import matroots
+
+
+def test_info_reports_spectrum_and_shift_in_user_units():
+    A = np.diag([2.0, 1000.0, 5000.0])
+    for dt in (torch.float64, torch.float16):  # fp16 inputs are pre-scaled internally
+        res = matroots.inverse_root(torch.from_numpy(A), 2, method="eigh", dtype=dt, eps=1e-2)
+        assert float(res.info["lambda_max"][0]) == pytest.approx(5000.0, rel=1e-3)
+        assert float(res.info["lambda_min"][0]) == pytest.approx(2.0, rel=1e-3)
+        assert float(res.info["eps_abs"][0]) == pytest.approx(1e-2, rel=1e-12)
+        assert res.info["eigh_calls"] == 1 and res.matmuls == 1.0 and res.iterations == 0
+
+
+def test_residual_is_nan_and_says_so():
+    res = matroots.inverse_root(torch.from_numpy(spd_matrix(6, 10.0, seed=0)), 2, method="eigh")
+    assert math.isnan(res.residual)
+    assert "NaN" in res.info["residual_note"]
+    assert res.converged is True
+
+
+def test_fp32_eigensolver_failure_is_retried_in_fp64(monkeypatch):
+    real_eigh = torch.linalg.eigh
+
+    def flaky(A, *args, **kwargs):
+        if A.dtype == torch.float32:
+            raise torch.linalg.LinAlgError("simulated: the algorithm failed to converge")
+        return real_eigh(A, *args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "eigh", flaky)
+    A = spd_matrix(8, 1e3, seed=2)
+    res = matroots.inverse_root(torch.from_numpy(A), 2, method="eigh", dtype=torch.float32)
+    assert "fp64" in res.info["eigh_retry_fp64"]
+    assert res.root.dtype == torch.float32
+    assert rel_err(res.root, ref_inverse_root(A, 2)) <= fwd_bound(1e3, 2, 8, U["fp32"])
+
+
+def test_rounding_noise_asymmetry_is_accepted_and_symmetrised():
+    A = spd_matrix(10, 1e2, seed=3)
+    B = A + 1e-15 * np.triu(np.ones_like(A))  # asymmetric at the level of rounding
+    for method in ("eigh", "coupled_newton"):
+        res = matroots.inverse_root(torch.from_numpy(B), 2, method=method)
+        assert torch.equal(res.root, res.root.mT)
+        assert rel_err(res.root, ref_inverse_root(A, 2)) <= fwd_bound(1e2, 2, 10, U["fp64"])
+
+
+def test_symmetry_tolerance_is_configurable():
+    A = spd_matrix(6, 10.0, seed=4)
+    A[0, 1] += 1e-6
+    with pytest.raises(matroots.NotSymmetricError):
+        matroots.inverse_root(torch.from_numpy(A), 2, method="eigh")
+    res = matroots.inverse_root(torch.from_numpy(A), 2, method="eigh", symmetry_tol=1e-5)
+    assert res.converged
+
+
+def test_clamp_refuses_when_nothing_is_positive():
+    with pytest.raises(matroots.NotPositiveDefiniteError, match="atol"):
+        matroots.inverse_root(-torch.eye(3, dtype=torch.float64), 2, method="eigh", rank_policy="clamp")
+    res = matroots.inverse_root(
+        -torch.eye(3, dtype=torch.float64), 2, method="eigh", rank_policy="clamp", atol=0.25
+    )
+    assert torch.allclose(res.root, 2.0 * torch.eye(3, dtype=torch.float64))
+
+
+def test_default_pseudo_inverse_threshold_is_n_u_lambda_max():
+    n = 6
+    lam = np.array([1e-17, 1e-15, 1e-3, 0.1, 1.0, 2.0])  # n u lambda_max = 1.3e-15
+    res = matroots.inverse_root(
+        torch.from_numpy(np.diag(lam)), 1, method="eigh", rank_policy="pseudo_inverse"
+    )
+    assert int(res.info["dropped"][0]) == 2
+    want = np.diag(np.where(lam > n * U["fp64"] * 2.0, 1.0 / lam, 0.0))
+    np.testing.assert_allclose(res.root.numpy(), want, rtol=1e-12)
+
+
+def test_config_object_and_options_are_equivalent():
+    A = torch.from_numpy(spd_matrix(6, 10.0, seed=5))
+    a = matroots.inverse_root(A, 3, method=matroots.EighConfig(rank_policy="clamp", atol=1e-3))
+    b = matroots.inverse_root(A, 3, method="eigh", rank_policy="clamp", atol=1e-3)
+    assert torch.equal(a.root, b.root)
+    assert a.method == b.method == "eigh"
