@@ -100,7 +100,8 @@ def _rank_main(rank: int, ws: int, port: int, args: argparse.Namespace, outdir: 
             comm_times.append((sharding.comm.seconds if sharding else 0.0) - c0)
             root_times.append(opt.timing.root_seconds - r0)
             losses.append(float(loss.detach()))
-    gather_only = []
+    gather_only: list[float] = []
+    exchange = None
     if sharding is not None:
         eng = next(e for e in opt._engines if e is not None)
         _, exchange, _ = sharding._plan(eng)
@@ -123,6 +124,7 @@ def _rank_main(rank: int, ws: int, port: int, args: argparse.Namespace, outdir: 
         "state": sd.state_bytes(opt),
         "blocks_owned": len(sharding.assignment.owned_by(rank)) if sharding else None,
         "imbalance": sharding.assignment.imbalance if sharding else 1.0,
+        "exchange_bytes": (exchange.world_size + 1) * exchange.bytes_per_rank if sharding else 0,
         "last_loss": losses[-1],
     }
     torch.save(rec, Path(outdir) / f"rank{rank}.pt")
@@ -144,33 +146,40 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--frequency", type=int, default=10)
     p.add_argument("--root-solver", default="eigh")
     p.add_argument("--comm-dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--repeats", type=int, default=1, help="interleaved repeats; the best is reported")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    results = {ws: run_world(ws, args) for ws in args.world_sizes}
+    runs: dict[int, list[list[dict]]] = {ws: [] for ws in args.world_sizes}
+    for _ in range(args.repeats):  # interleaved, so slow phases of the machine hit every world size
+        for ws in args.world_sizes:
+            runs[ws].append(run_world(ws, args))
+    # Per world size, the repeat whose slowest rank was fastest (best-of: robust to other load).
+    results = {ws: min(reps, key=lambda recs: max(r["opt_step"] for r in recs)) for ws, reps in runs.items()}
     base = max(r["opt_step"] for r in results[min(results)])
     base_cpu = max(r["opt_step_cpu"] for r in results[min(results)])
     print(
-        f"W1, {args.threads} thread(s)/rank, {args.steps} timed steps, frequency {args.frequency}, {args.root_solver}"
+        f"W1, {args.threads} thread(s)/rank, {args.steps} timed steps, frequency {args.frequency}, "
+        f"{args.root_solver}, communication {args.comm_dtype}, best of {args.repeats}"
     )
-    print(
-        "world rank  opt_step[s]  ratio  comm[s] comm%  gather_only[s]  roots[s]  state[MB] (blocks+repl)  owned"
-    )
+    head = "world rank  opt_step[s] ratio  cpu[s] ratio  comm[s] comm%  gather_only[s] roots[s]"
+    print(head + "  state[MB] (blocks+repl)  exchange buffers[MB]  blocks owned")
     for ws, recs in results.items():
         for r in recs:
             st = r["state"]
             print(
-                f"{ws:5d} {r['rank']:4d}  {r['opt_step']:11.4f}  {r['opt_step'] / base:5.2f}  "
+                f"{ws:5d} {r['rank']:4d}  {r['opt_step']:11.4f} {r['opt_step'] / base:5.2f}  "
                 f"{r['opt_step_cpu']:6.4f} {r['opt_step_cpu'] / base_cpu:5.2f}  {r['comm']:7.4f} "
-                f"{100 * r['comm'] / r['opt_step']:4.1f}%  {r['gather_only']:14.4f}  {r['root']:8.4f}  "
+                f"{100 * r['comm'] / r['opt_step']:4.1f}%  {r['gather_only']:14.4f} {r['root']:8.4f}  "
                 f"{st['total'] / 1e6:9.2f} ({st['blocks'] / 1e6:.2f}+{st['replicated'] / 1e6:.2f})  "
-                f"{r['blocks_owned']}"
+                f"{r['exchange_bytes'] / 1e6:20.2f}  {r['blocks_owned']}"
             )
     summary = {
         "config": vars(args) | {"out": str(args.out) if args.out else None},
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__},
         "loadavg_after": os.getloadavg(),
         "results": {str(k): v for k, v in results.items()},
+        "all_repeats": {str(k): v for k, v in runs.items()},
         "ratio_max_rank_vs_single": {
             str(ws): max(r["opt_step"] for r in recs) / base for ws, recs in results.items()
         },
@@ -178,10 +187,11 @@ def main(argv: list[str] | None = None) -> dict:
             str(ws): max(r["opt_step_cpu"] for r in recs) / base_cpu for ws, recs in results.items()
         },
     }
+    print("optimizer step ratio, slowest rank / single process, wall:", summary["ratio_max_rank_vs_single"])
     print(
-        "per-rank optimizer step time ratio (slowest rank / single process):",
-        summary["ratio_max_rank_vs_single"],
+        "                                                     cpu: ", summary["cpu_ratio_max_rank_vs_single"]
     )
+    print("load average after the run:", summary["loadavg_after"])
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(summary, indent=2, default=str))

@@ -30,6 +30,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -530,6 +531,10 @@ class BlockSharding:
         logger.error("shampoo distributed: rank %d failed: %s", self.rank, err)
         device = eng.directions[0].device if eng.directions else torch.device("cpu")
         exchange.exchange(device, error=f"{type(err).__name__}: {err}")
+
+    def dump_directory(self, directory: Any) -> Path:
+        """Where this rank dumps its factors: ``directory/rank<r>`` (ranks own different blocks)."""
+        return Path(directory) / f"rank{self.rank}"
 
     # -- state -------------------------------------------------------------------------------------
 

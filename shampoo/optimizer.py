@@ -369,10 +369,13 @@ class Shampoo(torch.optim.Optimizer):
                 log.log(level, "shampoo diagnostics %s", row)
 
     def dump_factors(self, directory: Any = None) -> Any:
-        """Write every owned factor to an .npz file (layout in :mod:`shampoo.diagnostics`)."""
+        """Write every owned factor to an .npz file (layout in :mod:`shampoo.diagnostics`); under
+        ``distributed=`` each rank writes its own blocks to ``directory/rank<r>``."""
         directory = directory if directory is not None else self._diag.dump_dir
         if directory is None:
             raise ValueError("dump_factors needs a directory (argument or DiagnosticsConfig.dump_dir)")
+        if self._sharding is not None:
+            directory = self._sharding.dump_directory(directory)
         entries = []
         for gi, eng in enumerate(self._engines):
             if eng is None:

@@ -14,6 +14,7 @@ from _dist import run_ranks
 from torch import nn
 
 import shampoo
+from matroots.matrices import load_shampoo_factors
 
 K1, K2 = 4, 3  # steps before and after the checkpoint
 
@@ -60,12 +61,13 @@ def _continue(ckpt: dict, distributed) -> dict[str, torch.Tensor]:
     return _params(model)
 
 
-def _save_and_resume(rank: int, ws: int) -> dict:
-    """Run K1 steps, checkpoint, run K2 more (uninterrupted); then resume a fresh model and
-    optimizer from the checkpoint on the same ranks."""
+def _save_and_resume(rank: int, ws: int, dump_dir: str) -> dict:
+    """Run K1 steps, checkpoint (and dump the factors), run K2 more (uninterrupted); then resume a
+    fresh model and optimizer from the checkpoint on the same ranks."""
     model = _model()
     opt = _opt(model, shampoo.DDPConfig(timeout=60))
     _steps(model, opt, 0, K1)
+    opt.dump_factors(dump_dir)
     ckpt = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "optim": opt.state_dict()}
     _steps(model, opt, K1, K1 + K2)
     return {"ckpt": ckpt, "uninterrupted": _params(model), "resumed": _continue(ckpt, shampoo.DDPConfig())}
@@ -75,10 +77,12 @@ def _resume(rank: int, ws: int, ckpt: dict) -> dict[str, torch.Tensor]:
     return _continue(ckpt, shampoo.DDPConfig(timeout=60))
 
 
-def _single_run() -> tuple[dict, dict[str, torch.Tensor]]:
+def _single_run(dump_dir=None) -> tuple[dict, dict[str, torch.Tensor]]:
     model = _model()
     opt = _opt(model, None)
     _steps(model, opt, 0, K1)
+    if dump_dir is not None:
+        opt.dump_factors(dump_dir)
     ckpt = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "optim": opt.state_dict()}
     _steps(model, opt, K1, K1 + K2)
     return ckpt, _params(model)
@@ -90,15 +94,21 @@ def _same_keys(a: dict, b: dict) -> None:
         assert a[k].keys() == b[k].keys(), k
 
 
-def test_2_to_2_bitwise_and_2_to_1():
-    r0, r1 = run_ranks(_save_and_resume, 2)
-    single_ckpt, single_params = _single_run()
+def test_2_to_2_bitwise_and_2_to_1(tmp_path):
+    r0, r1 = run_ranks(_save_and_resume, 2, str(tmp_path / "dist"))
+    single_ckpt, single_params = _single_run(tmp_path / "single")
     # The saved state is rank-independent: identical on both ranks, with the single-process layout.
     _same_keys(r0["ckpt"]["optim"]["state"], single_ckpt["optim"]["state"])
     for key, flat in r0["ckpt"]["optim"]["state"].items():
         for name, v in flat.items():
             w = r1["ckpt"]["optim"]["state"][key][name]
             assert torch.equal(v, w) if isinstance(v, torch.Tensor) else v == w, (key, name)
+    # Factor dumps: each rank writes its own blocks to dump_dir/rank<r>; together, the single process's.
+    dumped = [load_shampoo_factors(tmp_path / "dist" / f"rank{r}") for r in range(2)]
+    single = load_shampoo_factors(tmp_path / "single")
+    assert all(dumped) and sum(len(d) for d in dumped) == len(single)
+    key = lambda m: (m["param"], m["block"], m["dim"])  # noqa: E731
+    assert sorted(key(m) for d in dumped for _, m in d) == sorted(key(m) for _, m in single)
     # 2 -> 2: bitwise identical continuation.
     for r in (r0, r1):
         for k, v in r["uninterrupted"].items():
