@@ -41,4 +41,3 @@ def test_torchrun_matches_single_process_and_checkpoint_moves_to_one_rank(tmp_pa
     resumed = train.main([*ARGS[:2], "--steps", "5", "--threads", "1", "--resume", str(ckpt)])
     straight = train.main([*ARGS[:2], "--steps", "25", "--threads", "1"])
     assert abs(resumed - straight) < 1e-3, (resumed, straight)
-    print(losses, single, resumed, straight)
