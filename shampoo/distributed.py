@@ -12,7 +12,7 @@ This module holds the three pieces that are about distribution and nothing else:
 * :func:`assign_blocks`: a greedy longest-processing-time (LPT) assignment of blocks to ranks by an
   estimated cost (Graham 1969: at most 4/3 - 1/(3m) times the optimal makespan). It is a pure function
   of the block layout, so it is identical on every rank without communication;
-* :class:`DirectionExchange`: the coalesced all-gather. Each rank flattens the directions of the blocks
+* :class:`~shampoo.comm.DirectionExchange` (in :mod:`shampoo.comm`): the coalesced all-gather. Each rank flattens the directions of the blocks
   it owns into one buffer in the communication dtype, padded to the largest rank's size, and a single
   ``all_gather_into_tensor`` call moves them all. A status word per rank travels in the same buffer so
   a numerical failure on one rank (:class:`~shampoo.errors.ShampooError`) is raised on every rank
@@ -20,6 +20,17 @@ This module holds the three pieces that are about distribution and nothing else:
 
 The preconditioner math lives elsewhere; the optimizer asks this module who owns a block and hands it
 the owned directions.
+
+What each rank holds: the statistics, roots, first moments and grafting state of its own blocks
+(about 1/world of the total), plus the replicated per-parameter parts (heavy-ball momentum buffers,
+the direction workspace) and the exchange buffers ((1 + world) x the largest rank's segment).
+``opt.diagnostics()`` and factor dumps cover the owned blocks only (dumps go to ``dump_dir/rank<r>``).
+``opt.state_dict()`` is collective: it merges every rank's blocks into the single-process form.
+
+FSDP2: nothing here assumes replicated parameters beyond the final update. Ownership is a pure
+function of the block layout, and the exchange takes flat per-block directions, so a
+``fully_shard`` version would assign blocks to the ranks holding their rows and replace the
+all-gather by a scatter of directions to the parameter shards.
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from .blocking import BlockKind, BlockSpec
-from .errors import ShampooError
+from .comm import DirectionExchange, DistributedError, DistributedTimeoutError, RemoteRankError
 
 logger = logging.getLogger(__name__)
 
@@ -50,22 +61,6 @@ COMM_DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 COST_MODELS = ("roots", "memory")
-
-# Status words carried in front of each rank's segment of the gathered buffer.
-_STATUS_OK = 0.0
-_STATUS_FAILED = 1.0
-
-
-class DistributedError(ShampooError):
-    """A collective of distributed Shampoo failed, timed out, or a rank reported an error."""
-
-
-class DistributedTimeoutError(DistributedError, TimeoutError):
-    """A collective did not complete within ``DDPConfig.timeout``: another rank failed or is stuck."""
-
-
-class RemoteRankError(DistributedError):
-    """Another rank raised a Shampoo error while computing the search directions of its blocks."""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -230,155 +225,6 @@ def assign_blocks(
 
 
 # ----------------------------------------------------------------------------------------------------
-# Coalesced all-gather of search directions
-
-
-def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: Any, timeout: datetime.timedelta) -> None:
-    """One all-gather of equal-size flat buffers, waited on with a bound."""
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    try:
-        work = fn(out, inp, group=group, async_op=True)
-        work.wait(timeout=timeout)
-    except RuntimeError as err:  # torch.distributed reports timeouts and lost peers as RuntimeError
-        rank = dist.get_rank(group)
-        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-        if "timed out" in msg.lower() or "timeout" in msg.lower():
-            raise DistributedTimeoutError(
-                f"rank {rank}: the all-gather of Shampoo search directions did not complete within "
-                f"{timeout.total_seconds():g} s; another rank has probably failed or is stuck "
-                f"(check its log). Backend said: {msg}"
-            ) from err
-        raise DistributedError(
-            f"rank {rank}: the all-gather of Shampoo search directions failed; another rank has "
-            f"probably crashed (check its log). Backend said: {msg}"
-        ) from err
-
-
-class DirectionExchange:
-    """A static plan for the all-gather of search directions, built once per layout.
-
-    Args:
-        numels: for each rank, the element counts of the blocks it owns, in the order it will pass
-            their directions (the same order on every rank).
-        rank: this process's rank in ``group``.
-        dtype: communication dtype.
-        group: process group (None: default group).
-        timeout: bound on the wait of the collective.
-
-    Rank r's segment of the buffer is ``[status, d_1.flatten(), d_2.flatten(), ..., padding]``; all
-    segments have the size of the largest one.
-    """
-
-    def __init__(
-        self,
-        numels: Sequence[Sequence[int]],
-        rank: int,
-        *,
-        dtype: torch.dtype = torch.float32,
-        group: Any = None,
-        timeout: datetime.timedelta = datetime.timedelta(minutes=10),
-    ) -> None:
-        self.numels = [list(map(int, n)) for n in numels]
-        self.world_size = len(self.numels)
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} out of range for world size {self.world_size}")
-        self.rank = rank
-        self.dtype = dtype
-        self.group = group
-        self.timeout = timeout
-        self.segment = 1 + max((sum(n) for n in self.numels), default=0)
-        self._send: torch.Tensor | None = None
-        self._recv: torch.Tensor | None = None
-        self._offsets = []
-        for ns in self.numels:
-            offs, o = [], 1
-            for n in ns:
-                offs.append(o)
-                o += n
-            self._offsets.append(offs)
-
-    @property
-    def bytes_per_rank(self) -> int:
-        """Bytes each rank sends (its padded segment)."""
-        return self.segment * torch.empty((), dtype=self.dtype).element_size()
-
-    def _buffers(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The persistent send and receive buffers on ``device`` (allocated once, zero padding)."""
-        if self._send is None or self._send.device != device:
-            self._send = torch.zeros(self.segment, dtype=self.dtype, device=device)
-            self._recv = (
-                self._send
-                if self.world_size == 1
-                else torch.zeros(self.world_size * self.segment, dtype=self.dtype, device=device)
-            )
-        assert self._recv is not None
-        return self._send, self._recv
-
-    def send_views(self, device: torch.device) -> list[torch.Tensor]:
-        """Flat views of this rank's owned blocks in the send buffer, to be written in place before
-        :meth:`exchange` (saves a copy over :meth:`gather`)."""
-        send, _ = self._buffers(device)
-        return [
-            send[o : o + n] for n, o in zip(self.numels[self.rank], self._offsets[self.rank], strict=True)
-        ]
-
-    def gather(
-        self,
-        local: Sequence[torch.Tensor | None],
-        device: torch.device | None = None,
-        *,
-        error: str | None = None,
-    ) -> list[list[torch.Tensor]]:
-        """All-gather: ``local`` are this rank's owned directions (None: zeros); returns, per rank,
-        its directions as flat tensors in the communication dtype (views into the receive buffer,
-        valid until the next exchange).
-
-        Every rank, the sender included, gets its directions back from the buffer, so with a narrow
-        communication dtype all ranks see the same rounded values. ``error``: this rank failed to
-        compute its directions (a message); it still takes part in the collective, then every rank
-        raises :class:`RemoteRankError` (the failing rank re-raises its own error after this call).
-        """
-        if device is None:
-            device = next((t.device for t in local if t is not None), torch.device("cpu"))
-        if error is None:
-            views = self.send_views(device)
-            if len(local) != len(views):
-                raise ValueError(f"rank {self.rank}: expected {len(views)} directions, got {len(local)}")
-            for t, v in zip(local, views, strict=True):
-                if t is None:
-                    v.zero_()
-                elif t.numel() != v.numel():
-                    raise ValueError(
-                        f"rank {self.rank}: a direction has {t.numel()} elements, expected {v.numel()}"
-                    )
-                else:
-                    v.copy_(t.reshape(-1))
-        return self.exchange(device, error=error)
-
-    def exchange(self, device: torch.device, *, error: str | None = None) -> list[list[torch.Tensor]]:
-        """The collective on the send buffer as filled through :meth:`send_views`; see :meth:`gather`."""
-        send, recv = self._buffers(device)
-        send[0] = _STATUS_FAILED if error is not None else _STATUS_OK
-        if self.world_size > 1:
-            _all_gather_flat(recv, send, self.group, self.timeout)
-        table = recv.view(self.world_size, self.segment)
-        status = table[:, 0].tolist()
-        failed = [r for r in range(self.world_size) if status[r] != _STATUS_OK]
-        if failed:
-            others = [r for r in failed if r != self.rank]
-            if others:
-                raise RemoteRankError(
-                    f"rank(s) {others} failed while computing Shampoo search directions (see their "
-                    "log for the error); every rank stops at the same step"
-                )
-            return []
-        return [
-            [table[r, o : o + n] for n, o in zip(self.numels[r], self._offsets[r], strict=True)]
-            for r in range(self.world_size)
-        ]
-
-
-# ----------------------------------------------------------------------------------------------------
 # The optimizer's side: ownership, assembly of directions, state
 
 
@@ -487,8 +333,9 @@ class BlockSharding:
         block's direction into its parameter's direction tensor, in the parameter's dtype.
 
         ``outputs``: (bucket index, positions, stacked directions D, per-block scale s) per owned
-        bucket, as returned by the optimizer's ``block_directions`` (block j's direction is s_j D_j). Blocks of parameters without a gradient this step
-        are sent as zeros and not written.
+        bucket, as returned by the optimizer's ``block_directions`` (block j's direction is
+        s_j D_j); s_j D_j is written straight into the send buffer. Blocks of parameters without a
+        gradient this step are sent as zeros and not written.
         """
         entries, exchange, slot = self._plan(eng)
         device = eng.directions[0].device if eng.directions else torch.device("cpu")
