@@ -45,12 +45,16 @@ def test_fp32_eigensolver_failure_is_retried_in_fp64(monkeypatch):
     assert rel_err(res.root, ref_inverse_root(A, 2)) <= fwd_bound(1e3, 2, 8, U["fp32"])
 
 
-def test_rounding_noise_asymmetry_is_accepted_and_symmetrised():
+def test_rounding_noise_asymmetry_is_accepted():
     A = spd_matrix(10, 1e2, seed=3)
     B = A + 1e-15 * np.triu(np.ones_like(A))  # asymmetric at the level of rounding
     for method in ("eigh", "coupled_newton"):
         res = matroots.inverse_root(torch.from_numpy(B), 2, method=method)
-        assert torch.equal(res.root, res.root.mT)
+        if method == "coupled_newton":  # symmetrised at the end (cheap next to the iteration)
+            assert torch.equal(res.root, res.root.mT)
+        else:  # eigh: Q f(Lambda) Q^T is symmetric up to the final GEMM's rounding
+            asym = torch.linalg.matrix_norm(res.root - res.root.mT) / torch.linalg.matrix_norm(res.root)
+            assert float(asym) <= 10 * math.sqrt(10) * U["fp64"]
         assert rel_err(res.root, ref_inverse_root(A, 2)) <= fwd_bound(1e2, 2, 10, U["fp64"])
 
 

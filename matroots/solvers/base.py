@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..errors import ConvergenceError, ConvergenceWarning
-from ..inputs import Problem, prepare
+from ..inputs import Problem, all_finite, prepare
 from ..result import RootResult
 
 log = logging.getLogger("matroots")
@@ -83,7 +83,10 @@ class SolverConfig:
             e = float(1 / prob.p) * (1.0 if inverse else -1.0)
             root = (root.double() * math.pow(prob.prescale, e)).to(root.dtype)
         root = root.to(prob.dtype)
-        finite = torch.isfinite(root).flatten(1).all(-1)
+        if all_finite(root):
+            finite = torch.ones(root.shape[0], dtype=torch.bool)
+        else:
+            finite = torch.isfinite(root).flatten(1).all(-1)
         converged = raw.converged & finite
         info = {**prob.info, **raw.info}
         if not bool(finite.all()):

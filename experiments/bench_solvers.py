@@ -1,0 +1,200 @@
+"""Cost of the root solvers in GEMMs, and their accuracy (issue 2, "Must measure").
+
+For n in {128, 256, 512, 1024}, float32 and float64, kappa in {1e2, 1e6} (p = 4 by default), on
+A = Q diag(lambda) Q^T with a Haar-orthogonal Q and a geometric spectrum from lambda_max/kappa to 1:
+
+* each solver's wall time as a ratio to one GEMM (n x n times n x n) of the same n and dtype, measured
+  in the same run; its iterations, matmuls (GEMM-equivalents the solver reports) and relative forward
+  error ||X - X_ref||_F / ||X_ref||_F;
+* ``eigh / (torch eigh + GEMM)``: matroots' eigh against the bare ``torch.linalg.eigh`` plus the one GEMM
+  that forms Q f(Lambda) Q^T (target <= 1.05: validation and bookkeeping cost at most 5%);
+* ``CN it / GEMMs``: coupled_newton's time per iteration (``info["iteration_seconds"]`` / iterations, the
+  Newton loop alone) over the matmuls one iteration costs (p = 4: X T, T^2, T^4, T^4 M) in GEMMs
+  (target <= 1.1); ``CN all / GEMMs`` is the same for the whole call (spectral estimates, validation
+  and the setup included) against all the matmuls it reports.
+
+Reference: X_ref = Q diag(lambda^{-1/p}) Q^T from the known construction, evaluated in float64. The
+float64 matrix A is that construction rounded, so X_ref itself is off by about (kappa/p) u_64 sqrt(n):
+float64 errors at that level (1e-14 at kappa 1e2, 1e-10 at kappa 1e6) are reference-limited, float32
+errors are not.
+
+Timing: torch.set_num_threads(threads) (2 by default); every timing is the minimum over ``--repeats``
+runs after one warm-up run (the minimum is the least disturbed by other load on the machine). scipy's
+LAPACK (used by schur_newton) runs on its own BLAS thread pool.
+
+    python experiments/bench_solvers.py               # full table (a few minutes on 2 cores)
+    python experiments/bench_solvers.py --quick       # n in {64, 128}, one kappa: seconds
+    python experiments/bench_solvers.py --json runs/bench_solvers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import matroots
+from matroots.solvers.base import matmul_count_power
+
+DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
+UNIT_ROUNDOFF = {"fp32": 2.0**-24, "fp64": 2.0**-53}
+METHODS = ("eigh", "coupled_newton", "schur_newton")
+
+
+def best_time(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
+    """Minimum wall time of ``fn`` over ``repeats`` runs after one warm-up; also its last result."""
+    out = fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), out
+
+
+def build(n: int, kappa: float, p: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A = Q diag(lambda) Q^T (float64, symmetrised) and X_ref = Q diag(lambda^{-1/p}) Q^T."""
+    rng = np.random.default_rng(seed)
+    Z = rng.standard_normal((n, n))
+    Q, R = np.linalg.qr(Z)
+    Q = Q * np.sign(np.diag(R))
+    lam = np.logspace(-math.log10(kappa), 0.0, n)
+    A = (Q * lam) @ Q.T
+    X = (Q * lam ** (-1.0 / p)) @ Q.T
+    return 0.5 * (A + A.T), 0.5 * (X + X.T)
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    torch.set_num_threads(args.threads)
+    rows = []
+    per_iter = 1 + matmul_count_power(args.p) + 1
+    for dname in args.dtypes:
+        dtype = DTYPES[dname]
+        for n in args.sizes:
+            repeats = args.repeats if n <= 256 else max(2, args.repeats - 2)
+            g = torch.Generator().manual_seed(n)
+            B = torch.randn(n, n, generator=g, dtype=torch.float64).to(dtype)
+            t_gemm, _ = best_time(lambda B=B: B @ B, max(repeats, 5))
+            for kappa in args.kappas:
+                A64, X_ref = build(n, kappa, args.p, seed=n)
+                A = torch.from_numpy(A64).to(dtype)
+                t_eigh_raw, _ = best_time(lambda A=A: torch.linalg.eigh(A), repeats)
+                for method in args.methods:
+
+                    def solve(A=A, method=method):
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore", matroots.ConvergenceWarning)
+                            return matroots.inverse_root(A, args.p, method=method)
+
+                    t, res = best_time(solve, repeats)
+                    err = float(np.linalg.norm(res.root.double().numpy() - X_ref) / np.linalg.norm(X_ref))
+                    bound = 10.0 * (1 + kappa / args.p) * UNIT_ROUNDOFF[dname] * math.sqrt(n)
+                    row = {
+                        "n": n,
+                        "dtype": dname,
+                        "kappa": kappa,
+                        "p": args.p,
+                        "method": method,
+                        "seconds": t,
+                        "gemm_seconds": t_gemm,
+                        "time_in_gemms": t / t_gemm,
+                        "iterations": int(res.iterations),
+                        "matmuls": float(res.matmuls),
+                        "converged": bool(res.converged),
+                        "fwd_error": err,
+                        "error_over_bound": err / bound,
+                    }
+                    if method == "eigh":
+                        row["torch_eigh_seconds"] = t_eigh_raw
+                        row["eigh_ratio"] = t / (t_eigh_raw + t_gemm)
+                    if method == "coupled_newton" and res.iterations:
+                        # the timed run's own loop time (the last run, not necessarily the fastest)
+                        t_iter = res.info["iteration_seconds"] / int(res.iterations)
+                        row["cn_iter_ratio"] = t_iter / (per_iter * t_gemm)
+                        row["cn_all_ratio"] = t / (res.matmuls * t_gemm)
+                    rows.append(row)
+                    if args.verbose:
+                        print(_fmt(row), flush=True)
+    return rows
+
+
+HEADER = (
+    f"{'n':>5} {'dtype':>5} {'kappa':>6} {'method':>15} {'ms':>9} {'/GEMM':>7} {'iters':>5} "
+    f"{'matmuls':>8} {'fwd err':>9} {'err/bnd':>7}  {'eigh/(eigh+GEMM)':>16} {'CN it/GEMMs':>11} "
+    f"{'CN all/GEMMs':>12}"
+)
+
+
+def _fmt(r: dict) -> str:
+    extra_e = f"{r['eigh_ratio']:16.3f}" if "eigh_ratio" in r else " " * 16
+    extra_i = f"{r['cn_iter_ratio']:11.3f}" if "cn_iter_ratio" in r else " " * 11
+    extra_a = f"{r['cn_all_ratio']:12.3f}" if "cn_all_ratio" in r else " " * 12
+    conv = "" if r["converged"] else " (not converged)"
+    return (
+        f"{r['n']:5d} {r['dtype']:>5} {r['kappa']:6.0e} {r['method']:>15} {1e3 * r['seconds']:9.2f} "
+        f"{r['time_in_gemms']:7.1f} {r['iterations']:5d} {r['matmuls']:8.1f} {r['fwd_error']:9.2e} "
+        f"{r['error_over_bound']:7.3f}  {extra_e} {extra_i} {extra_a}{conv}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="n in {64, 128}, kappa 1e2 only, 2 repeats")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[128, 256, 512, 1024])
+    ap.add_argument("--dtypes", nargs="+", default=["fp32", "fp64"], choices=list(DTYPES))
+    ap.add_argument("--kappas", type=float, nargs="+", default=[1e2, 1e6])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS))
+    ap.add_argument("--p", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows and provenance here")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print rows as they are measured")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.sizes, args.kappas, args.repeats = [64, 128], [1e2], 2
+    print(
+        f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}; "
+        f"p={args.p}; time = min over {args.repeats} runs"
+    )
+    if args.verbose:
+        print(HEADER)
+    rows = run(args)
+    if not args.verbose:
+        print(HEADER)
+        for r in rows:
+            print(_fmt(r))
+    eigh = [r["eigh_ratio"] for r in rows if "eigh_ratio" in r]
+    cn = [r["cn_iter_ratio"] for r in rows if "cn_iter_ratio" in r]
+    if eigh:
+        print(
+            f"eigh / (torch eigh + GEMM): max {max(eigh):.3f}, median {float(np.median(eigh)):.3f} (target <= 1.05)"
+        )
+    if cn:
+        print(
+            f"coupled_newton per iteration / its GEMMs: max {max(cn):.3f}, median {float(np.median(cn)):.3f} (target <= 1.1)"
+        )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "torch": torch.__version__,
+            "threads": args.threads,
+            "machine": platform.platform(),
+            "argv": sys.argv,
+        }
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
