@@ -39,8 +39,14 @@ class RemoteRankError(DistributedError):
 # Coalesced all-gather of search directions
 
 
-def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: Any, timeout: datetime.timedelta) -> None:
-    """One all-gather of equal-size flat buffers, waited on with a bound."""
+def all_gather_flat(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    group: Any,
+    timeout: datetime.timedelta,
+    what: str = "the all-gather of Shampoo search directions",
+) -> None:
+    """One all-gather of equal-size flat buffers, waited on with a bound; typed errors."""
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     try:
         work = fn(out, inp, group=group, async_op=True)
@@ -50,14 +56,23 @@ def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: Any, timeout: 
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
         if "timed out" in msg.lower() or "timeout" in msg.lower():
             raise DistributedTimeoutError(
-                f"rank {rank}: the all-gather of Shampoo search directions did not complete within "
-                f"{timeout.total_seconds():g} s; another rank has probably failed or is stuck "
-                f"(check its log). Backend said: {msg}"
+                f"rank {rank}: {what} did not complete within {timeout.total_seconds():g} s; another "
+                f"rank has probably failed or is stuck (check its log). Backend said: {msg}"
             ) from err
         raise DistributedError(
-            f"rank {rank}: the all-gather of Shampoo search directions failed; another rank has "
-            f"probably crashed (check its log). Backend said: {msg}"
+            f"rank {rank}: {what} failed; another rank has probably crashed (check its log). "
+            f"Backend said: {msg}"
         ) from err
+
+
+def check_all_ranks(what: str, device: torch.device, group: Any, timeout: datetime.timedelta) -> None:
+    """A bounded rendezvous before a collective that has no timeout of its own (``all_gather_object``):
+    raises :class:`DistributedTimeoutError` naming ``what`` if not every rank reaches it in time."""
+    if dist.get_world_size(group) == 1:
+        return
+    inp = torch.ones(1, device=device)
+    out = torch.empty(dist.get_world_size(group), device=device)
+    all_gather_flat(out, inp, group, timeout, what)
 
 
 class DirectionExchange:
@@ -166,7 +181,7 @@ class DirectionExchange:
         send, recv = self._buffers(device)
         send[0] = _STATUS_FAILED if error is not None else _STATUS_OK
         if self.world_size > 1:
-            _all_gather_flat(recv, send, self.group, self.timeout)
+            all_gather_flat(recv, send, self.group, self.timeout)
         table = recv.view(self.world_size, self.segment)
         status = table[:, 0].tolist()
         failed = [r for r in range(self.world_size) if status[r] != _STATUS_OK]

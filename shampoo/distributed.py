@@ -48,7 +48,13 @@ import torch
 import torch.distributed as dist
 
 from .blocking import BlockKind, BlockSpec
-from .comm import DirectionExchange, DistributedError, DistributedTimeoutError, RemoteRankError
+from .comm import (
+    DirectionExchange,
+    DistributedError,
+    DistributedTimeoutError,
+    RemoteRankError,
+    check_all_ranks,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -280,6 +286,7 @@ class BlockSharding:
         self.config = config
         self.rank, self.world_size = config.world()
         self.assignment: BlockAssignment | None = None
+        self.device: torch.device | None = None  # of the parameters (for collectives outside a step)
         self._plans: dict[int, tuple[Any, _Plan]] = {}
         self.comm = CommStats()
         logger.info(
@@ -293,6 +300,8 @@ class BlockSharding:
         """Whether this rank computes ``spec``. The first call assigns every block of every group;
         blocks of groups added later are assigned on top of it."""
         key = block_key(spec)
+        if self.device is None:
+            self.device = next((p.device for g in param_groups for p in g["params"]), None)
         if self.assignment is None or key not in self.assignment.owners:
             self.assignment = assign_blocks(
                 layout_groups(param_groups), self.world_size, self.config.cost_model, self.assignment
@@ -394,6 +403,15 @@ class BlockSharding:
         """
         if self.world_size == 1:
             return state
+        device = next(
+            (v.device for d in state.values() for v in d.values() if isinstance(v, torch.Tensor)), self.device
+        )
+        check_all_ranks(
+            "state_dict() (collective under distributed Shampoo: call it on every rank, then save on one)",
+            device,
+            self.config.process_group,
+            self.config.timeout,  # type: ignore[arg-type]
+        )
         cpu = {
             k: {n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in d.items()}
             for k, d in state.items()

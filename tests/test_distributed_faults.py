@@ -152,3 +152,26 @@ def test_single_process_limit_matches():
 def test_timeout_error_type():
     assert issubclass(DistributedTimeoutError, TimeoutError)
     assert issubclass(DistributedTimeoutError, shampoo.ShampooError)
+
+
+def _state_dict_on_one_rank(rank: int, ws: int) -> str:
+    params = _params()
+    opt = shampoo.Shampoo(params, lr=0.1, precondition_frequency=1, distributed=shampoo.DDPConfig(timeout=3))
+    for t in range(2):
+        for name, p in params:
+            p.grad = _grad(name, t)
+        opt.step()
+    if rank == 1:
+        time.sleep(5)  # the common mistake: only rank 0 asks for the (collective) state dict
+        return "skipped"
+    try:
+        opt.state_dict()
+    except DistributedTimeoutError as err:
+        return str(err)
+    return "no error"
+
+
+def test_state_dict_on_one_rank_only_is_a_clear_error():
+    r0, r1 = run_ranks(_state_dict_on_one_rank, 2, timeout=90, pg_timeout=30)
+    assert "state_dict()" in r0 and "call it on every rank" in r0 and "within 3 s" in r0
+    assert r1 == "skipped"
