@@ -2,7 +2,8 @@
 
 Three launch modes per world size: every rank computes the full-batch gradient ("exact", isolates the
 optimizer: only the owner computes a block, the all-gather moves it), a plain loop that all-reduces
-shard gradients ("plain"), and DistributedDataParallel ("ddp"). The reference is single-process
+shard gradients ("plain"), and DistributedDataParallel ("ddp"); plus two param groups ("groups",
+exact gradients). The reference is single-process
 Shampoo on the full batch. Tolerances:
 
 * exact, fp32 communication: 1e-6 (the same kernels on the same data; only stacking differs);
@@ -21,7 +22,7 @@ from _dist import run_ranks
 from torch import nn
 
 import shampoo
-from shampoo.distributed import state_bytes
+from shampoo.distributed import sharding_of, state_bytes
 
 STEPS = 6
 BATCH = 24  # divisible by 2 and 3
@@ -37,9 +38,15 @@ def _data() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(STEPS, BATCH, 12, generator=g), torch.randn(STEPS, BATCH, 6, generator=g)
 
 
-def _opt(model: nn.Module, solver: str, distributed=None) -> shampoo.Shampoo:
+def _opt(model: nn.Module, solver: str, distributed=None, groups: bool = False) -> shampoo.Shampoo:
+    params: list = list(model.named_parameters())
+    if groups:  # matrices with weight decay, vectors without: one all-gather per group
+        params = [
+            {"params": [(n, p) for n, p in params if p.ndim > 1]},
+            {"params": [(n, p) for n, p in params if p.ndim <= 1], "weight_decay": 0.0},
+        ]
     return shampoo.Shampoo(
-        model.named_parameters(),
+        params,
         lr=3e-2,
         betas=(0.9, 0.99),
         eps=1e-4,
@@ -54,10 +61,10 @@ def _opt(model: nn.Module, solver: str, distributed=None) -> shampoo.Shampoo:
     )
 
 
-def reference(solver: str) -> tuple[dict[str, torch.Tensor], int]:
+def reference(solver: str, groups: bool = False) -> tuple[dict[str, torch.Tensor], int]:
     """Single-process parameters after STEPS steps, and its block-state bytes."""
     model = _model()
-    opt = _opt(model, solver)
+    opt = _opt(model, solver, groups=groups)
     X, Y = _data()
     for t in range(STEPS):
         opt.zero_grad()
@@ -69,12 +76,14 @@ def reference(solver: str) -> tuple[dict[str, torch.Tensor], int]:
 def _run(rank: int, ws: int, mode: str, solver: str, comm: str) -> dict:
     model = _model()
     net = nn.parallel.DistributedDataParallel(model) if mode == "ddp" else model
-    opt = _opt(model, solver, shampoo.DDPConfig(communication_dtype=comm, timeout=60))
+    opt = _opt(
+        model, solver, shampoo.DDPConfig(communication_dtype=comm, timeout=60), groups=mode == "groups"
+    )
     X, Y = _data()
     shard = slice(rank * BATCH // ws, (rank + 1) * BATCH // ws)
     for t in range(STEPS):
         opt.zero_grad()
-        if mode == "exact":
+        if mode in ("exact", "groups"):
             nn.functional.mse_loss(net(X[t]), Y[t]).backward()
         else:
             nn.functional.mse_loss(net(X[t, shard]), Y[t, shard]).backward()
@@ -86,8 +95,8 @@ def _run(rank: int, ws: int, mode: str, solver: str, comm: str) -> dict:
     return {
         "params": {k: v.detach().clone() for k, v in model.named_parameters()},
         "bytes": state_bytes(opt),
-        "comm_calls": opt._sharding.comm.calls,
-        "owned": len(opt._sharding.assignment.owned_by(rank)),
+        "comm_calls": sharding_of(opt).comm.calls,
+        "owned": len(sharding_of(opt).assignment.owned_by(rank)),
     }
 
 
@@ -97,8 +106,15 @@ CASES = [
     ("plain", "eigh", "fp32"),
     ("ddp", "coupled_newton", "fp32"),
     ("exact", "eigh", "bf16"),
+    ("groups", "eigh", "fp32"),
 ]
-TOL = {"exact": (1e-6, 1e-6), "plain": (1e-4, 1e-5), "ddp": (1e-4, 1e-5), "bf16": (2e-2, 2e-3)}
+TOL = {
+    "exact": (1e-6, 1e-6),
+    "groups": (1e-6, 1e-6),
+    "plain": (1e-4, 1e-5),
+    "ddp": (1e-4, 1e-5),
+    "bf16": (2e-2, 2e-3),
+}
 
 
 def _body(rank: int, ws: int) -> list[dict]:
@@ -107,15 +123,15 @@ def _body(rank: int, ws: int) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def references() -> dict[str, tuple[dict[str, torch.Tensor], int]]:
-    return {s: reference(s) for s in ("eigh", "coupled_newton")}
+def references() -> dict[tuple[str, bool], tuple[dict[str, torch.Tensor], int]]:
+    return {(s, g): reference(s, g) for s, g in [("eigh", False), ("coupled_newton", False), ("eigh", True)]}
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ranks_match_single_process(world_size, references):
     per_rank = run_ranks(_body, world_size)
     for c, (mode, solver, comm) in enumerate(CASES):
-        ref, ref_bytes = references[solver]
+        ref, ref_bytes = references[(solver, mode == "groups")]
         rtol, atol = TOL["bf16" if comm == "bf16" else mode]
         for rank, results in enumerate(per_rank):
             res = results[c]
@@ -125,7 +141,7 @@ def test_ranks_match_single_process(world_size, references):
             for k, v in res["params"].items():
                 torch.testing.assert_close(v, ref[k], rtol=rtol, atol=atol, msg=f"{mode} {solver} {comm} {k}")
             # One coalesced all-gather per step (one param group).
-            assert res["comm_calls"] == STEPS
+            assert res["comm_calls"] == STEPS * (2 if mode == "groups" else 1)
             assert res["owned"] >= 1
         # Sharded state: the ranks' block states partition the single-process block state.
         per = [r[c]["bytes"]["blocks"] for r in per_rank]
