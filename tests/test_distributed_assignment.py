@@ -109,3 +109,16 @@ def test_ddp_config_validation():
         DDPConfig(process_group="world")
     with pytest.raises(DistributedError, match="init_process_group"):
         DDPConfig().world()
+
+
+def test_incremental_assignment_keeps_existing_owners():
+    """Blocks of a param group added after the first step are spread on top of the existing loads."""
+    specs = w1_specs()
+    first, later = specs[:40], specs[40:]
+    a = assign_blocks(first, 2)
+    b = assign_blocks(specs, 2, previous=a)
+    assert all(b.owners[k] == r for k, r in a.owners.items())
+    assert len(b.owners) == len(specs)
+    assert b.imbalance <= 1.1
+    with pytest.raises(ValueError, match="previous assignment"):
+        assign_blocks(later, 3, previous=a)
