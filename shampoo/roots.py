@@ -122,8 +122,10 @@ def solve_batch(
             f"{type(exc).__name__}: {exc}",
         )
     X = res.root
+    # matroots reports a non-finite root as not converged (SolverConfig._finalise), so this is also
+    # the finiteness test.
     conv = res.converged if isinstance(res.converged, torch.Tensor) else torch.tensor([res.converged] * b)
-    ok = conv.reshape(b).cpu() & torch.isfinite(X).flatten(1).all(1).cpu()
+    ok = conv.reshape(b).cpu()
     iters = res.iterations
     iters_l = iters.reshape(b).tolist() if isinstance(iters, torch.Tensor) else [int(iters)] * b
     resid = res.residual
@@ -140,16 +142,18 @@ def _solve_with_warm_start(
     A: torch.Tensor,
     p: Fraction,
     opts: GroupOptions,
-    prev: torch.Tensor,
+    previous: Callable[[], torch.Tensor],
     has_root: list[bool],
-    kappa_iters: int,
+    diag: DiagnosticsConfig,
 ) -> SolveOutcome:
     """Solve with the primary solver, warm-starting the elements that have a previous root."""
+    kappa_iters = diag.kappa_power_iters
     use_warm = opts.warm_start and supports_warm_start(cfg) and any(has_root)
     if not use_warm:
         return solve_batch(cfg, A, p, opts, opts.root_dtype, None, kappa_iters)
+    prev = previous().to(opts.root_dtype)
     if all(has_root):
-        return solve_batch(cfg, A, p, opts, opts.root_dtype, prev.to(opts.root_dtype), kappa_iters)
+        return solve_batch(cfg, A, p, opts, opts.root_dtype, prev, kappa_iters)
     warm_idx = [i for i, h in enumerate(has_root) if h]
     cold_idx = [i for i, h in enumerate(has_root) if not h]
     parts = [
@@ -212,24 +216,19 @@ def compute_roots(
     work_dtype = torch.promote_types(opts.factor_dtype, opts.root_dtype)
     bc_on = opts.use_bias_correction and opts.beta2 < 1.0
     for (_n, p), group in batches.items():
-        parts, prevs, states, steps = [], [], [], []
+        parts, states, steps = [], [], []
         for job in group:
-            sel = torch.tensor(job.positions, device=job.bucket.device)
-            F = job.bucket.factors[job.slot].index_select(0, sel).to(work_dtype)
-            if bc_on:
-                div = torch.tensor([1.0 - opts.beta2**t for t in job.steps], dtype=F.dtype, device=F.device)
-                F = F / div.view(-1, 1, 1)
-            parts.append(F)
-            prevs.append(job.bucket.roots[job.slot].index_select(0, sel))
+            parts.append(_inputs(job, work_dtype, opts.beta2 if bc_on else None))
             states.extend(job.bucket.blocks[i].factors[job.slot] for i in job.positions)
             steps.extend(job.steps)
         A = torch.cat(parts) if len(parts) > 1 else parts[0]
-        prev = torch.cat(prevs) if len(prevs) > 1 else prevs[0]
         has_root = [f.has_root for f in states]
-        out = _solve_with_warm_start(opts.root_solver, A, p, opts, prev, has_root, diag.kappa_power_iters)
+        out = _solve_with_warm_start(
+            opts.root_solver, A, p, opts, lambda g=group: _previous(g), has_root, diag
+        )
         report.solver_seconds += out.seconds
-        final = out.roots.to(prev.dtype) if out.roots is not None else prev.clone()
         ok = out.ok.clone()
+        final = out.roots if out.roots is not None else torch.empty_like(A, dtype=opts.root_dtype)
         used = [opts.root_solver.name] * len(states)
         fb_ok = torch.zeros_like(ok)
         failed = (~ok).nonzero().flatten().tolist()
@@ -244,9 +243,8 @@ def compute_roots(
                     fb_ok[i] = True
                     used[i] = f"{policy.fallback.name}[fallback]"
         good = ok | fb_ok
-        # Keep the previous root where no solver produced one; symmetrise the new ones.
-        final = torch.where(good.view(-1, 1, 1).to(final.device), 0.5 * (final + final.mT), prev)
-        _write_back(group, final)
+        # Factors without a usable root are not written: they keep their previous root.
+        _write_back(group, final, good.tolist())
         per_elem_seconds = out.seconds / max(len(states), 1)
         for i, f in enumerate(states):
             primary_ok = bool(ok[i])
@@ -307,12 +305,46 @@ def compute_roots(
     return report
 
 
-def _write_back(group: list[RootJob], final: torch.Tensor) -> None:
+def _inputs(job: RootJob, dtype: torch.dtype, beta2: float | None) -> torch.Tensor:
+    """The due factors of a job, bias-corrected (divided by 1 - beta2^t) when ``beta2`` is given.
+
+    Without bias correction and with every block due, this is the factor storage itself (the
+    solvers are pure and do not write to their input).
+    """
+    store = job.bucket.factors[job.slot]
+    full = job.positions == list(range(store.shape[0]))
+    F = store if full else store.index_select(0, torch.tensor(job.positions, device=store.device))
+    if beta2 is None:
+        return F.to(dtype)
+    divs = [1.0 - beta2**t for t in job.steps]
+    if all(d == divs[0] for d in divs):
+        return torch.div(F, divs[0]).to(dtype) if F.dtype == dtype else F.to(dtype).div_(divs[0])
+    div = torch.tensor(divs, dtype=dtype, device=F.device).view(-1, 1, 1)
+    return F.to(dtype) / div
+
+
+def _previous(group: list[RootJob]) -> torch.Tensor:
+    """The current roots of the due factors (warm starts)."""
+    prevs = []
+    for job in group:
+        store = job.bucket.roots[job.slot]
+        prevs.append(store.index_select(0, torch.tensor(job.positions, device=store.device)))
+    return torch.cat(prevs) if len(prevs) > 1 else prevs[0]
+
+
+def _write_back(group: list[RootJob], final: torch.Tensor, good: list[bool]) -> None:
+    """Write the new roots of the ``good`` factors into their buckets' root storage."""
     start = 0
     for job in group:
         k = len(job.positions)
-        sel = torch.tensor(job.positions, device=job.bucket.device)
-        job.bucket.roots[job.slot].index_copy_(0, sel, final[start : start + k].to(job.bucket.dtype))
+        store = job.bucket.roots[job.slot]
+        rows = [r for r in range(k) if good[start + r]]
+        if len(rows) == k and job.positions == list(range(store.shape[0])):
+            store.copy_(final[start : start + k])
+        elif rows:
+            sel = torch.tensor([job.positions[r] for r in rows], device=store.device)
+            src = final[start : start + k][torch.tensor(rows)].to(store.dtype)
+            store.index_copy_(0, sel, src)
         start += k
 
 
