@@ -18,9 +18,11 @@ float64 matrix A is that construction rounded, so X_ref itself is off by about (
 float64 errors at that level (1e-14 at kappa 1e2, 1e-10 at kappa 1e6) are reference-limited, float32
 errors are not.
 
-Timing: torch.set_num_threads(threads) (2 by default); every timing is the minimum over ``--repeats``
-runs after one warm-up run (the minimum is the least disturbed by other load on the machine). scipy's
-LAPACK (used by schur_newton) runs on its own BLAS thread pool.
+Timing: torch.set_num_threads(threads) (2 by default; scipy's BLAS pool, used by schur_newton, is
+limited to the same count through threadpoolctl when it is installed). Every timing is the minimum
+over ``--repeats`` runs after one warm-up run, the least disturbed by other load on the machine; the
+GEMM baseline is sampled between the solver runs (interleaved, so both see the same load) and its
+minimum over the whole (n, dtype) block is used.
 
     python experiments/bench_solvers.py               # full table (a few minutes on 2 cores)
     python experiments/bench_solvers.py --quick       # n in {64, 128}, one kappa: seconds
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -52,15 +55,36 @@ UNIT_ROUNDOFF = {"fp32": 2.0**-24, "fp64": 2.0**-53}
 METHODS = ("eigh", "coupled_newton", "schur_newton")
 
 
-def best_time(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
-    """Minimum wall time of ``fn`` over ``repeats`` runs after one warm-up; also its last result."""
-    out = fn()
-    times = []
+def timed_runs(fn: Callable[[], object], repeats: int, between: Callable[[], None] | None = None) -> list:
+    """[(wall seconds, result)] of ``repeats`` runs of ``fn`` after one warm-up run.
+
+    ``between`` runs before every timed run (the GEMM baseline is sampled there, interleaved with the
+    solver, so both see the same load).
+    """
+    fn()
+    runs = []
     for _ in range(repeats):
+        if between is not None:
+            between()
         t0 = time.perf_counter()
         out = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), out
+        runs.append((time.perf_counter() - t0, out))
+    return runs
+
+
+class GemmClock:
+    """Minimum wall time of one n x n GEMM, sampled repeatedly through a benchmark block."""
+
+    def __init__(self, n: int, dtype: torch.dtype) -> None:
+        g = torch.Generator().manual_seed(n)
+        self.B = torch.randn(n, n, generator=g, dtype=torch.float64).to(dtype)
+        self.best = math.inf
+
+    def sample(self, k: int = 3) -> None:
+        for _ in range(k):
+            t0 = time.perf_counter()
+            self.B @ self.B
+            self.best = min(self.best, time.perf_counter() - t0)
 
 
 def build(n: int, kappa: float, p: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -83,13 +107,20 @@ def run(args: argparse.Namespace) -> list[dict]:
         dtype = DTYPES[dname]
         for n in args.sizes:
             repeats = args.repeats if n <= 256 else max(2, args.repeats - 2)
-            g = torch.Generator().manual_seed(n)
-            B = torch.randn(n, n, generator=g, dtype=torch.float64).to(dtype)
-            t_gemm, _ = best_time(lambda B=B: B @ B, max(repeats, 5))
+            gemm = GemmClock(n, dtype)
+            gemm.sample(10)
+            block = []
             for kappa in args.kappas:
                 A64, X_ref = build(n, kappa, args.p, seed=n)
                 A = torch.from_numpy(A64).to(dtype)
-                t_eigh_raw, _ = best_time(lambda A=A: torch.linalg.eigh(A), repeats)
+                eigh_raw = [math.inf]
+
+                def baselines(A=A, eigh_raw=eigh_raw, gemm=gemm):  # GEMM + bare torch eigh, between runs
+                    gemm.sample()
+                    t0 = time.perf_counter()
+                    torch.linalg.eigh(A)
+                    eigh_raw[0] = min(eigh_raw[0], time.perf_counter() - t0)
+
                 for method in args.methods:
 
                     def solve(A=A, method=method):
@@ -97,7 +128,9 @@ def run(args: argparse.Namespace) -> list[dict]:
                             warnings.simplefilter("ignore", matroots.ConvergenceWarning)
                             return matroots.inverse_root(A, args.p, method=method)
 
-                    t, res = best_time(solve, repeats)
+                    runs = timed_runs(solve, repeats, baselines if method == "eigh" else gemm.sample)
+                    t = min(r[0] for r in runs)
+                    res = runs[-1][1]
                     err = float(np.linalg.norm(res.root.double().numpy() - X_ref) / np.linalg.norm(X_ref))
                     bound = 10.0 * (1 + kappa / args.p) * UNIT_ROUNDOFF[dname] * math.sqrt(n)
                     row = {
@@ -107,8 +140,6 @@ def run(args: argparse.Namespace) -> list[dict]:
                         "p": args.p,
                         "method": method,
                         "seconds": t,
-                        "gemm_seconds": t_gemm,
-                        "time_in_gemms": t / t_gemm,
                         "iterations": int(res.iterations),
                         "matmuls": float(res.matmuls),
                         "converged": bool(res.converged),
@@ -116,16 +147,25 @@ def run(args: argparse.Namespace) -> list[dict]:
                         "error_over_bound": err / bound,
                     }
                     if method == "eigh":
-                        row["torch_eigh_seconds"] = t_eigh_raw
-                        row["eigh_ratio"] = t / (t_eigh_raw + t_gemm)
+                        row["torch_eigh_seconds"] = eigh_raw[0]
                     if method == "coupled_newton" and res.iterations:
-                        # the timed run's own loop time (the last run, not necessarily the fastest)
-                        t_iter = res.info["iteration_seconds"] / int(res.iterations)
-                        row["cn_iter_ratio"] = t_iter / (per_iter * t_gemm)
-                        row["cn_all_ratio"] = t / (res.matmuls * t_gemm)
-                    rows.append(row)
-                    if args.verbose:
-                        print(_fmt(row), flush=True)
+                        row["iteration_seconds"] = min(
+                            r.info["iteration_seconds"] / int(r.iterations) for _, r in runs
+                        )
+                    block.append(row)
+            gemm.sample(10)
+            for row in block:  # ratios against the best GEMM time seen in the whole block
+                t_gemm = gemm.best
+                row["gemm_seconds"] = t_gemm
+                row["time_in_gemms"] = row["seconds"] / t_gemm
+                if "torch_eigh_seconds" in row:
+                    row["eigh_ratio"] = row["seconds"] / (row["torch_eigh_seconds"] + t_gemm)
+                if "iteration_seconds" in row:
+                    row["cn_iter_ratio"] = row["iteration_seconds"] / (per_iter * t_gemm)
+                    row["cn_all_ratio"] = row["seconds"] / (row["matmuls"] * t_gemm)
+                rows.append(row)
+                if args.verbose:
+                    print(_fmt(row), flush=True)
     return rows
 
 
@@ -148,6 +188,13 @@ def _fmt(r: dict) -> str:
     )
 
 
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="n in {64, 128}, kappa 1e2 only, 2 repeats")
@@ -163,9 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.sizes, args.kappas, args.repeats = [64, 128], [1e2], 2
+    try:  # scipy's LAPACK (schur_newton) has its own BLAS thread pool: give it the same thread count
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(args.threads)
+    except ImportError:
+        pass
     print(
-        f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}; "
-        f"p={args.p}; time = min over {args.repeats} runs"
+        f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, load average {_load()}; p={args.p}; time = min over {args.repeats} runs"
     )
     if args.verbose:
         print(HEADER)
@@ -184,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"coupled_newton per iteration / its GEMMs: max {max(cn):.3f}, median {float(np.median(cn)):.3f} (target <= 1.1)"
         )
+    print(f"load average at the end: {_load()} (other load on the CPUs inflates the ratios)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         meta = {

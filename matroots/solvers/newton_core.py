@@ -143,15 +143,15 @@ class NewtonOutcome:
     history: list[torch.Tensor] = field(default_factory=list)
 
 
-def _residual_norm(M: torch.Tensor, I: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """||M - I||_F per batch element as float64, computed in M's dtype (float32 for 16-bit formats).
+def _residual_norm(M: torch.Tensor, I: torch.Tensor, out: torch.Tensor | None = None) -> list[float]:
+    """||M - I||_F per batch element, computed in M's dtype (float32 for 16-bit formats).
 
     ``out`` (same shape and dtype as M) receives M - I, avoiding a fresh n x n temporary.
     """
     if M.dtype in (torch.float32, torch.float64):
         D = torch.sub(M, I, out=out) if out is not None else M - I
-        return torch.linalg.matrix_norm(D).double()
-    return torch.linalg.matrix_norm(M.float() - I.float()).double()
+        return torch.linalg.matrix_norm(D).tolist()
+    return torch.linalg.matrix_norm(M.float() - I.float()).tolist()
 
 
 class _PowerWorkspace:
@@ -230,7 +230,7 @@ def coupled_newton_iterate(
     powers = _PowerWorkspace()
     accept = min(stagnation_accept, quadratic_start)
     # Control flow on Python floats: one host transfer per iteration instead of a dozen tiny tensor ops.
-    res = _residual_norm(M, I, R).tolist()
+    res = _residual_norm(M, I, R)
     res0 = list(res)
     active = [not (r <= tol) for r in res]
     converged = [not a for a in active]
@@ -263,7 +263,7 @@ def coupled_newton_iterate(
             X_new = torch.linalg.solve(T, X)
         torch.matmul(powers.power(T, p), M, out=M_new)
         matmuls += per_iter
-        res_new = _residual_norm(M_new, I, R).tolist()
+        res_new = _residual_norm(M_new, I, R)
         if check_x:
             x_ok = torch.isfinite(X_new).flatten(1).all(-1).tolist()
             res_new = [r if ok else math.inf for r, ok in zip(res_new, x_ok, strict=True)]
