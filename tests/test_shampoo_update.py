@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import shampoo
 
@@ -223,3 +225,30 @@ def test_grafting_rescales_each_block_to_the_graft_norm() -> None:
             direction = textbook(blk, [0.25, 0.25])
             ref = direction * np.linalg.norm(graft) / np.linalg.norm(direction)
             np.testing.assert_allclose(upd[rows, cols], ref, rtol=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 9), min_size=0, max_size=4).map(tuple),
+    max_dim=st.integers(1, 8),
+    merge=st.booleans(),
+    policy=st.sampled_from(["diagonal", "graft", "shampoo"]),
+)
+def test_blocks_partition_the_parameter(shape, max_dim, merge, policy) -> None:
+    lay = shampoo.layout_param(
+        0, shape, max_preconditioner_dim=max_dim, merge_dims_=merge, vector_policy=policy
+    )
+    t = torch.arange(max(1, int(np.prod(shape))), dtype=torch.float64).reshape(shape)
+    merged = lay.merged_view(t)
+    cover = torch.zeros_like(merged)
+    for b in lay.blocks:
+        cover[b.slices] += 1
+        assert tuple(merged[b.slices].shape) == b.shape
+        assert all(b.shape[i] <= max_dim for i in b.factor_dims)
+    assert bool((cover == 1).all())
+    tiling = shampoo.blocking.tile_grid(lay)
+    if tiling is not None:
+        grid, bshape = tiling
+        tiles = shampoo.blocking.tiled_view(merged, grid, bshape).reshape(-1, *bshape)
+        for j, b in enumerate(lay.blocks):
+            assert torch.equal(tiles[j], merged[b.slices])
