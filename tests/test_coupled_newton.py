@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from _refs import (
     geometric_spectrum,
     haar_orthogonal,
     ref_inverse_root,
+    ref_power,
     rel_err,
     spd_matrix,
     spectral_condition,
@@ -278,3 +280,16 @@ def test_quiet_when_converged():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _solve(spd_matrix(8, 10.0, seed=0), 2)
+
+
+def test_warm_started_forward_root_is_correct():
+    """matroots.root with a warm start (the previous A^{1/p}) keeps the cold bound."""
+    n, p = 16, 2
+    A0 = spd_matrix(n, 1e4, seed=11)
+    A1 = _perturbed(A0, 1e-3, seed=12, multiplicative=True)
+    prev = matroots.root(torch.from_numpy(A0), p, method="coupled_newton")
+    cold = matroots.root(torch.from_numpy(A1), p, method="coupled_newton")
+    warm = matroots.root(torch.from_numpy(A1), p, method="coupled_newton", warm_start=prev)
+    assert warm.converged and warm.iterations < cold.iterations
+    ref = ref_power(A1, Fraction(1, p))
+    assert rel_err(warm.root, ref) <= fwd_bound(spectral_condition(A1), p, n, U["fp64"])

@@ -41,6 +41,13 @@ eigenvalues) and, after the run, for convergence to a non-principal root (comple
 the positive axis can be drawn to another p-th root): the eigenvalues of X_k are the scalar iteration
 applied to those of A (:func:`~matroots.solvers.newton_core.scalar_limits`), and a non-principal limit
 is reported as ``converged=False`` with stop reason ``"non_principal_root"``.
+
+``info`` holds: ``scaling``, ``c_power`` (c^p used, per element), ``c_choice`` ("optimal"), ``tol``,
+``stop_reason`` (per element: tol, stagnation, divergence, max_iter, non_principal_root), the Lanczos
+estimates, ``warm_start`` / ``retried_frobenius`` (indices rerun) when they apply, ``eigvals_calls``
+(general input: one LAPACK eigenvalue computation, not counted in ``matmuls``) and
+``iteration_seconds`` (wall time of the Newton loop alone). For symmetric input the returned root is
+symmetrised, (X + X^T)/2: X_k is a polynomial in A, symmetric in exact arithmetic.
 """
 
 from __future__ import annotations
