@@ -73,6 +73,11 @@ class StepTiming:
         return self.root_seconds / self.step_seconds if self.step_seconds else 0.0
 
 
+def _all_finite(tensors: list[torch.Tensor]) -> list[bool]:
+    """Per tensor, whether every entry is finite (max |x| does not overflow, unlike the 2-norm)."""
+    return torch.isfinite(torch.stack(torch._foreach_norm(tensors, ord=float("inf")))).tolist()
+
+
 class Shampoo(torch.optim.Optimizer):
     """Shampoo with blocked Kronecker preconditioners, grafting, momentum and a matroots root solver.
 
@@ -257,7 +262,7 @@ class Shampoo(torch.optim.Optimizer):
         grads = [params[i].grad for i in idx]
         if any(g.is_sparse for g in grads):  # type: ignore[union-attr]
             raise ValueError("Shampoo does not support sparse gradients")
-        finite = torch.isfinite(torch.stack(torch._foreach_norm(grads))).tolist()  # type: ignore[arg-type]
+        finite = _all_finite(grads)  # type: ignore[arg-type]
         if not all(finite):
             bad = [eng.states[i] for i, ok in zip(idx, finite, strict=True) if not ok]
             self._skip(bad, "gradient")
@@ -315,7 +320,7 @@ class Shampoo(torch.optim.Optimizer):
         dirs: list[torch.Tensor],
     ) -> None:
         """Stage 6: momentum, decoupled weight decay and the parameter update; never writes NaN/Inf."""
-        finite = torch.isfinite(torch.stack(torch._foreach_norm(dirs))).tolist()
+        finite = _all_finite(dirs)
         if not all(finite):
             self._skip([eng.states[i] for i, ok in zip(idx, finite, strict=True) if not ok], "update")
             keep = [k for k, ok in enumerate(finite) if ok]
