@@ -12,11 +12,12 @@ This module holds the three pieces that are about distribution and nothing else:
 * :func:`assign_blocks`: a greedy longest-processing-time (LPT) assignment of blocks to ranks by an
   estimated cost (Graham 1969: at most 4/3 - 1/(3m) times the optimal makespan). It is a pure function
   of the block layout, so it is identical on every rank without communication;
-* :class:`~shampoo.comm.DirectionExchange` (in :mod:`shampoo.comm`): the coalesced all-gather. Each rank flattens the directions of the blocks
-  it owns into one buffer in the communication dtype, padded to the largest rank's size, and a single
-  ``all_gather_into_tensor`` call moves them all. A status word per rank travels in the same buffer so
-  a numerical failure on one rank (:class:`~shampoo.errors.ShampooError`) is raised on every rank
-  instead of leaving the others waiting.
+* :class:`~shampoo.comm.DirectionExchange` (in :mod:`shampoo.comm`): the coalesced all-gather. Each
+  rank writes the directions of the blocks it owns into one buffer in the communication dtype, padded
+  to the largest rank's size, and a single ``all_gather_into_tensor`` call per param group and step
+  moves them all. A status word per rank travels in the same buffer so a numerical failure on one
+  rank (:class:`~shampoo.errors.ShampooError`) is raised on every rank instead of leaving the others
+  waiting.
 
 The preconditioner math lives elsewhere; the optimizer asks this module who owns a block and hands it
 the owned directions.
@@ -93,7 +94,9 @@ class DDPConfig:
         communication_dtype: dtype of the all-gathered search directions: ``torch.float32``,
             ``torch.bfloat16`` or ``torch.float16`` (or "fp32", "bf16", "fp16"). bf16/fp16 halve the
             traffic at the price of rounding each direction to that format (unit roundoff 3.9e-3 /
-            4.9e-4) before it is applied; every rank applies the same rounded update.
+            4.9e-4) before it is applied; every rank applies the same rounded update. fp16 overflows
+            past 65504: fine for grafted directions (O(1) entries); an overflowed parameter's update
+            is skipped with a counted warning, identically on every rank.
         cost_model: how a block's cost is estimated for load balancing. ``"roots"``: sum of n^3 over
             its Kronecker factors (the inverse-root work); ``"memory"``: sum of n^2 over its factors
             (the factor and root storage). Both add the block's element count so that blocks without
