@@ -86,7 +86,9 @@ def _kappa(A: torch.Tensor, X: torch.Tensor, p: Fraction, info: dict, iters: int
         lo, hi = lo.double() + s, hi.double() + s
         k = torch.where(lo > 0, hi / lo.clamp_min(1e-300), torch.full_like(hi, math.inf))
         return k.tolist()
-    work = A if A.dtype in (torch.float32, torch.float64) else A.float()
+    work = A.to(torch.promote_types(A.dtype, X.dtype))
+    if work.dtype not in (torch.float32, torch.float64):
+        work = work.float()
     lam_a, _ = power_lambda_max(work, iters)
     Xw = X.to(work.dtype)
     lam_x, _ = power_lambda_max(0.5 * (Xw + Xw.mT), iters)
@@ -132,7 +134,7 @@ def solve_batch(
     resid_l = resid.reshape(b).tolist() if isinstance(resid, torch.Tensor) else [float(resid)] * b
     kappa = [math.nan] * b
     if bool(ok.any()) and kappa_iters > 0:
-        kappa = _kappa(A.to(dtype), X, p, res.info, kappa_iters)
+        kappa = _kappa(A, X, p, res.info, kappa_iters)
     err = "" if bool(ok.all()) else f"not converged or non-finite ({res.info.get('stop_reason', '')})"
     return SolveOutcome(X, ok, iters_l, resid_l, time.perf_counter() - t0, kappa, err)
 
@@ -160,11 +162,14 @@ def _solve_with_warm_start(
         (warm_idx, solve_batch(cfg, A[warm_idx], p, opts, opts.root_dtype, prev[warm_idx], kappa_iters)),
         (cold_idx, solve_batch(cfg, A[cold_idx], p, opts, opts.root_dtype, None, kappa_iters)),
     ]
-    return _merge(parts, A.shape[0], A.shape[-1], opts.root_dtype)
+    return _merge(parts, A, opts.root_dtype)
 
 
-def _merge(parts: list[tuple[list[int], SolveOutcome]], b: int, n: int, dtype: torch.dtype) -> SolveOutcome:
-    roots = torch.full((b, n, n), math.nan, dtype=dtype)
+def _merge(
+    parts: list[tuple[list[int], SolveOutcome]], like: torch.Tensor, dtype: torch.dtype
+) -> SolveOutcome:
+    b, n = like.shape[0], like.shape[-1]
+    roots = torch.full((b, n, n), math.nan, dtype=dtype, device=like.device)
     ok = torch.zeros(b, dtype=torch.bool)
     iters, resid, kappa = [0] * b, [math.nan] * b, [math.nan] * b
     errors, seconds = [], 0.0
@@ -191,7 +196,7 @@ def _fallback(A: torch.Tensor, p: Fraction, opts: GroupOptions, kappa_iters: int
     parts = [
         ([i], solve_batch(fb, A[i : i + 1], p, opts, dtype, None, kappa_iters)) for i in range(A.shape[0])
     ]
-    return _merge(parts, A.shape[0], A.shape[-1], dtype)
+    return _merge(parts, A, dtype)
 
 
 def compute_roots(

@@ -230,3 +230,34 @@ def test_integer_root_solvers_reject_rational_overrides_early() -> None:
     W = torch.zeros(4, 4, requires_grad=True)
     with pytest.raises(ValueError, match="integer roots"):
         shampoo.Shampoo([W], root_solver="coupled_newton", exponent_override={2: 0.3})
+
+
+def test_mixed_warm_and_cold_factors_in_one_batch() -> None:
+    """A parameter that starts late joins a batch where the others warm-start: it is solved cold."""
+    a = torch.zeros(6, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(6, 4, dtype=torch.float64, requires_grad=True)
+    opt = shampoo.Shampoo(
+        [a, b],
+        lr=0.1,
+        betas=(0.0, 1.0),
+        eps=1e-3,
+        root_solver="coupled_newton",
+        precondition_frequency=2,
+        start_preconditioning_step=1,
+        merge_dims=False,
+        factor_dtype=torch.float64,
+        root_dtype=torch.float64,
+    )
+    for t in range(3):
+        a.grad = _grad(t)
+        b.grad = _grad(10 + t) if t == 2 else None
+        opt.step()
+    for p in (a, b):
+        for f in opt.state[p].blocks[0].factors:
+            assert f.has_root and f.converged and f.solver == "coupled_newton"
+            w, Q = np.linalg.eigh(f.matrix.numpy())
+            ref = (Q * (w + 1e-3) ** -0.25) @ Q.T
+            np.testing.assert_allclose(f.root.numpy(), ref, rtol=1e-8, atol=1e-10)
+    assert (
+        opt.state[a].blocks[0].factors[0].root_step == 3 and opt.state[b].blocks[0].factors[0].root_step == 1
+    )
