@@ -221,12 +221,11 @@ def compute_roots(
     work_dtype = torch.promote_types(opts.factor_dtype, opts.root_dtype)
     bc_on = opts.use_bias_correction and opts.beta2 < 1.0
     for (_n, p), group in batches.items():
-        parts, states, steps = [], [], []
+        states, steps = [], []
         for job in group:
-            parts.append(_inputs(job, work_dtype, opts.beta2 if bc_on else None))
             states.extend(job.bucket.blocks[i].factors[job.slot] for i in job.positions)
             steps.extend(job.steps)
-        A = torch.cat(parts) if len(parts) > 1 else parts[0]
+        A = _inputs(group, work_dtype, opts.beta2 if bc_on else None)
         has_root = [f.has_root for f in states]
         out = _solve_with_warm_start(
             opts.root_solver, A, p, opts, lambda g=group: _previous(g), has_root, diag
@@ -310,22 +309,40 @@ def compute_roots(
     return report
 
 
-def _inputs(job: RootJob, dtype: torch.dtype, beta2: float | None) -> torch.Tensor:
-    """The due factors of a job, bias-corrected (divided by 1 - beta2^t) when ``beta2`` is given.
+def _inputs(group: list[RootJob], dtype: torch.dtype, beta2: float | None) -> torch.Tensor:
+    """The due factors of the jobs as one batch, divided by 1 - beta2^t when ``beta2`` is given.
 
-    Without bias correction and with every block due, this is the factor storage itself (the
-    solvers are pure and do not write to their input).
+    A single job without bias correction whose blocks are all due is the factor storage itself (the
+    solvers are pure and do not write to their input); otherwise each job is written, bias-corrected,
+    straight into the batch.
     """
-    store = job.bucket.factors[job.slot]
-    full = job.positions == list(range(store.shape[0]))
-    F = store if full else store.index_select(0, torch.tensor(job.positions, device=store.device))
-    if beta2 is None:
-        return F.to(dtype)
-    divs = [1.0 - beta2**t for t in job.steps]
-    if all(d == divs[0] for d in divs):
-        return torch.div(F, divs[0]).to(dtype) if F.dtype == dtype else F.to(dtype).div_(divs[0])
-    div = torch.tensor(divs, dtype=dtype, device=F.device).view(-1, 1, 1)
-    return F.to(dtype) / div
+    first = group[0].bucket.factors[group[0].slot]
+    if len(group) == 1 and beta2 is None and first.dtype == dtype and _all_due(group[0]):
+        return first
+    total = sum(len(job.positions) for job in group)
+    out = torch.empty((total, *first.shape[1:]), dtype=dtype, device=first.device)
+    start = 0
+    for job in group:
+        store = job.bucket.factors[job.slot]
+        F = (
+            store
+            if _all_due(job)
+            else store.index_select(0, torch.tensor(job.positions, device=store.device))
+        )
+        dst = out[start : start + len(job.positions)]
+        divs = [1.0 - beta2**t for t in job.steps] if beta2 is not None else [1.0]
+        if all(d == divs[0] for d in divs) and divs[0] == 1.0:
+            dst.copy_(F)
+        elif all(d == divs[0] for d in divs):
+            torch.div(F, divs[0], out=dst)
+        else:
+            torch.div(F, torch.tensor(divs, dtype=dtype, device=F.device).view(-1, 1, 1), out=dst)
+        start += len(job.positions)
+    return out
+
+
+def _all_due(job: RootJob) -> bool:
+    return job.positions == list(range(job.bucket.factors[job.slot].shape[0]))
 
 
 def _previous(group: list[RootJob]) -> torch.Tensor:
@@ -344,7 +361,7 @@ def _write_back(group: list[RootJob], final: torch.Tensor, good: list[bool]) -> 
         k = len(job.positions)
         store = job.bucket.roots[job.slot]
         rows = [r for r in range(k) if good[start + r]]
-        if len(rows) == k and job.positions == list(range(store.shape[0])):
+        if len(rows) == k and _all_due(job):
             store.copy_(final[start : start + k])
         elif rows:
             sel = torch.tensor([job.positions[r] for r in rows], device=store.device)
