@@ -9,10 +9,11 @@ noise hits them alike. Each timed window spans a multiple of every precondition 
 computations enter the mean at their true rate.
 
 Prints, per configuration: total step time (zero_grad + forward + backward + optimizer), the
-optimizer step alone, the root computations' share, and the ratios against AdamW, both as means over
-all timed steps and as a contention-robust "best" estimate (the fastest chunk of steps without root
-work plus the fastest root round divided by the frequency), since a shared machine's load inflates
-means. The 1-minute load average is printed each round.
+optimizer step alone, the root computations' share, and the ratios against AdamW. On a shared
+machine load bursts inflate means, so the headline is a contention-robust estimate: the median over
+chunks of the per-step time without root work, plus the median root round (the same 106 roots in
+every Shampoo run) divided by the frequency. Minima ("best") and plain means are printed too, and the
+1-minute load average each round.
 
     python experiments/bench_step.py                  # 10 rounds x 10 steps per configuration
     python experiments/bench_step.py --rounds 20 --out runs/bench_step.json
@@ -81,20 +82,25 @@ class Run:
         self.optim.clear()
         self.roots.clear()
 
-    def best(self, chunk: int, frequency: int | None) -> tuple[float, float]:
-        """Contention-robust per-step (total, optimizer) estimate: the fastest chunk of steps without
-        root work, plus the fastest root computation amortised over ``frequency`` steps."""
-        n = len(self.total) // chunk * chunk
-        rest_total = [t - r for t, r in zip(self.total[:n], self.roots[:n], strict=True)]
-        rest_opt = [t - r for t, r in zip(self.optim[:n], self.roots[:n], strict=True)]
-        k = min(range(0, n, chunk), key=lambda i: sum(rest_total[i : i + chunk]))
-        total = statistics.fmean(rest_total[k : k + chunk])
-        optim = statistics.fmean(rest_opt[k : k + chunk])
-        rounds = [r for r in self.roots if r > 0]
-        if frequency and rounds:
-            total += min(rounds) / frequency
-            optim += min(rounds) / frequency
-        return total, optim
+    def chunks(self, chunk: int) -> list[tuple[float, float]]:
+        """Per chunk of ``chunk`` steps: mean (total, optimizer) time per step without root work."""
+        out = []
+        for i in range(0, len(self.total) // chunk * chunk, chunk):
+            sl = slice(i, i + chunk)
+            r = sum(self.roots[sl])
+            out.append(((sum(self.total[sl]) - r) / chunk, (sum(self.optim[sl]) - r) / chunk))
+        return out
+
+
+def estimate(run: Run, chunk: int, frequency: int | None, rounds: list[float], pick) -> tuple[float, float]:
+    """Per-step (total, optimizer) time: ``pick`` (median or min) over chunks of the time without root
+    work, plus ``pick`` over all root rounds (the same work in every Shampoo run) / frequency."""
+    ch = run.chunks(chunk)
+    total, optim = pick([c[0] for c in ch]), pick([c[1] for c in ch])
+    if frequency and rounds:
+        total += pick(rounds) / frequency
+        optim += pick(rounds) / frequency
+    return total, optim
 
 
 def make_runs(frequencies: list[int], root_solver: str, seed: int) -> list[Run]:
@@ -170,9 +176,11 @@ def main(argv: list[str] | None = None) -> dict:
             flush=True,
         )
 
+    rounds = [r for run in runs for r in run.roots if r > 0]
     base = runs[0]
-    base_total, base_opt = statistics.fmean(base.total), statistics.fmean(base.optim)
-    best_total, best_opt = base.best(args.chunk, None)
+    base_mean = statistics.fmean(base.total), statistics.fmean(base.optim)
+    base_rob = estimate(base, args.chunk, None, rounds, statistics.median)
+    base_best = estimate(base, args.chunk, None, rounds, min)
     results = {
         "workload": "W1",
         "threads": args.threads,
@@ -182,56 +190,58 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
         "load_average_1min": load,
+        "root_rounds_s": rounds,
         "configs": {},
     }
     print()
     print(
-        f"W1, {args.threads} threads, {timed} timed steps per configuration; load average {min(load):.1f}-{max(load):.1f}"
+        f"W1, {args.threads} threads, {timed} timed steps per configuration; load average "
+        f"{min(load):.1f}-{max(load):.1f}; {len(rounds)} root rounds, median {statistics.median(rounds or [0]):.3f}s"
     )
-    print("mean: over all timed steps; best: fastest chunk without roots + fastest root round / frequency")
+    print(
+        "per step. robust: median over chunks of the time without root work + median root round / frequency; "
+        "best: the same with minima; mean: all timed steps as they came"
+    )
     header = (
-        f"{'config':<14}{'total s':>9}{'optim s':>9}{'fwd+bwd s':>10}{'roots s/step':>13}"
-        f"{'total/AdamW':>12}{'optim/AdamW':>12}{'best total/AdamW':>17}"
+        f"{'config':<14}{'total s':>9}{'optim s':>9}{'roots s':>9}{'root share':>11}"
+        f"{'total/AdamW':>12}{'optim/AdamW':>12}{'best':>8}{'mean':>8}"
     )
     print(header)
     print("-" * len(header))
     for run in runs:
-        total, optim = statistics.fmean(run.total), statistics.fmean(run.optim)
-        bt, bo = run.best(args.chunk, freq[run.name])
+        f = freq[run.name]
+        rob = estimate(run, args.chunk, f, rounds, statistics.median)
+        best = estimate(run, args.chunk, f, rounds, min)
+        root = statistics.median(rounds) / f if f and rounds else 0.0
         entry = {
-            "total_s": total,
-            "optimizer_s": optim,
-            "fwd_bwd_s": total - optim,
-            "total_ratio": total / base_total,
-            "optimizer_ratio": optim / base_opt,
-            "best_total_s": bt,
-            "best_optimizer_s": bo,
-            "best_total_ratio": bt / best_total,
-            "best_optimizer_ratio": bo / best_opt,
-            "root_s_per_step": statistics.fmean(run.roots),
+            "total_s": rob[0],
+            "optimizer_s": rob[1],
+            "fwd_bwd_s": rob[0] - rob[1],
+            "root_s_per_step": root,
+            "root_share_of_total": root / rob[0],
+            "root_share_of_optimizer": root / rob[1],
+            "total_ratio": rob[0] / base_rob[0],
+            "optimizer_ratio": rob[1] / base_rob[1],
+            "best_total_ratio": best[0] / base_best[0],
+            "best_optimizer_ratio": best[1] / base_best[1],
+            "mean_total_s": statistics.fmean(run.total),
+            "mean_total_ratio": statistics.fmean(run.total) / base_mean[0],
+            "mean_optimizer_ratio": statistics.fmean(run.optim) / base_mean[1],
         }
-        if isinstance(run.opt, shampoo.Shampoo):
-            t = run.opt.timing
-            entry.update(
-                root_share_of_optimizer=sum(run.roots) / sum(run.optim),
-                root_share_of_total=sum(run.roots) / sum(run.total),
-                best_root_share_of_total=(min(r for r in run.roots if r > 0) / freq[run.name]) / bt,
-                root_rounds=t.root_rounds,
-                roots_per_round=t.roots_computed / max(t.root_rounds, 1),
-            )
         results["configs"][run.name] = entry
         print(
-            f"{run.name:<14}{total:>9.4f}{optim:>9.4f}{total - optim:>10.4f}{entry['root_s_per_step']:>13.4f}"
-            f"{entry['total_ratio']:>11.3f}x{entry['optimizer_ratio']:>11.2f}x{entry['best_total_ratio']:>16.3f}x"
+            f"{run.name:<14}{rob[0]:>9.4f}{rob[1]:>9.4f}{root:>9.4f}{100 * entry['root_share_of_total']:>10.1f}%"
+            f"{entry['total_ratio']:>11.3f}x{entry['optimizer_ratio']:>11.2f}x"
+            f"{entry['best_total_ratio']:>7.3f}x{entry['mean_total_ratio']:>7.3f}x"
         )
     for run in runs[1:]:
         e = results["configs"][run.name]
         print(
-            f"{run.name}: total step {e['total_ratio']:.3f}x AdamW (best {e['best_total_ratio']:.3f}x); optimizer "
-            f"step {e['optimizer_ratio']:.2f}x (best {e['best_optimizer_ratio']:.2f}x); roots "
-            f"{100 * e['root_share_of_total']:.1f}% of the step (best {100 * e['best_root_share_of_total']:.1f}%), "
-            f"{100 * e['root_share_of_optimizer']:.0f}% of the optimizer; {e['root_rounds']} rounds of "
-            f"{e['roots_per_round']:.0f} roots"
+            f"{run.name}: total step {e['total_ratio']:.3f}x AdamW (best {e['best_total_ratio']:.3f}x, mean "
+            f"{e['mean_total_ratio']:.3f}x); optimizer step alone {1e3 * e['optimizer_s']:.1f} ms = "
+            f"{e['optimizer_ratio']:.1f}x AdamW's; root computation {1e3 * e['root_s_per_step']:.1f} ms/step = "
+            f"{100 * e['root_share_of_total']:.1f}% of the step, {100 * e['root_share_of_optimizer']:.0f}% of the "
+            "optimizer step"
         )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
