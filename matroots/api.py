@@ -53,7 +53,7 @@ def inverse_root(
         dtype: working precision (float64, float32, bfloat16, float16 or a name such as "bf16"); the
             input is rounded to it. Default: the input's dtype.
         compute_dtype: precision of the arithmetic when it differs from ``dtype`` (mixed precision).
-        tol, max_iter: Newton stopping tolerance on ||M_k - I||_F (default 4 sqrt(n) u) and iteration cap.
+        tol, max_iter: Newton stopping tolerance on ||M_k - I||_F (default 4 p sqrt(n) u) and iteration cap.
         strict: raise :class:`~matroots.ConvergenceError` instead of warning on non-convergence.
         record_history: keep the per-iteration residuals in ``result.history``.
         warm_start: a previous :class:`RootResult` or root, for methods that support it.

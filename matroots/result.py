@@ -16,8 +16,8 @@ class RootResult:
         root: the computed root, same batch shape as the input, in the working ``dtype``.
         converged: ``bool`` for a single matrix, a bool tensor of the batch shape otherwise.
         iterations: iterations spent (0 for direct methods); int or int tensor.
-        residual: the method's own final error estimate (``||M_k - I||_F`` for Newton methods,
-            ``||X^p A - I||_F`` (computed in float64) for direct methods); float or tensor.
+        residual: the method's own final error estimate (``||M_k - I||_F`` for Newton methods); NaN
+            for eigh, which computes none (``info["residual_note"]`` says so; use matroots.metrics).
         history: per-iteration residuals when ``record_history=True``, else empty.
         matmuls: cost in n-by-n matrix-product equivalents (GEMMs). Matrix-vector work of the
             spectral estimates is counted as the equivalent fraction of a GEMM.
