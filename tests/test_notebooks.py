@@ -7,27 +7,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from _tiny_sweep import TINY
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
-
-TINY = """
-name = "nb_tiny"
-families = ["randsvd"]
-n = [6]
-kappa = [1e2, 1e8]
-p = [2]
-dtypes = ["fp64", "bf16"]
-seeds = [0]
-eps = [{ value = 0.0, mode = "absolute" }, { value = 1e-6, mode = "relative" }]
-reference_backend = "mpmath"
-
-[[solvers]]
-name = "eigh"
-
-[[solvers]]
-name = "coupled_newton"
-"""
 
 
 @pytest.mark.parametrize("name", ["root_accuracy.ipynb"])

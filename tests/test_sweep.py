@@ -13,27 +13,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from _tiny_sweep import TINY
 
 from matroots import grid, report, sweep
-
-TINY = """
-name = "tiny"
-families = ["randsvd"]
-n = [6]
-kappa = [1e2, 1e8]
-p = [2]
-dtypes = ["fp64", "bf16"]
-seeds = [0]
-eps = [{ value = 0.0, mode = "absolute" }, { value = 1e-6, mode = "relative" }]
-reference_backend = "mpmath"
-
-[[solvers]]
-name = "eigh"
-
-[[solvers]]
-name = "coupled_newton"
-options = { scaling = "frobenius" }
-"""
 
 TIMING = ["seconds", "reference_seconds"]
 
