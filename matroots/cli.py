@@ -8,8 +8,12 @@ import logging
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _parse_option(s: str) -> tuple[str, object]:
@@ -120,12 +124,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    from . import report, sweep
+def _rows(run_dir: Path) -> pd.DataFrame | None:
+    """The run's rows, or None (with a message on stderr) when it has none."""
+    from . import sweep
 
-    df = sweep.load(args.run_dir)
+    df = sweep.load(run_dir)
     if df.empty:
-        print(f"no rows in {args.run_dir}", file=sys.stderr)
+        print(f"no rows in {run_dir}", file=sys.stderr)
+        return None
+    return df
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from . import report
+
+    df = _rows(args.run_dir)
+    if df is None:
         return 1
     acc = args.accuracy if args.accuracy is not None else report.DEFAULT_ACCURACY
     text = report.format_report(df, acc)
@@ -136,11 +150,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from . import plots, sweep
+    from . import plots
 
-    df = sweep.load(args.run_dir)
-    if df.empty:
-        print(f"no rows in {args.run_dir}", file=sys.stderr)
+    df = _rows(args.run_dir)
+    if df is None:
         return 1
     for p in plots.plot_all(df, args.run_dir):
         print(p)
