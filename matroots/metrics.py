@@ -368,46 +368,33 @@ def eps_bias(
     return worst
 
 
-def all_metrics(
-    X: Any,
-    A: Any,
-    p: Any,
-    *,
-    ref: Any,
-    eps: float = 0.0,
-    eps_mode: str = "absolute",
-    dtype: Any = None,
-    ref0: Any = None,
-) -> dict[str, float]:
-    """Every metric of this module for a computed X ~ (A + eps I)^{-1/p}, in one dict.
-
-    ``ref`` is the :class:`~matroots.reference.Reference` of the same (A, p, eps) that X approximates;
-    ``ref0`` (optional) that of eps = 0, used for the eps bias instead of the closed form. ``dtype``
-    (default: X's dtype for a tensor, else float64) sets the unit roundoff of ``kappa_u_line`` and
-    ``representation_error``. Keys: relative_forward_error (Frobenius), relative_forward_error_2,
-    residual, backward_error (of X for A + eps I), condition_number (kappa_2 of A + eps I), cond_rel,
-    kappa_u_line, representation_error (of A in dtype), symmetry_defect (of X),
-    input_symmetry_defect (of A), eps_bias, reference_error_bound.
-    """
+def _absolute_eps(A: np.ndarray, ref: Any, eps: float, eps_mode: str) -> float:
     if eps_mode not in ("absolute", "relative"):
         raise ValueError(f"eps_mode must be 'absolute' or 'relative', got {eps_mode!r}")
-    if dtype is None:
-        dtype = X.dtype if isinstance(X, torch.Tensor) else torch.float64
+    if eps_mode == "absolute":
+        return float(eps)
+    eig = getattr(ref, "eigenvalues", None)
+    lmax = float(np.abs(eig).max()) if eig is not None else float(np.abs(np.linalg.eigvals(_batch(A))).max())
+    return float(eps) * lmax  # approximately: eig are those of A + eps I
+
+
+def _symmetric_eigenvalues(A: np.ndarray, ref: Any) -> np.ndarray | None:
+    eig = getattr(ref, "eigenvalues", None)
+    ok = eig is not None and _is_symmetric(A) and np.isrealobj(eig) and A.ndim == 2
+    return eig if ok else None
+
+
+def matrix_metrics(
+    A: Any, p: Any, *, ref: Any, eps: float = 0.0, eps_mode: str = "absolute", ref0: Any = None
+) -> dict[str, float]:
+    """The metrics of the problem itself (independent of any computed root): condition_number (kappa_2
+    of A + eps I), cond_rel, input_symmetry_defect, eps_bias (from ``ref0``, the eps = 0 reference, when
+    given, else the closed form) and reference_error_bound. Compute once per matrix, not per solver."""
     Aa = _f64(A)
     frac: Fraction = parse_exponent(p)
-    eig = getattr(ref, "eigenvalues", None)
-    sym_A = _is_symmetric(Aa)
-    if eps_mode == "relative":
-        lmax = (
-            float(np.abs(eig).max())
-            if eig is not None
-            else float(np.abs(np.linalg.eigvals(_batch(Aa))).max())
-        )
-        e = float(eps) * lmax  # approximately: eig are those of A + eps I
-    else:
-        e = float(eps)
+    e = _absolute_eps(Aa, ref, eps, eps_mode)
     Ae = _shift(Aa, e)
-    sym_eig = eig if (eig is not None and sym_A and np.isrealobj(eig) and Aa.ndim == 2) else None
+    sym_eig = _symmetric_eigenvalues(Aa, ref)
     if sym_eig is not None:
         a = np.abs(sym_eig)
         kappa = math.inf if a.min() == 0 else float(a.max() / a.min())
@@ -420,18 +407,66 @@ def all_metrics(
     else:
         bias = eps_bias(Aa, frac, e, "absolute")
     return {
-        "relative_forward_error": relative_forward_error(X, ref, "fro"),
-        "relative_forward_error_2": relative_forward_error(X, ref, 2),
-        "residual": residual(X, Aa, frac, e),
-        "backward_error": backward_error(X, Ae, frac),
         "condition_number": kappa,
         "cond_rel": cond_rel(Ae, frac, eigenvalues=sym_eig),
-        "kappa_u_line": kappa_u_line(kappa, frac, dtype),
-        "representation_error": representation_error(Aa, dtype),
-        "symmetry_defect": symmetry_defect(X),
         "input_symmetry_defect": symmetry_defect(Aa),
         "eps_bias": bias,
         "reference_error_bound": float(getattr(ref, "error_bound", math.nan)),
+    }
+
+
+def dtype_metrics(A: Any, p: Any, kappa: float, dtype: Any) -> dict[str, float]:
+    """The metrics of the working format: kappa_u_line ((kappa/p) u) and representation_error of A."""
+    return {
+        "kappa_u_line": kappa_u_line(kappa, parse_exponent(p), dtype),
+        "representation_error": representation_error(_f64(A), dtype),
+    }
+
+
+def root_metrics(
+    X: Any, A: Any, p: Any, *, ref: Any, eps: float = 0.0, eps_mode: str = "absolute"
+) -> dict[str, float]:
+    """The metrics of a computed X ~ (A + eps I)^{-1/p}: relative_forward_error (Frobenius),
+    relative_forward_error_2, residual, backward_error (of X for A + eps I), symmetry_defect (of X)."""
+    Aa = _f64(A)
+    frac: Fraction = parse_exponent(p)
+    e = _absolute_eps(Aa, ref, eps, eps_mode)
+    return {
+        "relative_forward_error": relative_forward_error(X, ref, "fro"),
+        "relative_forward_error_2": relative_forward_error(X, ref, 2),
+        "residual": residual(X, Aa, frac, e),
+        "backward_error": backward_error(X, _shift(Aa, e), frac),
+        "symmetry_defect": symmetry_defect(X),
+    }
+
+
+def all_metrics(
+    X: Any,
+    A: Any,
+    p: Any,
+    *,
+    ref: Any,
+    eps: float = 0.0,
+    eps_mode: str = "absolute",
+    dtype: Any = None,
+    ref0: Any = None,
+) -> dict[str, float]:
+    """Every metric of this module for a computed X ~ (A + eps I)^{-1/p}, in one dict: the union of
+    :func:`root_metrics`, :func:`matrix_metrics` and :func:`dtype_metrics`.
+
+    ``ref`` is the :class:`~matroots.reference.Reference` of the same (A, p, eps) that X approximates;
+    ``ref0`` (optional) that of eps = 0, used for the eps bias instead of the closed form. ``dtype``
+    (default: X's dtype for a tensor, else float64) sets the unit roundoff of ``kappa_u_line`` and
+    ``representation_error``. Callers with many roots of one matrix (the sweep) should call the three
+    parts separately, so the matrix metrics are computed once.
+    """
+    if dtype is None:
+        dtype = X.dtype if isinstance(X, torch.Tensor) else torch.float64
+    mat = matrix_metrics(A, p, ref=ref, eps=eps, eps_mode=eps_mode, ref0=ref0)
+    return {
+        **root_metrics(X, A, p, ref=ref, eps=eps, eps_mode=eps_mode),
+        **mat,
+        **dtype_metrics(A, p, mat["condition_number"], dtype),
     }
 
 
@@ -440,10 +475,13 @@ __all__ = [
     "backward_error",
     "cond_rel",
     "condition_number",
+    "dtype_metrics",
     "eps_bias",
     "kappa_u_line",
+    "matrix_metrics",
     "relative_forward_error",
     "representation_error",
     "residual",
+    "root_metrics",
     "symmetry_defect",
 ]

@@ -29,7 +29,7 @@ def _save(fig: plt.Figure, out: Path, name: str) -> list[Path]:
 
 def error_vs_kappa(df: pd.DataFrame, out: Path) -> list[Path]:
     """Relative forward error vs kappa, one panel per dtype, with the (kappa/p) u lines."""
-    d = df[~failed(df) & df["forward_error"].notna()]
+    d = df[~failed(df) & df["relative_forward_error"].notna()]
     dtypes = [t for t in DTYPE_ORDER if t in set(d["dtype"])]
     fig, axes = plt.subplots(1, max(len(dtypes), 1), figsize=(4.2 * max(len(dtypes), 1), 3.6), squeeze=False)
     kap = np.logspace(0, np.log10(max(df["kappa"].max(), 10)), 50)
@@ -38,7 +38,7 @@ def error_vs_kappa(df: pd.DataFrame, out: Path) -> list[Path]:
         sns.lineplot(
             data=sub,
             x="kappa",
-            y="forward_error",
+            y="relative_forward_error",
             hue="solver",
             estimator="median",
             errorbar=("pi", 100),
@@ -84,10 +84,12 @@ def failure_heatmap(df: pd.DataFrame, out: Path) -> list[Path]:
 
 def residual_vs_error(df: pd.DataFrame, out: Path) -> list[Path]:
     """Residual ||X^p A - I|| against the forward error: the residual is not an accuracy proxy."""
-    d = df[~failed(df) & df["forward_error"].notna() & df["residual"].notna()]
+    d = df[~failed(df) & df["relative_forward_error"].notna() & df["residual"].notna()]
     fig, ax = plt.subplots(figsize=(5, 4))
     if len(d):
-        sns.scatterplot(data=d, x="residual", y="forward_error", hue="dtype", style="method", ax=ax, s=18)
+        sns.scatterplot(
+            data=d, x="residual", y="relative_forward_error", hue="dtype", style="method", ax=ax, s=18
+        )
     ax.set(xscale="log", yscale="log", xlabel="residual ||X^p A - I||_F", ylabel="relative forward error")
     return _save(fig, out, "residual_vs_error")
 

@@ -45,8 +45,8 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     g = d.groupby(["solver", "dtype"], sort=True)
     out = pd.DataFrame({"cases": g.size(), "failure_rate": g["_failed"].mean()})
     gok = ok.groupby(["solver", "dtype"], sort=True)
-    out["median_error"] = gok["forward_error"].median()
-    out["max_error"] = gok["forward_error"].max()
+    out["median_error"] = gok["relative_forward_error"].median()
+    out["max_error"] = gok["relative_forward_error"].max()
     out["median_iterations"] = gok["iterations"].median() if "iterations" in ok else np.nan
     return out.reset_index()
 
@@ -54,8 +54,10 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 def headline_error(df: pd.DataFrame) -> pd.Series:
     """Error vs the unregularised root where it exists, else vs the root of A + eps I."""
     if "forward_error_total" in df:
-        return df["forward_error_total"].where(df["forward_error_total"].notna(), df["forward_error"])
-    return df["forward_error"]
+        return df["forward_error_total"].where(
+            df["forward_error_total"].notna(), df["relative_forward_error"]
+        )
+    return df["relative_forward_error"]
 
 
 def best_solver_table(df: pd.DataFrame, accuracy: float = DEFAULT_ACCURACY) -> pd.DataFrame:

@@ -19,6 +19,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import shutil
 import tempfile
 import time
 import warnings
@@ -105,15 +106,17 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
             ref0 = reference.inverse_root(A, unit.p, 0.0, backend=grid.reference_backend)
         except MatrootsError:
             ref0 = None  # A itself has no inverse root (rank deficient): no eps bias to report
-    kappa_ref = base["kappa_actual"] if np.isfinite(base["kappa_actual"]) else unit.kappa
+    # Metrics of the matrix (once per unit) and of the format (once per dtype); per row only the root's.
+    kappa = float(base["kappa_actual"]) if np.isfinite(base["kappa_actual"]) else unit.kappa
     if ref is not None:
         base["reference_backend"] = ref.backend
         base["reference_digits"] = ref.digits
-        base["reference_error_bound"] = ref.error_bound
-        base["eps_bias"] = metrics.relative_forward_error(ref.root, ref0.root) if ref0 is not None else np.nan
+        base.update(metrics.matrix_metrics(A, unit.p, ref=ref, eps=eps_abs, ref0=ref0))
+        kappa = base["condition_number"]
     rows = []
     for dtype in grid.dtypes:
         u = precision.unit_roundoff(dtype)
+        fmt = metrics.dtype_metrics(A, unit.p, kappa, dtype)
         for spec in grid.solvers:
             row = dict(
                 base,
@@ -123,7 +126,7 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
                 options=json.dumps(spec.options, sort_keys=True),
                 unit_roundoff=u,
                 failure="",
-                kappa_u=metrics.kappa_u_line(kappa_ref, unit.p, dtype),
+                **fmt,
             )
             cfg = api.resolve_method(spec.name, **spec.options)
             t1 = time.perf_counter()
@@ -155,12 +158,7 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
             elif not res.converged:
                 row["failure"] = "NotConverged"
             if ref is not None and np.isfinite(X).all():
-                row.update(
-                    metrics.all_metrics(X, A, unit.p, ref=ref, eps=eps_abs, eps_mode="absolute", dtype=dtype)
-                )
-                # The headline columns the report and plots read, under fixed names.
-                row["forward_error"] = metrics.relative_forward_error(X, ref.root)
-                row["residual"] = metrics.residual(X, A, unit.p, eps=eps_abs)
+                row.update(metrics.root_metrics(X, A, unit.p, ref=ref, eps=eps_abs))
                 if ref0 is not None:
                     row["forward_error_total"] = metrics.relative_forward_error(X, ref0.root)
             rows.append(row)
@@ -259,6 +257,7 @@ def run_sweep(
     """Run (or resume) a sweep into ``out_dir`` and return all its rows."""
     out = Path(out_dir)
     prepare_out_dir(grid, out, resume=resume)
+    shutil.rmtree(out / RUNNING, ignore_errors=True)  # start markers of an earlier, interrupted run
     todo = [u for u in gridmod.units(grid) if u.key not in done_units(out)]
     workers = workers or os.cpu_count() or 1
     log.info(
@@ -335,9 +334,7 @@ def _run_pool(
         bar.close()
 
 
-def collect(out_dir: str | Path, *, csv: bool = False) -> pd.DataFrame:
-    """All rows of a run folder, in a stable order; rewrites results.parquet (and .csv)."""
-    out = Path(out_dir)
+def _read_parts(out: Path) -> pd.DataFrame:
     parts = sorted((out / PARTS).glob("*.parquet")) if (out / PARTS).exists() else []
     if not parts:
         return pd.DataFrame()
@@ -345,19 +342,28 @@ def collect(out_dir: str | Path, *, csv: bool = False) -> pd.DataFrame:
     order = [
         c for c in ("family", "n", "kappa", "seed", "p", "eps_mode", "eps", "dtype", "solver") if c in df
     ]
-    df = df.sort_values(order, kind="stable").reset_index(drop=True)
+    return df.sort_values(order, kind="stable").reset_index(drop=True)
+
+
+def collect(out_dir: str | Path, *, csv: bool = False) -> pd.DataFrame:
+    """All rows of a run folder, in a stable order; (re)writes results.parquet (and .csv)."""
+    out = Path(out_dir)
+    df = _read_parts(out)
+    if df.empty:
+        return df
     _atomic_write_parquet(df, out / "results.parquet")
     if csv:
         df.to_csv(out / "results.csv", index=False)
+    shutil.rmtree(out / RUNNING, ignore_errors=True)
     return df
 
 
 def load(run_dir: str | Path) -> pd.DataFrame:
-    """Rows of a run folder (results.parquet when complete, else the parts so far)."""
+    """Rows of a run folder (all its parts so far, complete or not); writes nothing."""
     run = Path(run_dir)
     if not run.exists():
         raise FileNotFoundError(f"no run folder {run}")
-    return collect(run)
+    return _read_parts(run)
 
 
 def estimate_cost(grid: gridmod.GridSpec) -> dict[str, float]:

@@ -80,7 +80,7 @@ the problem allows).
 code("""
 fp64 = df[(df.dtype == "fp64") & ~df.failed & (df.eps == 0)]
 plots.error_vs_kappa(df[df.eps == 0], RUN_DIR / "figures")
-ratio = (fp64.forward_error / fp64.kappa_u.clip(lower=np.finfo(float).eps)).groupby(fp64.solver).median()
+ratio = (fp64.relative_forward_error / fp64.kappa_u_line.clip(lower=np.finfo(float).eps)).groupby(fp64.solver).median()
 display(ratio.rename("median error / ((kappa/p) u), fp64").to_frame())
 Image(filename=str(RUN_DIR / "figures" / "error_vs_kappa.png"))
 """)
@@ -98,7 +98,7 @@ code("""
 noeps = df[df.eps == 0]
 usable = noeps.groupby(["dtype", "kappa"]).agg(
     failure_rate=("failed", "mean"),
-    median_error=("forward_error", "median"),
+    median_error=("relative_forward_error", "median"),
 ).unstack("kappa")
 usable
 """)

@@ -195,3 +195,32 @@ def test_all_metrics_keys_and_values():
     with_ref0 = metrics.all_metrics(ref.root, A, 2, ref=ref, eps=eps, ref0=ref0)
     assert with_ref0["eps_bias"] == pytest.approx(out["eps_bias"], rel=1e-6)
     assert with_ref0["relative_forward_error"] == 0.0
+
+
+def test_metric_parts_on_a_diagonal_closed_form() -> None:
+    """matrix/dtype/root metrics against closed forms on a diagonal SPD matrix; all_metrics is their union."""
+    lam = np.array([1e-6, 1e-3, 1.0, 4.0])
+    A, p, e = np.diag(lam), 2, 1e-6
+    ref = reference.inverse_root(A, p, e, backend="mpmath")
+    ref0 = reference.inverse_root(A, p, 0.0, backend="mpmath")
+    X = np.diag((lam + e) ** -0.5)
+    rm = metrics.root_metrics(X, A, p, ref=ref, eps=e)
+    assert rm["relative_forward_error"] < 1e-15 and rm["residual"] < 1e-13 and rm["symmetry_defect"] == 0
+    mm = metrics.matrix_metrics(A, p, ref=ref, eps=e, ref0=ref0)
+    assert mm["condition_number"] == pytest.approx((4 + e) / (1e-6 + e), rel=1e-12)
+    mp_bias = mpmath.sqrt(
+        sum((1 / mpmath.sqrt(mpmath.mpf(x) + e) - 1 / mpmath.sqrt(mpmath.mpf(x))) ** 2 for x in lam)
+    )
+    mp_bias /= mpmath.sqrt(sum(1 / mpmath.mpf(x) for x in lam))
+    assert mm["eps_bias"] == pytest.approx(float(mp_bias), rel=1e-10)
+    assert metrics.matrix_metrics(A, p, ref=ref, eps=e)["eps_bias"] == pytest.approx(
+        float(mp_bias), rel=1e-10
+    )
+    dm = metrics.dtype_metrics(A, p, mm["condition_number"], torch.float32)
+    assert dm["kappa_u_line"] == pytest.approx(mm["condition_number"] / 2 * 2.0**-24)
+    assert dm["representation_error"] > 0  # 1e-3 and 1e-6 are not fp32 numbers
+    union = {**rm, **mm, **dm}
+    full = metrics.all_metrics(X, A, p, ref=ref, eps=e, dtype=torch.float32, ref0=ref0)
+    assert full.keys() == union.keys()
+    for k, v in union.items():
+        assert full[k] == pytest.approx(v, rel=1e-12, nan_ok=True), k

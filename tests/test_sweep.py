@@ -77,7 +77,7 @@ def test_sweep_rows_and_metrics(tiny_config: Path, tmp_path: Path) -> None:
     assert len(ok) > 0
     fp64 = ok[ok["dtype"] == "fp64"]
     # fp64 errors sit near the conditioning line (kappa/p) u, far below 1
-    assert (fp64["forward_error"] <= 100 * fp64["kappa_u"].clip(lower=1e-15) * np.sqrt(6)).all()
+    assert (fp64["relative_forward_error"] <= 100 * fp64["kappa_u_line"].clip(lower=1e-15) * np.sqrt(6)).all()
     for col in (
         "iterations",
         "matmuls",
@@ -162,8 +162,10 @@ def test_report_recomputed_from_rows(tiny_config: Path, tmp_path: Path) -> None:
         assert s.loc[(solver, dtype), "cases"] == len(grp)
         ok = grp[~fail]
         if len(ok):
-            assert s.loc[(solver, dtype), "median_error"] == pytest.approx(np.median(ok["forward_error"]))
-            assert s.loc[(solver, dtype), "max_error"] == pytest.approx(ok["forward_error"].max())
+            assert s.loc[(solver, dtype), "median_error"] == pytest.approx(
+                np.median(ok["relative_forward_error"])
+            )
+            assert s.loc[(solver, dtype), "max_error"] == pytest.approx(ok["relative_forward_error"].max())
     best = report.best_solver_table(df, accuracy=1e-2)
     for _, r in best.iterrows():
         if r["best_solver"] == "none":
