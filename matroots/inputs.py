@@ -16,6 +16,8 @@ import torch
 from . import precision
 from .errors import (
     EmptyMatrixError,
+    FormatRangeError,
+    MatrootsError,
     NonFiniteInputError,
     NotSquareError,
     NotSymmetricError,
@@ -90,13 +92,15 @@ def all_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
-def check_finite(t: torch.Tensor, what: str = "input") -> None:
-    """Raise NonFiniteInputError when t has NaN or Inf entries, saying how many."""
+def check_finite(
+    t: torch.Tensor, what: str = "input", error: type[MatrootsError] = NonFiniteInputError
+) -> None:
+    """Raise ``error`` (NonFiniteInputError by default) when t has NaN or Inf entries, saying how many."""
     if all_finite(t):
         return
     bad = ~torch.isfinite(t)
     nn = int(torch.isnan(t).sum())
-    raise NonFiniteInputError(
+    raise error(
         f"{what} has {int(bad.sum())} non-finite entries ({nn} NaN, {int(bad.sum()) - nn} Inf); "
         "clean or clip the matrix before computing a root"
     )
@@ -149,9 +153,18 @@ def symmetric_part(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return work - 0.5 * D, defect
 
 
-def default_symmetry_tol(t: torch.Tensor) -> float:
-    """Tolerance on the relative symmetry defect: 100 sqrt(n) u of the input's own format."""
-    return 100.0 * math.sqrt(t.shape[-1]) * precision.unit_roundoff(t.dtype)
+def default_symmetry_tol(t: torch.Tensor, source_dtype: torch.dtype | None = None) -> float:
+    """Tolerance on the relative symmetry defect: 100 sqrt(n) u of the input's own format.
+
+    ``source_dtype`` is the format the caller's matrix came in when ``t`` is that matrix rounded to a
+    working dtype: the coarser of the two formats sets u. An fp32 factor solved in fp64 carries fp32
+    rounding noise (a ``baddbmm``-accumulated fp32 factor is asymmetric at ~1e-7), so it is judged
+    against fp32's u, not fp64's.
+    """
+    u = precision.unit_roundoff(t.dtype)
+    if source_dtype is not None:
+        u = max(u, precision.unit_roundoff(source_dtype))
+    return 100.0 * math.sqrt(t.shape[-1]) * u
 
 
 def is_symmetric(t: torch.Tensor, tol: float | None = None) -> bool:
@@ -192,10 +205,15 @@ class Problem:
     record_history: bool
     prescale: float = 1.0  # A was multiplied by this power of two before rounding
     info: dict[str, Any] = field(default_factory=dict)
+    source_dtype: torch.dtype | None = None  # the caller's format, before rounding to ``dtype``
 
     @property
     def n(self) -> int:
         return self.A.shape[-1]
+
+    def symmetry_tol(self, override: float | None = None) -> float:
+        """``override`` if given, else :func:`default_symmetry_tol` judged against the input's own format."""
+        return default_symmetry_tol(self.A, self.source_dtype) if override is None else override
 
     @property
     def batched(self) -> bool:
@@ -246,7 +264,7 @@ def prepare(
                 info["prescale"] = prescale
     work = (flat.double() * prescale if prescale != 1.0 else flat).to(wdtype)
     if work.dtype != flat.dtype or prescale != 1.0:  # rounding can overflow; otherwise checked above
-        check_finite(work, what=f"input rounded to {precision.info(wdtype).name}")
+        check_finite(work, what=f"input rounded to {precision.info(wdtype).name}", error=FormatRangeError)
     return Problem(
         A=work,
         batch_shape=batch_shape,
@@ -261,6 +279,7 @@ def prepare(
         record_history=record_history,
         prescale=prescale,
         info=info,
+        source_dtype=t.dtype,
     )
 
 

@@ -158,7 +158,7 @@ class FailurePolicy:
     are counted separately (diagnostics: ``primary_failures``); set ``max_consecutive_primary_failures``
     to also raise on those.
 
-    Only numerical failures are caught: ``matroots.MatrootsError`` and ``torch.linalg.LinAlgError``.
+    Only numerical failures are caught: ``matroots.MatrootsNumericalError`` and ``torch.linalg.LinAlgError``.
     Any other exception is a bug and propagates.
     """
 

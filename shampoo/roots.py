@@ -2,7 +2,7 @@
 
 Due factors of equal size n and root p (across buckets) are concatenated into one (b, n, n) batch and
 solved by one matroots call. A factor's solve *fails* when the call raises a numerical error
-(``matroots.MatrootsError``, ``torch.linalg.LinAlgError``), or its root is non-finite, or the solver
+(``matroots.MatrootsNumericalError``, ``torch.linalg.LinAlgError``; input errors propagate), or its root is non-finite, or the solver
 reports ``converged=False``. Failed factors keep their previous root and go to the fallback solver
 (see :class:`shampoo.config.FailurePolicy`); a factor without a usable root after both counts a
 failure, and ``max_consecutive_failures`` in a row raise :class:`~shampoo.errors.RootComputationError`.
@@ -20,7 +20,7 @@ from fractions import Fraction
 
 import torch
 
-from matroots import ConvergenceWarning, MatrootsError
+from matroots import ConvergenceWarning, MatrootsNumericalError
 from matroots.solvers import SolverConfig
 from matroots.spectral import power_lambda_max
 
@@ -31,7 +31,7 @@ from .state import FactorState
 
 log = logging.getLogger("shampoo")
 
-NUMERICAL_ERRORS = (MatrootsError, torch.linalg.LinAlgError)
+NUMERICAL_ERRORS = (MatrootsNumericalError, torch.linalg.LinAlgError)
 
 
 @dataclass

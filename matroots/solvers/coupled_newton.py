@@ -60,7 +60,7 @@ import torch
 
 from .. import precision
 from ..errors import MatrootsError, NegativeRealEigenvalueError, NotPositiveDefiniteError, NotSymmetricError
-from ..inputs import Problem, default_symmetry_tol, symmetric_part
+from ..inputs import Problem, symmetric_part
 from ..regularize import add_to_diagonal, working_shift
 from ..result import RootResult
 from ..spectral import SpectrumEstimate, lanczos_extremes, power_lambda_max
@@ -111,7 +111,7 @@ class CoupledNewtonConfig(SolverConfig):
         n = prob.n
         cdt = prob.compute_dtype
         A_sym, defect = symmetric_part(prob.A)
-        sym_tol = default_symmetry_tol(prob.A) if self.symmetry_tol is None else self.symmetry_tol
+        sym_tol = prob.symmetry_tol(self.symmetry_tol)
         sym = bool((defect <= sym_tol).all())
         A = (A_sym if sym else prob.A).to(cdt)
         scaling = self.scaling

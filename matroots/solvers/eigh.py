@@ -49,7 +49,7 @@ class EighConfig(SolverConfig):
 
     def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
         A_sym, defect = symmetric_part(prob.A)
-        require_symmetric(prob.A, self.name, self.symmetry_tol, defect=defect)
+        require_symmetric(prob.A, self.name, prob.symmetry_tol(self.symmetry_tol), defect=defect)
         info: dict = {}
         cdtype = precision.lapack_dtype(prob.compute_dtype)
         if cdtype != prob.compute_dtype:
