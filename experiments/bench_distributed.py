@@ -1,6 +1,6 @@
 """Distributed Shampoo on workload W1: per-rank optimizer step time, communication, state memory.
 
-Runs W1 (DESIGN.md §6: 4-layer encoder, d_model 256, 4 heads, ff 1024, vocab 512, seq 128, global
+Runs W1 (docs/design.md §8: 4-layer encoder, d_model 256, 4 heads, ff 1024, vocab 512, seq 128, global
 batch 16; Shampoo with blocks of 256, precondition_frequency 10, Adam grafting, eigh roots) on
 ``world_size`` local gloo ranks with ``--threads`` intra-op threads each, for every world size given.
 World size 1 is plain single-process Shampoo (no ``DDPConfig``), the baseline. With more ranks the

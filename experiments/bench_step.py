@@ -1,4 +1,4 @@
-"""Workload W1 (DESIGN.md §6): step time of Shampoo against AdamW on a small transformer encoder.
+"""Workload W1 (docs/design.md §8): step time of Shampoo against AdamW on a small transformer encoder.
 
 W1: 4-layer ``nn.TransformerEncoder`` (d_model 256, 4 heads, feed-forward 1024, torch's default
 dropout 0.1), token embedding and LM head over a vocabulary of 512, sequences of 128 tokens, batch

@@ -14,7 +14,7 @@ shares them. The losses printed match the single-process run to floating-point t
 Tasks:
 
 * ``digits``: an MLP on scikit-learn's 8x8 digits (shipped with scikit-learn, no download);
-* ``w1``: workload W1 of DESIGN.md §6, a 4-layer transformer encoder (d_model 256, 4 heads, ff 1024,
+* ``w1``: workload W1 of docs/design.md §8, a 4-layer transformer encoder (d_model 256, 4 heads, ff 1024,
   vocabulary 512, sequences of 128) on synthetic next-token data from a fixed random Markov chain.
 """
 
@@ -43,7 +43,7 @@ VOCAB, D_MODEL, HEADS, FF, LAYERS, SEQ = 512, 256, 4, 1024, 4, 128
 
 
 class W1Model(nn.Module):
-    """W1 (DESIGN.md §6): token + position embedding, a 4-layer encoder and an LM head."""
+    """W1 (docs/design.md §8): token + position embedding, a 4-layer encoder and an LM head."""
 
     def __init__(self, dropout: float = 0.1) -> None:
         super().__init__()

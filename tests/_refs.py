@@ -119,7 +119,7 @@ def rel_err(X, Xref: np.ndarray) -> float:
 
 # Forward-error bound used by the accuracy tests (documented in tests/test_solvers_accuracy.py):
 #     ||X - X_ref||_F / ||X_ref||_F <= C_FWD * (1 + kappa/p) * u * sqrt(n)
-# kappa/p is the relative condition number of A^{-1/p} for SPD A (DESIGN.md §3); the "1 +" is the
+# kappa/p is the relative condition number of A^{-1/p} for SPD A (docs/design.md §4); the "1 +" is the
 # rounding of the output itself, which dominates when kappa/p < 1. For general matrices A = V B V^{-1}
 # the condition number is multiplied by cond(V)^2 (one factor into the eigenbasis, one out).
 C_FWD = 10.0

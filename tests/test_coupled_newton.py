@@ -1,6 +1,6 @@
 """coupled_newton: iteration counts against the scalar model, scalings, warm starts, honest failure.
 
-Scalar model (DESIGN.md §3): on a diagonal A each eigenvalue follows m -> ((p+1-m)/p)^p m from
+Scalar model (docs/design.md §4): on a diagonal A each eigenvalue follows m -> ((p+1-m)/p)^p m from
 m_0 = lambda/c^p, so the matrix iteration's count is that of the scalar iterations run together under the
 same stopping rule (||M_k - I||_F <= tol, or stagnation: the residual, once below 1/2, fails to halve).
 The test re-implements that model here in numpy; it takes c from ``res.info["c_power"]`` but checks
@@ -123,7 +123,7 @@ def test_history_and_matmul_accounting():
     assert len(res.history) == res.iterations + 1
     assert res.history[-1] == pytest.approx(res.residual)
     assert res.residual <= res.info["tol"]
-    # p = 4: X T, T^2, T^4, T^4 M: four products per iteration (DESIGN.md §3)
+    # p = 4: X T, T^2, T^4, T^4 M: four products per iteration (docs/design.md §4)
     assert res.matmuls == 4 * res.iterations
 
 

@@ -20,7 +20,7 @@ from shampoo.distributed import (
 
 
 def w1_model() -> nn.Module:
-    """Workload W1 (DESIGN.md §6): 4-layer encoder, d_model 256, 4 heads, ff 1024, vocab 512."""
+    """Workload W1 (docs/design.md §8): 4-layer encoder, d_model 256, 4 heads, ff 1024, vocab 512."""
     layer = nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, batch_first=True)
     return nn.ModuleDict(
         {

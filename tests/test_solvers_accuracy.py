@@ -6,7 +6,7 @@ Bound (stated once, used everywhere): relative forward error in the Frobenius no
 
 with kappa = max|lambda|/min|lambda|, u the unit roundoff of the working format, cond(V) = 1 for
 symmetric input and the eigenvector condition number for general input A = V B V^{-1}. kappa/p is the
-relative condition number of A^{-1/p} (DESIGN.md §3); for the forward root A^{1/p} it is smaller, so
+relative condition number of A^{-1/p} (docs/design.md §4); for the forward root A^{1/p} it is smaller, so
 the same bound is a safe one.
 """
 
