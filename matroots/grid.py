@@ -37,19 +37,36 @@ from typing import Any
 from . import precision
 from .solvers import registry
 
+#: Options of a SolverSpec that are arguments of ``solve`` (not fields of the solver's config).
+SOLVE_OPTIONS = ("tol", "max_iter", "compute_dtype")
+
 
 @dataclass(frozen=True, kw_only=True)
 class SolverSpec:
-    """A solver by registry name, with config options and a label naming it in the results."""
+    """A solver by registry name, with options and a label naming it in the results.
+
+    ``options`` are fields of the solver's config, plus the solve arguments in :data:`SOLVE_OPTIONS`
+    (``tol``, ``max_iter``, ``compute_dtype``), which are passed to ``solve`` instead.
+    """
 
     name: str
     options: dict[str, Any] = field(default_factory=dict)
     label: str = ""
 
+    @property
+    def config_options(self) -> dict[str, Any]:
+        """The options that are fields of the solver's config."""
+        return {k: v for k, v in self.options.items() if k not in SOLVE_OPTIONS}
+
+    @property
+    def solve_options(self) -> dict[str, Any]:
+        """The options that are arguments of ``solve`` (tol, max_iter, compute_dtype)."""
+        return {k: v for k, v in self.options.items() if k in SOLVE_OPTIONS}
+
     def __post_init__(self) -> None:
         if self.name not in registry.available():
             raise ValueError(f"unknown solver {self.name!r}; available: {registry.available()}")
-        registry.get(self.name, **self.options)  # validates the options now, not mid-sweep
+        registry.get(self.name, **self.config_options)  # validates the options now, not mid-sweep
         if not self.label:
             opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
             object.__setattr__(self, "label", f"{self.name}[{opts}]" if opts else self.name)

@@ -70,6 +70,7 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
     import torch
 
     from . import api, matrices, reference
+    from .tuning.cost import gemm_seconds, timed
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(unit.seed)
@@ -117,6 +118,8 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
     for dtype in grid.dtypes:
         u = precision.unit_roundoff(dtype)
         fmt = metrics.dtype_metrics(A, unit.p, kappa, dtype)
+        # Cost unit measured here, in this process: CPU seconds of one n x n GEMM in this dtype.
+        gemm = gemm_seconds(unit.n, dtype)
         for spec in grid.solvers:
             row = dict(
                 base,
@@ -126,14 +129,17 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
                 options=json.dumps(spec.options, sort_keys=True),
                 unit_roundoff=u,
                 failure="",
+                device="cpu",
+                gemm_seconds=gemm,
                 **fmt,
             )
-            cfg = api.resolve_method(spec.name, **spec.options)
+            cfg = api.resolve_method(spec.name, **spec.config_options)
+            solve_kw = dict(eps=unit.eps, eps_mode=unit.eps_mode, dtype=dtype, **spec.solve_options)
             t1 = time.perf_counter()
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    res = cfg.solve(A, unit.p, eps=unit.eps, eps_mode=unit.eps_mode, dtype=dtype)
+                    res, cpu = timed(lambda cfg=cfg, kw=solve_kw: cfg.solve(A, unit.p, **kw))
             except MatrootsError as exc:
                 row.update(
                     failure=type(exc).__name__,
@@ -150,6 +156,8 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
                 iterations=int(res.iterations),
                 matmuls=float(res.matmuls),
                 seconds=float(res.seconds),
+                cpu_seconds=cpu,
+                gemm_equivalents=cpu / gemm,
                 residual_own=float(res.residual),
                 stop_reason=stop[0] if isinstance(stop, list) else (stop or ""),
             )

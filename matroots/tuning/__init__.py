@@ -1,0 +1,1 @@
+"""Tuned solver selection: ``matroots tune`` sweeps, selection tables and their lookup."""
