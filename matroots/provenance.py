@@ -41,3 +41,40 @@ def machine() -> dict[str, Any]:
 def machine_string() -> str:
     m = machine()
     return f"{m['node']}/{m['machine']}/{m['cpus']}cpu"
+
+
+def git() -> dict[str, Any]:
+    """Commit and dirty flag of the source tree matroots is imported from ({} outside a git checkout)."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if commit.returncode != 0:
+            return {}
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", "matroots"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
+def command_line() -> str:
+    """The command line of this process, shell-quoted."""
+    import shlex
+
+    return shlex.join(sys.argv)
+
+
+def now() -> str:
+    """The current UTC time, ISO 8601 with seconds."""
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).isoformat(timespec="seconds")

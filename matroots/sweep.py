@@ -3,24 +3,22 @@
 * Work is split into units (:class:`matroots.grid.Unit`: a matrix, p and eps). A unit's reference
   is computed once (and cached on disk by :mod:`matroots.reference`); every (solver, dtype) pair then
   runs on it and gives one row.
-* Units run in worker processes (default: one per core), each pinned to one torch thread.
-* Each finished unit is written atomically as ``parts/<unit key>.parquet`` (temp file + rename), so
-  an interrupted sweep (Ctrl-C, kill -9 of the parent or of a worker) resumes by skipping the units
-  whose part exists: no row is lost and none is written twice. A worker that dies is replaced and its
-  unit retried; a unit that takes a worker down three times is recorded with failure "WorkerCrashed".
+* Units run through :mod:`matroots.runner`: in worker processes (default: one per core, each pinned
+  to one torch thread) or on a dask.distributed cluster (``scheduler=``). Each finished unit is
+  written atomically as ``parts/<unit key>.parquet``, so an interrupted sweep (Ctrl-C, kill -9 of the
+  parent, a worker or the dask client) resumes by skipping the units whose part exists: no row is
+  lost and none is written twice. Leftover temp files are removed and corrupted parts recomputed. A
+  unit that takes a worker down three times is recorded with failure "WorkerCrashed".
 * ``results.parquet`` (and optionally ``results.csv``) holds all rows once the sweep completes;
-  ``provenance.json`` holds versions, machine, the config and its hash.
+  ``provenance.json`` holds the config and its hash and one record per start/resume (git commit,
+  command line, timestamps, versions, machine).
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
+import functools
 import json
 import logging
-import multiprocessing as mp
-import os
-import shutil
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -30,30 +28,15 @@ import numpy as np
 import pandas as pd
 
 from . import grid as gridmod
-from . import metrics, precision, provenance
+from . import metrics, precision, provenance, runner
 from .errors import MatrootsError
 
 log = logging.getLogger("matroots.sweep")
 
-PARTS = "parts"
-RUNNING = ".started"
-MAX_CRASHES = 3
-
-
-class SweepError(RuntimeError):
-    """A sweep cannot start or continue (e.g. the output folder holds another config's run)."""
-
-
-def _atomic_write_parquet(df: pd.DataFrame, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".parquet")
-    os.close(fd)
-    try:
-        df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+PARTS = runner.PARTS
+RUNNING = runner.RUNNING
+MAX_CRASHES = runner.MAX_CRASHES
+SweepError = runner.RunFolderError  # a sweep cannot start or continue in this folder
 
 
 def _lambda_max(A: np.ndarray, meta: dict[str, Any]) -> float:
@@ -173,34 +156,18 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
     return rows
 
 
-def _fault_injection(unit: gridmod.Unit) -> None:
-    """Test hook: with MATROOTS_SWEEP_CRASH_DIR set, the first worker to run each unit whose key starts
-    with MATROOTS_SWEEP_CRASH_PREFIX dies with os._exit (a simulated kill -9 of a worker)."""
-    crash_dir = os.environ.get("MATROOTS_SWEEP_CRASH_DIR")
-    if not crash_dir or not unit.key.startswith(os.environ.get("MATROOTS_SWEEP_CRASH_PREFIX", "")):
-        return
-    marker = Path(crash_dir) / unit.key
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return
-    os.close(fd)
-    os._exit(137)
+def _sweep_job(grid_json: str, unit: gridmod.Unit) -> list[dict[str, Any]]:
+    """The runner's job function for a sweep: the rows of one unit (picklable via functools.partial)."""
+    return run_unit(_grid_from_json(grid_json), unit)
 
 
-def _unit_job(grid_dict: dict[str, Any], unit: gridmod.Unit, out_dir: str) -> str:
-    marker = Path(out_dir) / RUNNING / unit.key
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
-    _fault_injection(unit)
-    grid = gridmod.from_dict(grid_dict)
-    rows = run_unit(grid, unit)
-    _atomic_write_parquet(pd.DataFrame(rows), Path(out_dir) / PARTS / f"{unit.key}.parquet")
-    return unit.key
+@functools.lru_cache(maxsize=4)
+def _grid_from_json(grid_json: str) -> gridmod.GridSpec:
+    return gridmod.from_dict(json.loads(grid_json))
 
 
-def _crash_rows(grid: gridmod.GridSpec, unit: gridmod.Unit) -> pd.DataFrame:
-    rows = [
+def _crash_rows(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]:
+    return [
         {
             "family": unit.family,
             "n": unit.n,
@@ -220,37 +187,19 @@ def _crash_rows(grid: gridmod.GridSpec, unit: gridmod.Unit) -> pd.DataFrame:
         for d in grid.dtypes
         for s in grid.solvers
     ]
-    return pd.DataFrame(rows)
 
 
-def done_units(out_dir: Path) -> set[str]:
+def done_units(out_dir: str | Path) -> set[str]:
     """Keys of units whose rows are on disk."""
-    parts = out_dir / PARTS
-    return {p.stem for p in parts.glob("*.parquet")} if parts.exists() else set()
+    return runner.done_units(out_dir)
 
 
 def prepare_out_dir(grid: gridmod.GridSpec, out_dir: Path, *, resume: bool) -> None:
-    """Create the run folder and its provenance; refuse to mix two configs in one folder."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    prov_path = out_dir / "provenance.json"
-    if prov_path.exists():
-        old = json.loads(prov_path.read_text())
-        if old.get("config_hash") != grid.config_hash():
-            raise SweepError(
-                f"{out_dir} holds a run of another config ({old.get('config_hash')}); use another --out"
-            )
-        if done_units(out_dir) and not resume:
-            raise SweepError(f"{out_dir} already holds rows of this sweep; pass --resume to continue it")
-    prov = {
-        "config_hash": grid.config_hash(),
-        "config": grid.to_dict(),
-        "versions": provenance.versions(),
-        "machine": provenance.machine(),
-        "seeds": list(grid.seeds),
-    }
-    tmp = prov_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(prov, indent=2, default=str))
-    os.replace(tmp, prov_path)
+    """Create the run folder and record this start in its provenance; refuse to mix two configs in one
+    folder, or to add to a folder holding rows without ``resume``."""
+    runner.open_run(
+        out_dir, kind="sweep", config=grid.to_dict(), config_hash=grid.config_hash(), resume=resume
+    )
 
 
 def run_sweep(
@@ -261,108 +210,48 @@ def run_sweep(
     resume: bool = False,
     progress: bool = True,
     csv: bool = False,
+    scheduler: Any = None,
 ) -> pd.DataFrame:
-    """Run (or resume) a sweep into ``out_dir`` and return all its rows."""
+    """Run (or resume) a sweep into ``out_dir`` and return all its rows.
+
+    ``scheduler``: ``None`` runs units on a local process pool of ``workers`` processes (default: one
+    per core); a dask scheduler address or ``distributed.Client`` runs them on that cluster.
+    """
     out = Path(out_dir)
     prepare_out_dir(grid, out, resume=resume)
-    shutil.rmtree(out / RUNNING, ignore_errors=True)  # start markers of an earlier, interrupted run
-    todo = [u for u in gridmod.units(grid) if u.key not in done_units(out)]
-    workers = workers or os.cpu_count() or 1
     log.info(
-        "sweep %s: %d units to run (%d rows each), %d workers",
+        "sweep %s: %d units (%d rows each)",
         grid.name,
-        len(todo),
+        len(gridmod.units(grid)),
         len(grid.dtypes) * len(grid.solvers),
-        workers,
     )
-    if todo:
-        _run_pool(grid, todo, out, workers, progress)
-    return collect(out, csv=csv)
+    stats = runner.run_units(
+        gridmod.units(grid),
+        functools.partial(_sweep_job, json.dumps(grid.to_dict(), sort_keys=True, default=str)),
+        out,
+        workers=workers,
+        scheduler=scheduler,
+        progress=progress,
+        desc=f"sweep {grid.name}",
+        crash_rows=functools.partial(_crash_rows, grid),
+    )
+    df = collect(out, csv=csv)
+    runner.close_run(out, stats)
+    return df
 
 
-def _run_batch(grid: gridmod.GridSpec, units: list[gridmod.Unit], out: Path, workers: int, bar: Any) -> bool:
-    """Run units in one process pool; return True when a worker died (the pool broke)."""
-    ctx = mp.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=min(workers, len(units)), mp_context=ctx) as pool:
-        futs = {pool.submit(_unit_job, grid.to_dict(), u, str(out)): u for u in units}
-        try:
-            for fut in cf.as_completed(futs):
-                fut.result()
-                bar.update(1)
-        except cf.process.BrokenProcessPool:
-            return True
-        except KeyboardInterrupt:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-    return False
-
-
-def _run_pool(
-    grid: gridmod.GridSpec, todo: list[gridmod.Unit], out: Path, workers: int, progress: bool
-) -> None:
-    """Run units, replacing dead workers. After a worker dies, the units that had started (the
-    suspects) are rerun one at a time, so a crash is charged only to the unit that caused it."""
-    from tqdm.auto import tqdm
-
-    crashes: dict[str, int] = {}
-    started = out / RUNNING
-    bar = tqdm(total=len(todo), desc=f"sweep {grid.name}", unit="unit", disable=not progress)
-    suspects: list[gridmod.Unit] = []
-    try:
-        while True:
-            finished = done_units(out)
-            pending = [u for u in todo if u.key not in finished]
-            bar.n = len(todo) - len(pending)
-            bar.refresh()
-            if not pending:
-                break
-            if suspects:
-                u = suspects.pop(0)
-                if u.key in finished:
-                    continue
-                if _run_batch(grid, [u], out, 1, bar):
-                    crashes[u.key] = crashes.get(u.key, 0) + 1
-                    log.warning("unit %s killed its worker (%d)", u, crashes[u.key])
-                    if crashes[u.key] >= MAX_CRASHES:
-                        log.error(
-                            "unit %s crashed its worker %d times; recorded as WorkerCrashed", u, MAX_CRASHES
-                        )
-                        _atomic_write_parquet(_crash_rows(grid, u), out / PARTS / f"{u.key}.parquet")
-                    else:
-                        suspects.append(u)
-                continue
-            if _run_batch(grid, pending, out, workers, bar):
-                finished = done_units(out)
-                suspects = [u for u in pending if (started / u.key).exists() and u.key not in finished]
-                log.warning("a worker died; rerunning %d started units one at a time", len(suspects))
-    except KeyboardInterrupt:
-        log.error("sweep interrupted: finished units are saved; rerun with --resume to continue")
-        raise
-    finally:
-        bar.close()
-
-
-def _read_parts(out: Path) -> pd.DataFrame:
-    parts = sorted((out / PARTS).glob("*.parquet")) if (out / PARTS).exists() else []
-    if not parts:
-        return pd.DataFrame()
-    df = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
-    order = [
-        c for c in ("family", "n", "kappa", "seed", "p", "eps_mode", "eps", "dtype", "solver") if c in df
-    ]
-    return df.sort_values(order, kind="stable").reset_index(drop=True)
+ORDER = ("family", "n", "kappa", "seed", "p", "eps_mode", "eps", "dtype", "solver")
 
 
 def collect(out_dir: str | Path, *, csv: bool = False) -> pd.DataFrame:
     """All rows of a run folder, in a stable order; (re)writes results.parquet (and .csv)."""
     out = Path(out_dir)
-    df = _read_parts(out)
+    df = runner.read_parts(out, ORDER)
     if df.empty:
         return df
-    _atomic_write_parquet(df, out / "results.parquet")
+    runner.atomic_write_parquet(df, out / "results.parquet")
     if csv:
         df.to_csv(out / "results.csv", index=False)
-    shutil.rmtree(out / RUNNING, ignore_errors=True)
     return df
 
 
@@ -371,7 +260,7 @@ def load(run_dir: str | Path) -> pd.DataFrame:
     run = Path(run_dir)
     if not run.exists():
         raise FileNotFoundError(f"no run folder {run}")
-    return _read_parts(run)
+    return runner.read_parts(run, ORDER)
 
 
 def estimate_cost(grid: gridmod.GridSpec) -> dict[str, float]:
