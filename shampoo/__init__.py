@@ -23,6 +23,7 @@ from .config import (
 from .diagnostics import BlockDiagnostics, FactorDiagnostics
 from .distributed import DDPConfig
 from .errors import (
+    FactorResetWarning,
     NonFiniteGradientWarning,
     RootComputationError,
     RootFailureWarning,
@@ -41,6 +42,7 @@ __all__ = [
     "DiagnosticsConfig",
     "ExponentOverride",
     "FactorDiagnostics",
+    "FactorResetWarning",
     "FailurePolicy",
     "GraftingConfig",
     "GroupOptions",

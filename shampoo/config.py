@@ -21,6 +21,7 @@ import torch
 
 import matroots
 from matroots import precision
+from matroots import psd as _psd
 from matroots.solvers import CoupledNewtonConfig, EighConfig, SolverConfig
 
 # ----------------------------------------------------------------------------------------------------
@@ -113,10 +114,10 @@ def resolve_grafting(value: str | GraftingConfig | None) -> GraftingConfig:
 def default_root_solver(name: str, device: torch.device | None = None) -> SolverConfig:
     """The solver config a name stands for in Shampoo.
 
-    * ``"eigh"``: ``EighConfig(rank_policy="clamp")``. Factor statistics are PSD and often rank
-      deficient (early steps, small batches); rounded to fp32 their smallest eigenvalues come out
-      slightly negative, which the default ``"perturb"`` policy rejects. Clamping floors them at
-      n u lambda_max, a relative regularisation in the spirit of Anil et al. 2020.
+    * ``"eigh"``: ``EighConfig()``. Factor statistics are PSD and often rank deficient (early steps,
+      small batches); rounded to fp32 their smallest eigenvalues come out slightly negative. That is
+      handled for every solver alike by the optimizer's ``psd`` option (default ``"shift"``, see
+      :mod:`matroots.psd`), passed to each solve; eigh needs no clamp of its own.
     * ``"auto"``: eigh on CPU (LAPACK's eigh beats ~10 Newton iterations of GEMMs there), coupled
       Newton on accelerators, where GEMMs are cheap and eigh is not.
     * any other registered name: that solver with its defaults.
@@ -127,7 +128,7 @@ def default_root_solver(name: str, device: torch.device | None = None) -> Solver
     if key == "auto":
         key = "coupled_newton" if device is not None and device.type not in ("cpu", "meta") else "eigh"
     if key == "eigh":
-        return EighConfig(rank_policy="clamp")
+        return EighConfig()
     if key == "coupled_newton":
         return CoupledNewtonConfig()
     return matroots.resolve_method(key)
@@ -159,10 +160,12 @@ class FailurePolicy:
     to also raise on those.
 
     Only numerical failures are caught: ``matroots.MatrootsNumericalError`` and ``torch.linalg.LinAlgError``.
-    Any other exception is a bug and propagates.
+    Any other exception is a bug and propagates. A root counts as failed when the solver raises one of
+    those, reports ``converged=False``, or returns non-finite entries (even if it claims convergence).
+    The fallback solves the same matrix as the primary: the group's ``eps`` and ``psd`` policy apply.
     """
 
-    fallback: SolverConfig | None = field(default_factory=lambda: EighConfig(rank_policy="clamp"))
+    fallback: SolverConfig | None = field(default_factory=EighConfig)
     fallback_dtype: torch.dtype = torch.float64
     max_consecutive_failures: int = 5
     max_consecutive_primary_failures: int | None = None
@@ -278,6 +281,7 @@ class DiagnosticsConfig:
 
 VECTOR_POLICIES = ("diagonal", "graft", "shampoo")
 EPS_MODES = ("absolute", "relative")
+PSD_POLICIES = _psd.PSD_POLICIES
 
 # Group keys whose values define the block layout and state shapes: fixed once state exists.
 STRUCTURAL_KEYS = (
@@ -328,6 +332,7 @@ class GroupOptions:
     root_dtype: torch.dtype
     warm_start: bool
     failure: FailurePolicy = field(default_factory=FailurePolicy)
+    psd: str | None = "shift"
 
     def __post_init__(self) -> None:
         if not (isinstance(self.lr, int | float | torch.Tensor) and float(self.lr) >= 0.0):
@@ -342,6 +347,11 @@ class GroupOptions:
         _check_eps(self.diagonal_eps, "diagonal_eps")
         if self.eps_mode not in EPS_MODES:
             raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {self.eps_mode!r}")
+        if self.psd is not None and self.psd not in PSD_POLICIES:
+            raise ValueError(
+                f"psd must be one of {PSD_POLICIES} (see matroots.psd) or None (the root solver "
+                f"config's own policy), got {self.psd!r}"
+            )
         _check_eps(self.weight_decay, "weight_decay")
         _check_beta(self.momentum, "momentum", allow_one=False)
         if self.nesterov and self.momentum <= 0:
@@ -394,7 +404,7 @@ class GroupOptions:
     @classmethod
     def from_group(cls, group: Mapping[str, Any]) -> GroupOptions:
         """Build from a torch param-group dict (already normalised by :func:`normalise_group`)."""
-        kw = {f.name: group[f.name] for f in dataclasses.fields(cls)}
+        kw = {f.name: group[f.name] for f in dataclasses.fields(cls) if f.name in group}
         kw["lr"] = float(kw["lr"])
         kw["betas"] = (float(kw["betas"][0]), float(kw["betas"][1]))
         return cls(**kw)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .state import BlockState, FactorState
+from .state import BlockState, FactorState, mirror_upper_
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,8 @@ def dump_factors(
     factors = []
     for key, block, f, extra in entries:
         meta = {"param": str(key), "block": block, "dim": f.dim, "n": f.n, "root_p": str(f.root_p), **extra}
-        factors.append((f.matrix.detach().cpu().double().numpy(), meta))
+        F = mirror_upper_(f.matrix.detach())  # exactly symmetric, in place
+        factors.append((F.cpu().double().numpy(), meta))
     save_shampoo_factors(out, factors)
     return out
 

@@ -19,11 +19,16 @@ class NonFiniteGradientWarning(RuntimeWarning):
     """A parameter's gradient (or its computed update) had NaN/Inf entries; its update was skipped."""
 
 
+class FactorResetWarning(RuntimeWarning):
+    """A Kronecker factor's statistics became NaN/Inf (e.g. G G^T overflowed); they were reset to zero."""
+
+
 class RootFailureWarning(RuntimeWarning):
     """A root computation failed; the previous root (or the fallback solver's) is used instead."""
 
 
 __all__ = [
+    "FactorResetWarning",
     "NonFiniteGradientWarning",
     "RootComputationError",
     "RootFailureWarning",

@@ -95,7 +95,13 @@ class Shampoo(torch.optim.Optimizer):
             0 disables it). beta2: EMA of the Kronecker factors and diagonal accumulators; 1.0 sums
             them, as AdaGrad does.
         eps: regularisation of the factors, A + eps I (``eps_mode`` "absolute", or "relative":
-            eps lambda_max(A)), passed to the root solver.
+            eps lambda_max(A)), passed to the root solver, on top of the ``psd`` shift.
+        psd: rank-deficiency policy of the factors, the same for every root solver and the fallback
+            (:mod:`matroots.psd`): ``"shift"`` (default) shifts a factor whose smallest eigenvalue is
+            below the floor f = n u ||A||_F by a Cholesky-certified amount so that it is >= f, then adds
+            eps; ``"meta"`` reproduces Meta's DistributedShampoo (shift by -lambda_min when lambda_min < 0,
+            then eps; no floor); ``"none"`` adds only eps (SPD methods then fail on singular factors and
+            the failure policy takes over); None uses the root solver config's own ``psd`` field.
         weight_decay, decoupled_weight_decay: decoupled (AdamW: w <- (1 - lr wd) w) or L2
             (g <- g + wd w) weight decay.
         momentum, nesterov: heavy-ball momentum on the final search direction (torch.optim.SGD's
@@ -134,6 +140,7 @@ class Shampoo(torch.optim.Optimizer):
         eps: float = 1e-12,
         *,
         eps_mode: str = "absolute",
+        psd: str | None = "shift",
         weight_decay: float = 0.0,
         decoupled_weight_decay: bool = True,
         momentum: float = 0.0,
@@ -169,6 +176,7 @@ class Shampoo(torch.optim.Optimizer):
             betas=betas,
             eps=eps,
             eps_mode=eps_mode,
+            psd=psd,
             weight_decay=weight_decay,
             decoupled_weight_decay=decoupled_weight_decay,
             momentum=momentum,

@@ -10,7 +10,8 @@ G x_1 L_1^{-1/p_1} x_2 ... x_k L_k^{-1/p_k} (for matrices, L^{-1/4} G R^{-1/4}).
 
 A :class:`BlockBucket` holds the stacked state of same-shape blocks (b, ...) and runs statistics,
 the diagonal preconditioner, grafting and preconditioning as batched kernels (``baddbmm``, ``bmm``,
-elementwise ops over the whole stack). The per-block typed states
+elementwise ops over the whole stack). Factors are exactly symmetric whenever they are read: see
+:func:`mirror_upper_`. The per-block typed states
 (:class:`shampoo.state.BlockState`) hold views into that storage.
 """
 
@@ -21,7 +22,7 @@ import torch
 from . import grafting
 from .blocking import BlockKind
 from .config import GroupOptions, NoGrafting
-from .state import BlockState, FactorState
+from .state import BlockState, FactorState, mirror_upper_
 
 
 def _col(x: torch.Tensor | float, ndim: int, dtype: torch.dtype) -> torch.Tensor | float:
@@ -256,4 +257,4 @@ def _put(t: torch.Tensor, sel: torch.Tensor | None, value: torch.Tensor) -> None
         t.index_copy_(0, sel, value)
 
 
-__all__ = ["BlockBucket", "block_norms", "matricize", "per_block", "precondition"]
+__all__ = ["BlockBucket", "block_norms", "matricize", "mirror_upper_", "per_block", "precondition"]

@@ -20,13 +20,13 @@ from fractions import Fraction
 
 import torch
 
-from matroots import ConvergenceWarning, MatrootsNumericalError
+from matroots import MatrootsNumericalError
 from matroots.solvers import SolverConfig
 from matroots.spectral import power_lambda_max
 
 from .config import DiagnosticsConfig, FailurePolicy, GroupOptions, supports_warm_start
-from .errors import RootComputationError, RootFailureWarning
-from .preconditioner import BlockBucket
+from .errors import FactorResetWarning, RootComputationError, RootFailureWarning
+from .preconditioner import BlockBucket, mirror_upper_
 from .state import FactorState
 
 log = logging.getLogger("shampoo")
@@ -55,6 +55,14 @@ class SolveOutcome:
     seconds: float
     kappa: list[float]
     error: str = ""
+    psd_shift: list[float] = field(default_factory=list)
+    psd_floor: list[float] = field(default_factory=list)
+    eps_abs: list[float] = field(default_factory=list)
+
+    def regularisation(self, i: int) -> tuple[float, float, float]:
+        """(psd_shift, psd_floor, eps_abs) of element i (NaN when not reported)."""
+        get = lambda xs: xs[i] if i < len(xs) else math.nan  # noqa: E731
+        return get(self.psd_shift), get(self.psd_floor), get(self.eps_abs)
 
 
 @dataclass
@@ -66,6 +74,7 @@ class RoundReport:
     failures: int = 0
     seconds: float = 0.0
     solver_seconds: float = 0.0
+    factor_resets: int = 0
     failed_labels: list[str] = field(default_factory=list)
 
 
@@ -73,27 +82,42 @@ def _as_p(p: Fraction) -> int | Fraction:
     return int(p) if p.denominator == 1 else p
 
 
-def _kappa(A: torch.Tensor, X: torch.Tensor, p: Fraction, info: dict, iters: int) -> list[float]:
-    """Condition number of the regularised factor as the root sees it.
+def _kappa(A: torch.Tensor, X: torch.Tensor, p: Fraction, reg: list[float], iters: int) -> list[float]:
+    """Condition number of the matrix actually solved, A + r I (r = psd shift + eps), per element.
 
-    From eigh's exact extreme eigenvalues when available, else lambda_max(A) by power iteration
-    and lambda_min = lambda_max(X)^{-p} from the root X = (A + eps I)^{-1/p}.
+    The same estimate for every solver: lambda_max(A) by power iteration, plus r, and
+    lambda_min(A + r I) = lambda_max(X)^{-p} from the root X = (A + r I)^{-1/p} (power iteration on X).
+    Finite for shifted or clamped rank-deficient factors, as long as the root is.
     """
-    shift = info.get("eps_abs")
-    lo, hi = info.get("lambda_min"), info.get("lambda_max")
-    if isinstance(lo, torch.Tensor) and isinstance(hi, torch.Tensor) and lo.numel() == A.shape[0]:
-        s = shift.double() if isinstance(shift, torch.Tensor) else torch.zeros_like(hi.double())
-        lo, hi = lo.double() + s, hi.double() + s
-        k = torch.where(lo > 0, hi / lo.clamp_min(1e-300), torch.full_like(hi, math.inf))
-        return k.tolist()
     work = A.to(torch.promote_types(A.dtype, X.dtype))
     if work.dtype not in (torch.float32, torch.float64):
         work = work.float()
     lam_a, _ = power_lambda_max(work, iters)
     Xw = X.to(work.dtype)
     lam_x, _ = power_lambda_max(0.5 * (Xw + Xw.mT), iters)
-    k = lam_a * lam_x.clamp_min(1e-300) ** float(p)
+    r = torch.tensor([0.0 if math.isnan(v) else v for v in reg], dtype=torch.float64)
+    k = (lam_a.double().cpu() + r) * lam_x.double().cpu().clamp_min(1e-300) ** float(p)
     return k.tolist()
+
+
+def _per_element(value: object, b: int) -> list[float]:
+    """An info value (tensor, list or number) as b floats (NaN where absent)."""
+    if isinstance(value, torch.Tensor) and value.numel() == b:
+        return value.double().reshape(b).cpu().tolist()
+    if isinstance(value, list | tuple) and len(value) == b:
+        return [float(v) for v in value]
+    if isinstance(value, int | float):
+        return [float(value)] * b
+    return [math.nan] * b
+
+
+def _finite_rows(X: torch.Tensor) -> torch.Tensor:
+    """(b,) bool: whether every entry of X[i] is finite (by sums; entrywise only when a sum is not)."""
+    sums = X.sum(dim=(-2, -1), dtype=torch.promote_types(X.dtype, torch.float32))
+    ok = torch.isfinite(sums)
+    if bool(ok.all()):
+        return ok.cpu()
+    return torch.isfinite(X).flatten(1).all(-1).cpu()
 
 
 def solve_batch(
@@ -105,38 +129,55 @@ def solve_batch(
     warm: torch.Tensor | None,
     kappa_iters: int,
 ) -> SolveOutcome:
-    """One batched matroots call, never raising for numerical failures."""
+    """One batched matroots call, never raising for numerical failures.
+
+    The solver is called with ``quiet=True`` (its non-convergence is handled and reported here, once)
+    and the group's rank-deficiency policy ``opts.psd`` (:mod:`matroots.psd`; None: the config's own).
+    A root is usable only when the solver says it converged *and* it is finite.
+    """
     b = A.shape[0]
+    nan = [math.nan] * b
     t0 = time.perf_counter()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            res = cfg.solve(A, _as_p(p), eps=opts.eps, eps_mode=opts.eps_mode, dtype=dtype, warm_start=warm)
+        res = cfg.solve(
+            A, _as_p(p), eps=opts.eps, eps_mode=opts.eps_mode, dtype=dtype, warm_start=warm,
+            psd=opts.psd, quiet=True,
+        )  # fmt: skip
     except NUMERICAL_ERRORS as exc:
         dt = time.perf_counter() - t0
         return SolveOutcome(
-            None,
-            torch.zeros(b, dtype=torch.bool),
-            [0] * b,
-            [math.nan] * b,
-            dt,
-            [math.nan] * b,
-            f"{type(exc).__name__}: {exc}",
+            None, torch.zeros(b, dtype=torch.bool), [0] * b, nan, dt, nan, f"{type(exc).__name__}: {exc}"
         )
     X = res.root
-    # matroots reports a non-finite root as not converged (SolverConfig._finalise), so this is also
-    # the finiteness test.
     conv = res.converged if isinstance(res.converged, torch.Tensor) else torch.tensor([res.converged] * b)
-    ok = conv.reshape(b).cpu()
+    finite = _finite_rows(X)
+    ok = conv.reshape(b).cpu() & finite
     iters = res.iterations
     iters_l = iters.reshape(b).tolist() if isinstance(iters, torch.Tensor) else [int(iters)] * b
     resid = res.residual
     resid_l = resid.reshape(b).tolist() if isinstance(resid, torch.Tensor) else [float(resid)] * b
-    kappa = [math.nan] * b
+    info = res.info
+    shift, floor = _per_element(info.get("psd_shift"), b), _per_element(info.get("psd_floor"), b)
+    eps_abs = _per_element(info.get("eps_abs"), b)
+    reg = [
+        (0.0 if math.isnan(s) else s) + (0.0 if math.isnan(e) else e)
+        for s, e in zip(shift, eps_abs, strict=True)
+    ]
+    kappa = list(nan)
     if bool(ok.any()) and kappa_iters > 0:
-        kappa = _kappa(A, X, p, res.info, kappa_iters)
-    err = "" if bool(ok.all()) else f"not converged or non-finite ({res.info.get('stop_reason', '')})"
-    return SolveOutcome(X, ok, iters_l, resid_l, time.perf_counter() - t0, kappa, err)
+        kappa = _kappa(
+            A, torch.where(ok.to(X.device).view(-1, 1, 1), X, torch.zeros_like(X)), p, reg, kappa_iters
+        )
+        kappa = [k if bool(o) else math.nan for k, o in zip(kappa, ok.tolist(), strict=True)]
+    err = ""
+    if not bool(ok.all()):
+        parts = []
+        if not bool(conv.all()):
+            parts.append(f"not converged (stop reasons: {info.get('stop_reason', '')})")
+        if not bool(finite.all()):
+            parts.append(f"non-finite root for {int((~finite).sum())} of {b}")
+        err = "; ".join(parts)
+    return SolveOutcome(X, ok, iters_l, resid_l, time.perf_counter() - t0, kappa, err, shift, floor, eps_abs)
 
 
 def _solve_with_warm_start(
@@ -172,6 +213,7 @@ def _merge(
     roots = torch.full((b, n, n), math.nan, dtype=dtype, device=like.device)
     ok = torch.zeros(b, dtype=torch.bool)
     iters, resid, kappa = [0] * b, [math.nan] * b, [math.nan] * b
+    shift, floor, eps_abs = [math.nan] * b, [math.nan] * b, [math.nan] * b
     errors, seconds = [], 0.0
     for idx, out in parts:
         seconds += out.seconds
@@ -182,7 +224,8 @@ def _merge(
         ok[idx] = out.ok
         for j, i in enumerate(idx):
             iters[i], resid[i], kappa[i] = out.iterations[j], out.residual[j], out.kappa[j]
-    return SolveOutcome(roots, ok, iters, resid, seconds, kappa, "; ".join(errors))
+            shift[i], floor[i], eps_abs[i] = out.regularisation(j)
+    return SolveOutcome(roots, ok, iters, resid, seconds, kappa, "; ".join(errors), shift, floor, eps_abs)
 
 
 def _fallback(A: torch.Tensor, p: Fraction, opts: GroupOptions, kappa_iters: int) -> SolveOutcome:
@@ -226,6 +269,9 @@ def compute_roots(
             states.extend(job.bucket.blocks[i].factors[job.slot] for i in job.positions)
             steps.extend(job.steps)
         A = _inputs(group, work_dtype, opts.beta2 if bc_on else None)
+        reset = (~_finite_rows(A)).tolist()
+        if any(reset):
+            A = _reset_statistics(group, A, reset, label, report)
         has_root = [f.has_root for f in states]
         out = _solve_with_warm_start(
             opts.root_solver, A, p, opts, lambda g=group: _previous(g), has_root, diag
@@ -235,7 +281,7 @@ def compute_roots(
         final = out.roots if out.roots is not None else torch.empty_like(A, dtype=opts.root_dtype)
         used = [opts.root_solver.name] * len(states)
         fb_ok = torch.zeros_like(ok)
-        failed = (~ok).nonzero().flatten().tolist()
+        failed = [i for i in (~ok).nonzero().flatten().tolist() if not reset[i]]
         fb_out = None
         if failed and policy.fallback is not None:
             fb_out = _fallback(A[failed], p, opts, diag.kappa_power_iters)
@@ -246,15 +292,22 @@ def compute_roots(
                     final[i] = fb_out.roots[j].to(final.dtype)
                     fb_ok[i] = True
                     used[i] = f"{policy.fallback.name}[fallback]"
-        good = ok | fb_ok
+        good = (ok | fb_ok) & ~torch.tensor(reset, dtype=torch.bool)
         # Factors without a usable root are not written: they keep their previous root.
         _write_back(group, final, good.tolist())
         per_elem_seconds = out.seconds / max(len(states), 1)
         for i, f in enumerate(states):
             primary_ok = bool(ok[i])
             f.seconds = per_elem_seconds
+            if reset[i]:
+                # statistics were reset (not a solver failure): keep the previous root, count nothing else
+                f.factor_resets += 1
+                f.converged, f.solver = False, ""
+                f.error = "statistics were non-finite and were reset to zero; previous root kept"
+                continue
             if primary_ok:
                 f.iterations, f.residual, f.kappa = out.iterations[i], out.residual[i], out.kappa[i]
+                f.psd_shift, f.psd_floor, f.eps_abs = out.regularisation(i)
                 f.converged, f.error = True, ""
                 f.consecutive_primary_failures = 0
             else:
@@ -263,12 +316,14 @@ def compute_roots(
                 f.error = out.error
                 f.converged = False
                 f.iterations, f.residual = out.iterations[i], out.residual[i]
+                f.kappa = f.psd_shift = f.psd_floor = f.eps_abs = math.nan
                 if fb_out is not None:
                     j = failed.index(i)
                     f.seconds += fb_out.seconds / max(len(failed), 1)
                     if bool(fb_ok[i]):
                         f.fallback_uses += 1
                         f.kappa = fb_out.kappa[j]
+                        f.psd_shift, f.psd_floor, f.eps_abs = fb_out.regularisation(j)
                         f.converged = True
                     else:
                         f.error += f"; fallback: {fb_out.error}"
@@ -280,19 +335,24 @@ def compute_roots(
             else:
                 f.failures += 1
                 f.consecutive_failures += 1
+        for f in states:
+            f.regularisation = (0.0 if math.isnan(f.psd_shift) else f.psd_shift) + (
+                0.0 if math.isnan(f.eps_abs) else f.eps_abs
+            )
+        not_reset = ~torch.tensor(reset, dtype=torch.bool)
         report.factors += len(states)
-        report.primary_failures += int((~ok).sum())
-        report.failures += int((~good).sum())
-        if bool((~ok).any()):
-            report.failed_labels.extend(_labels(group, (~ok).tolist(), label))
+        report.primary_failures += int((~ok & not_reset).sum())
+        report.failures += int((~good & not_reset).sum())
+        if bool((~ok & not_reset).any()):
+            report.failed_labels.extend(_labels(group, (~ok & not_reset).tolist(), label))
         if log.isEnabledFor(diag.log_level):
             for lab, f in zip(_labels(group, [True] * len(states), label), states, strict=True):
                 log.log(
                     diag.log_level,
                     "root %s n=%d p=%s solver=%s iters=%d residual=%.3e converged=%s failures=%d "
-                    "seconds=%.4f kappa=%.3e",
+                    "seconds=%.4f kappa=%.3e shift=%.3e",
                     lab, f.n, f.root_p, f.solver, f.iterations, f.residual, f.converged,
-                    f.consecutive_failures, f.seconds, f.kappa,
+                    f.consecutive_failures, f.seconds, f.kappa, f.regularisation,
                 )  # fmt: skip
         over_limit.append((group, states, p))
     report.seconds = time.perf_counter() - t_round
@@ -309,6 +369,39 @@ def compute_roots(
     return report
 
 
+def _reset_statistics(
+    group: list[RootJob],
+    A: torch.Tensor,
+    reset: list[bool],
+    label: Callable[[BlockBucket, int, int], str],
+    report: RoundReport,
+) -> torch.Tensor:
+    """Zero the stored statistics of the factors flagged in ``reset`` (they became NaN/Inf), warn, and
+    return a copy of the batch with those elements replaced by the identity (solved and discarded)."""
+    i = 0
+    for job in group:
+        store = job.bucket.factors[job.slot]
+        for pos in job.positions:
+            if reset[i]:
+                store[pos].zero_()
+            i += 1
+    labs = _labels(group, reset, label)
+    report.factor_resets += len(labs)
+    msg = (
+        f"shampoo: the Kronecker factor statistics of {len(labs)} factor(s) became non-finite "
+        f"({', '.join(labs[:5])}{' ...' if len(labs) > 5 else ''}), typically G G^T overflowing "
+        f"{str(A.dtype).removeprefix('torch.')} after one huge gradient; they were reset to zero and "
+        "accumulate again from the next step, and the previous roots are kept. Clip gradients or use "
+        "factor_dtype=torch.float64 if this repeats."
+    )
+    log.warning(msg)
+    warnings.warn(msg, FactorResetWarning, stacklevel=5)
+    A = A.clone()
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    A[torch.tensor(reset, device=A.device)] = eye
+    return A
+
+
 def _inputs(group: list[RootJob], dtype: torch.dtype, beta2: float | None) -> torch.Tensor:
     """The due factors of the jobs as one batch, divided by 1 - beta2^t when ``beta2`` is given.
 
@@ -316,6 +409,12 @@ def _inputs(group: list[RootJob], dtype: torch.dtype, beta2: float | None) -> to
     solvers are pure and do not write to their input); otherwise each job is written, bias-corrected,
     straight into the batch.
     """
+    seen: set[int] = set()
+    for job in group:  # the upper triangle is the statistic; make the stored factors exactly symmetric
+        store = job.bucket.factors[job.slot]
+        if id(store) not in seen:
+            seen.add(id(store))
+            mirror_upper_(store)
     first = group[0].bucket.factors[group[0].slot]
     if len(group) == 1 and beta2 is None and first.dtype == dtype and _all_due(group[0]):
         return first
@@ -405,9 +504,10 @@ def _check_limits(
     )
     raise RootComputationError(
         f"shampoo: {what} for {labs[0]} (n={f.n}, inverse root p={p}, {len(labs)} factor(s) affected); "
-        f"last error: {f.error or 'not converged'}. The previous roots were kept so far. Try a larger eps "
-        "(or eps_mode='relative'), root_dtype=torch.float64, a more robust root_solver "
-        "(e.g. 'eigh'), or raise FailurePolicy.max_consecutive_failures."
+        f"last error: {f.error or 'not converged'}. The previous roots were kept so far. Try psd='shift' "
+        "(the default rank-deficiency policy) if it was changed, a larger eps (or eps_mode='relative'), "
+        "root_dtype=torch.float64, a more robust root_solver (e.g. 'eigh'), or raise "
+        "FailurePolicy.max_consecutive_failures."
     )
 
 

@@ -27,7 +27,9 @@ class FactorState:
     dim: int
     n: int
     root_p: Fraction
-    matrix: torch.Tensor  # (n, n) view into the bucket's factor storage
+    # (n, n) view into the bucket's factor storage; its upper triangle is the statistic (the lower one
+    # is mirrored from it, bitwise, at each root round, state_dict() and dump: see mirror_upper_)
+    matrix: torch.Tensor
     root: torch.Tensor  # (n, n) view into the bucket's root storage; identity until the first root
     has_root: bool = False
     root_step: int = 0  # parameter step of the current root
@@ -42,7 +44,12 @@ class FactorState:
     residual: float = math.nan
     converged: bool = False
     seconds: float = 0.0
-    kappa: float = math.nan
+    kappa: float = math.nan  # condition number of the matrix actually solved (after psd shift and eps)
+    psd_shift: float = math.nan  # absolute shift of the rank-deficiency policy (matroots.psd)
+    psd_floor: float = math.nan  # its eigenvalue floor f (NaN: no floor)
+    eps_abs: float = math.nan  # the absolute eps shift the solver applied
+    regularisation: float = math.nan  # psd_shift + eps_abs: the whole shift of the matrix solved
+    factor_resets: int = 0  # times the statistics were reset because they became non-finite
     error: str = ""
 
 
@@ -94,7 +101,7 @@ def flatten(state: ParamState) -> dict[str, Any]:
                 out[pre + name] = t.clone()
         for f in b.factors:
             fp = f"{pre}factors.{f.dim}."
-            out[fp + "matrix"] = f.matrix.clone()
+            out[fp + "matrix"] = mirror_upper_(f.matrix).clone()
             out[fp + "root"] = f.root.clone()
             for fld in dataclasses.fields(FactorState):
                 if fld.name not in _FACTOR_FIXED:
@@ -102,22 +109,62 @@ def flatten(state: ParamState) -> dict[str, Any]:
     return out
 
 
-def _copy_into(dst: torch.Tensor, src: Any, what: str) -> None:
+def mirror_upper_(F: torch.Tensor) -> torch.Tensor:
+    """Copy the upper triangle of each (n, n) matrix of F onto its lower triangle, in place.
+
+    The factor statistics accumulate their **upper triangle**: ``baddbmm`` updates entry (i, j) from
+    entry (i, j) alone, so the upper triangle evolves as a one-triangle accumulation would, while the
+    lower triangle (written by the same GEMM with a different summation order, asymmetric at ~1e-7
+    relative in fp32 for n >= 256) is scratch. This mirror makes the factor bitwise symmetric in any
+    dtype; it runs whenever a factor is read (each root round, ``state_dict()``, factor dumps), not
+    at every step, so symmetric statistics cost nothing on the step (a per-step symmetrisation is a
+    strided transpose of every factor, about a third of the ``baddbmm`` itself).
+    """
+    n = F.shape[-1]
+    lower = torch.ones(n, n, dtype=torch.bool, device=F.device).tril_(-1)
+    return F.copy_(torch.where(lower, F.mT, F))
+
+
+def _copy_into(dst: torch.Tensor, src: Any, what: str, *, finite: bool = False) -> None:
     if not isinstance(src, torch.Tensor) or tuple(src.shape) != tuple(dst.shape):
         got = tuple(src.shape) if isinstance(src, torch.Tensor) else type(src).__name__
         raise StateDictError(f"state for {what} has shape {got}, expected {tuple(dst.shape)}")
+    if not (src.is_floating_point() or src.is_complex()) and dst.is_floating_point():
+        raise StateDictError(f"state for {what} has dtype {src.dtype}, expected a floating tensor")
+    if finite and not bool(torch.isfinite(src).all()):
+        bad = int((~torch.isfinite(src)).sum())
+        raise StateDictError(
+            f"state for {what} has {bad} non-finite entries; a NaN/Inf root would poison every update. "
+            "Drop that entry from the checkpoint (the factor then starts again from the identity root)"
+        )
     dst.copy_(src)
+
+
+def _as_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float | torch.Tensor):
+        raise StateDictError(f"state for {what} must be an int, got {type(value).__name__}")
+    try:
+        return int(value)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise StateDictError(f"state for {what} must be an int, got {value!r}") from exc
 
 
 def restore(state: ParamState, flat: dict[str, Any]) -> None:
     """Load ``flat`` (from :func:`flatten`) into ``state`` in place, copying into existing storage."""
     key = state.key
-    if tuple(flat.get("shape", state.layout.shape)) != tuple(state.layout.shape):
+    if not isinstance(flat, dict):
+        raise StateDictError(f"parameter {key!r}: state must be a dict, got {type(flat).__name__}")
+    saved_shape = flat.get("shape", state.layout.shape)
+    if not isinstance(saved_shape, tuple | list | torch.Size) or tuple(saved_shape) != tuple(
+        state.layout.shape
+    ):
         raise StateDictError(
-            f"parameter {key!r}: saved shape {flat['shape']} differs from the parameter's {state.layout.shape}"
+            f"parameter {key!r}: saved shape {saved_shape!r} differs from the parameter's {state.layout.shape}"
         )
-    state.step = int(flat["step"])
-    state.skipped_steps = int(flat.get("skipped_steps", 0))
+    if "step" not in flat:
+        raise StateDictError(f"parameter {key!r}: 'step' missing from the saved state")
+    state.step = _as_int(flat["step"], f"{key!r} step")
+    state.skipped_steps = _as_int(flat.get("skipped_steps", 0), f"{key!r} skipped_steps")
     if "momentum_buffer" in flat:
         if state.momentum_buffer is None:
             raise StateDictError(f"parameter {key!r}: the state has a momentum buffer but momentum is 0")
@@ -127,7 +174,7 @@ def restore(state: ParamState, flat: dict[str, Any]) -> None:
             continue
         pre = f"blocks.{b.spec.index}."
         saved = flat.get(pre + "shape")
-        if saved is None or tuple(saved) != tuple(b.spec.shape):
+        if not isinstance(saved, tuple | list | torch.Size) or tuple(saved) != tuple(b.spec.shape):
             raise StateDictError(
                 f"parameter {key!r} block {b.spec.index}: saved block shape {saved} differs from "
                 f"{b.spec.shape}; the blocking options (max_preconditioner_dim, merge_dims, "
@@ -141,13 +188,33 @@ def restore(state: ParamState, flat: dict[str, Any]) -> None:
                 _copy_into(t, flat[pre + name], f"{key!r} block {b.spec.index} {name}")
         for f in b.factors:
             fp = f"{pre}factors.{f.dim}."
-            if fp + "matrix" not in flat:
+            if fp + "matrix" not in flat or fp + "root" not in flat:
                 raise StateDictError(f"parameter {key!r} block {b.spec.index}: factor {f.dim} missing")
+            # Non-finite statistics are accepted (the next root round resets them, with a warning);
+            # a non-finite root is refused: it would be applied as it is until the next round.
             _copy_into(f.matrix, flat[fp + "matrix"], f"{key!r} {fp}matrix")
-            _copy_into(f.root, flat[fp + "root"], f"{key!r} {fp}root")
+            _copy_into(f.root, flat[fp + "root"], f"{key!r} {fp}root", finite=True)
             for fld in dataclasses.fields(FactorState):
                 if fld.name not in _FACTOR_FIXED and fp + fld.name in flat:
-                    setattr(f, fld.name, flat[fp + fld.name])
+                    setattr(f, fld.name, _bookkeeping(flat[fp + fld.name], fld, f"{key!r} {fp}{fld.name}"))
 
 
-__all__ = ["BlockState", "FactorState", "ParamState", "flatten", "restore"]
+def _bookkeeping(value: Any, fld: dataclasses.Field, what: str) -> Any:
+    """A saved FactorState bookkeeping value, checked against the field's type."""
+    default = fld.default
+    if isinstance(default, bool):
+        if not isinstance(value, bool | int):
+            raise StateDictError(f"state for {what} must be a bool, got {value!r}")
+        return bool(value)
+    if isinstance(default, int):
+        return _as_int(value, what)
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise StateDictError(f"state for {what} must be a number, got {value!r}")
+        return float(value)
+    if isinstance(default, str) and not isinstance(value, str):
+        raise StateDictError(f"state for {what} must be a str, got {value!r}")
+    return value
+
+
+__all__ = ["BlockState", "FactorState", "ParamState", "flatten", "mirror_upper_", "restore"]

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from .. import psd as psd_policy
 from ..errors import ConvergenceError, ConvergenceWarning
 from ..inputs import Problem, all_finite, prepare
 from ..result import RootResult
@@ -33,10 +34,19 @@ class RawResult:
 
 @dataclass(frozen=True, kw_only=True)
 class SolverConfig:
-    """Base of the frozen solver configs. Subclasses set ``name`` and implement ``_run``."""
+    """Base of the frozen solver configs. Subclasses set ``name`` and implement ``_run``.
+
+    Args:
+        psd: rank-deficiency policy, one of :data:`matroots.psd.PSD_POLICIES` ("none", "shift",
+            "meta"): which nearby matrix is solved when the input is only positive semidefinite.
+            The same definition for every method (:mod:`matroots.psd`); ``solve(psd=...)`` overrides it.
+    """
 
     name: ClassVar[str] = ""
     integer_p: ClassVar[bool] = False
+    # True for methods that apply the "meta" psd shift to their own computed eigenvalues (eigh)
+    psd_on_eigenvalues: ClassVar[bool] = False
+    psd: str = "none"
 
     def solve(
         self,
@@ -53,9 +63,17 @@ class SolverConfig:
         record_history: bool = False,
         inverse: bool = True,
         warm_start: object = None,
+        psd: str | None = None,
+        quiet: bool = False,
     ) -> RootResult:
-        """Compute A^{-1/p} (``inverse=True``) or A^{1/p}. See :func:`matroots.inverse_root`."""
+        """Compute A^{-1/p} (``inverse=True``) or A^{1/p}. See :func:`matroots.inverse_root`.
+
+        ``psd`` overrides the config's rank-deficiency policy (:mod:`matroots.psd`). ``quiet=True``
+        reports non-convergence only in the result (``converged``, ``info``) and a DEBUG log line, no
+        ConvergenceWarning: for callers that handle the failure themselves (Shampoo's failure policy).
+        """
         t0 = time.perf_counter()
+        policy = psd_policy.check_policy(self.psd if psd is None else psd)
         prob = prepare(
             A,
             p,
@@ -70,13 +88,16 @@ class SolverConfig:
             strict=strict,
             record_history=record_history,
         )
+        psd_policy.apply(prob, policy, on_eigenvalues=self.psd_on_eigenvalues)
         raw = self._run(prob, inverse=inverse, warm_start=warm_start)
-        return self._finalise(prob, raw, inverse=inverse, seconds=time.perf_counter() - t0)
+        return self._finalise(prob, raw, inverse=inverse, seconds=time.perf_counter() - t0, quiet=quiet)
 
     def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
         raise NotImplementedError
 
-    def _finalise(self, prob: Problem, raw: RawResult, *, inverse: bool, seconds: float) -> RootResult:
+    def _finalise(
+        self, prob: Problem, raw: RawResult, *, inverse: bool, seconds: float, quiet: bool = False
+    ) -> RootResult:
         root = raw.root
         if prob.prescale != 1.0:
             # root of (sA): (sA)^{-1/p} = s^{-1/p} A^{-1/p}; undo with the exact factor in float64.
@@ -89,6 +110,7 @@ class SolverConfig:
             finite = torch.isfinite(root).flatten(1).all(-1)
         converged = raw.converged & finite
         info = {**prob.info, **raw.info}
+        psd_policy.report(info, root.shape[0])
         if not bool(finite.all()):
             info["non_finite_root"] = int((~finite).sum())
         n_bad = int((~converged).sum())
@@ -115,8 +137,11 @@ class SolverConfig:
         if n_bad:
             if prob.strict:
                 raise ConvergenceError(msg, result=out)
-            warnings.warn(msg, ConvergenceWarning, stacklevel=3)
-            log.warning(msg)
+            if quiet:
+                log.debug(msg)
+            else:
+                warnings.warn(msg, ConvergenceWarning, stacklevel=3)
+                log.warning(msg)
         return out
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import precision
+from .. import psd as psd_policy
 from ..errors import NotPositiveDefiniteError
 from ..inputs import Problem, require_symmetric, symmetric_part
 from ..regularize import working_shift
@@ -36,6 +37,7 @@ class EighConfig(SolverConfig):
     """
 
     name = "eigh"
+    psd_on_eigenvalues = True  # the psd "meta" shift goes on the computed eigenvalues (as Meta's does)
     rank_policy: str = "perturb"
     atol: float = 0.0
     rtol: float | None = None
@@ -69,6 +71,9 @@ class EighConfig(SolverConfig):
             w, Q = w.float(), Q.float()
         s = prob.prescale  # report in the user's units (fp16 inputs are pre-scaled by s)
         lmin, lmax = w[..., 0].double(), w[..., -1].double()
+        psd_shift = psd_policy.eigenvalue_shift(prob, w)
+        if psd_shift is not None:
+            w = w + psd_shift.to(device=w.device, dtype=w.dtype).unsqueeze(-1)
         if prob.eps > 0:
             shift = working_shift(prob.eps, prob.eps_mode, lmax, s)
             wr = w + shift.to(w.dtype).unsqueeze(-1)

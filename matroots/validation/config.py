@@ -1,0 +1,331 @@
+"""Validation grid: a TOML config expanded into training units (task x optimizer config x lr x seed).
+
+A config looks like (see ``experiments/configs/validate_demo.toml``)::
+
+    name = "validate_demo"
+    seeds = [0, 1, 2]
+
+    [timing]                 # the in-unit interleaved step timing against AdamW
+    rounds = 3               # alternating (this optimizer, AdamW) chunks
+    chunk_steps = 10         # steps per chunk (default: the config's precondition frequency)
+
+    [diagnostics]
+    root_error_samples = 4   # factors per root round checked against a float64 eigh reference
+    reference_eps = 1e-6     # the common reference root of forward_error_total (all configs alike)
+    reference_eps_mode = "relative"
+
+    [tasks.digits]           # one table per task; all keys optional
+    steps = 300
+    eval_every = 20
+    size = { hidden = 128 }
+
+    [[optimizers]]
+    name = "adamw"           # "adamw", "sgd" (momentum) or "shampoo"
+    lr = [1e-3, 3e-3, 1e-2]  # a list, or a table of lists per task: { digits = [...], default = [...] }
+    options = { weight_decay = 0.0 }
+
+    [[optimizers]]
+    name = "shampoo"
+    lr = [1e-3, 3e-3]
+    root_solver = ["eigh", { name = "coupled_newton", options = { scaling = "frobenius" } }]
+    root_dtype = ["fp32", "bf16"]
+    eps = [{ value = 1e-12, mode = "absolute" }, { value = 1e-6, mode = "relative" }]
+    precondition_frequency = [10]
+    tasks = ["digits"]       # optional: only these tasks
+    options = { grafting = "adam", max_preconditioner_dim = 256 }
+
+Every Shampoo entry is the cross product of its root solvers, dtypes, eps and frequencies (``"all"``
+as ``root_solver`` means every registered solver). Every optimizer config of a task runs on the same
+seeds, hence the same initial weights and data order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidArgumentError
+from .tasks import TASKS
+
+OPTIMIZERS = ("adamw", "sgd", "shampoo")
+DTYPES = {"fp64": "fp64", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+BASELINE = "adamw"  # the optimizer whose best final validation loss is every task's target
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSpec:
+    name: str
+    steps: int
+    eval_every: int
+    size: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSpec:
+    """One optimizer configuration without its learning rate (Shampoo: one solver/dtype/eps/frequency)."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    root_solver: str = ""
+    solver_options: dict[str, Any] = field(default_factory=dict)
+    solver_label: str = ""
+    root_dtype: str = ""
+    eps: float = 0.0
+    eps_mode: str = ""
+    precondition_frequency: int = 0
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", self.default_label())
+
+    def default_label(self) -> str:
+        if self.name != "shampoo":
+            return self.name
+        mode = "rel" if self.eps_mode == "relative" else "abs"
+        return f"shampoo[{self.solver_label}|{self.root_dtype}|eps={self.eps:g}{mode}|f={self.precondition_frequency}]"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unit:
+    """One training run: a task, an optimizer config, a learning rate and a seed."""
+
+    key: str
+    task: TaskSpec
+    optimizer: OptimizerSpec
+    lr: float
+    seed: int
+    timing_rounds: int
+    timing_chunk: int
+    root_error_samples: int
+    reference_eps: float = 1e-6
+    reference_eps_mode: str = "relative"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationGrid:
+    name: str
+    seeds: tuple[int, ...]
+    tasks: tuple[TaskSpec, ...]
+    entries: tuple[tuple[OptimizerSpec, dict[str, tuple[float, ...]], tuple[str, ...]], ...]
+    timing_rounds: int = 3
+    timing_chunk: int = 0
+    root_error_samples: int = 4
+    reference_eps: float = 1e-6
+    reference_eps_mode: str = "relative"
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def config_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.raw, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.raw)
+
+    def lrs(self, entry_lrs: dict[str, tuple[float, ...]], task: str) -> tuple[float, ...]:
+        return entry_lrs.get(task, entry_lrs.get("default", ()))
+
+    def units(self) -> list[Unit]:
+        """All units, baseline (AdamW) first within each task and seed, so targets exist early."""
+        out: list[Unit] = []
+        rank = {n: i for i, n in enumerate((BASELINE, "sgd", "shampoo"))}
+        for task in self.tasks:
+            for seed in self.seeds:
+                entries = sorted(self.entries, key=lambda e: rank[e[0].name])
+                for spec, lrs, only in entries:
+                    if only and task.name not in only:
+                        continue
+                    for lr in self.lrs(lrs, task.name):
+                        out.append(self._unit(task, spec, lr, seed))
+        keys = [u.key for u in out]
+        if len(set(keys)) != len(keys):
+            dup = sorted({k for k in keys if keys.count(k) > 1})
+            raise InvalidArgumentError(f"validation config {self.name!r} repeats runs: {dup[:3]}")
+        return out
+
+    def _unit(self, task: TaskSpec, spec: OptimizerSpec, lr: float, seed: int) -> Unit:
+        chunk = self.timing_chunk or spec.precondition_frequency or 10
+        ident = json.dumps([asdict(task), asdict(spec), float(lr), int(seed)], sort_keys=True, default=str)
+        digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
+        key = f"{task.name}.s{seed}.{re.sub(r'[^A-Za-z0-9_-]+', '_', spec.name)}.{digest}"
+        return Unit(
+            key=key,
+            task=task,
+            optimizer=spec,
+            lr=float(lr),
+            seed=int(seed),
+            timing_rounds=self.timing_rounds,
+            timing_chunk=int(chunk),
+            root_error_samples=self.root_error_samples,
+            reference_eps=self.reference_eps,
+            reference_eps_mode=self.reference_eps_mode,
+        )
+
+
+def _bad(msg: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"validation config: {msg}")
+
+
+def _lr_table(value: Any, where: str) -> dict[str, tuple[float, ...]]:
+    if isinstance(value, list):
+        return {"default": tuple(float(v) for v in value)}
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if k != "default" and k not in TASKS:
+                raise _bad(f"{where}: lr table key {k!r} is not a task; tasks: {sorted(TASKS)} or 'default'")
+            out[k] = tuple(float(x) for x in (v if isinstance(v, list) else [v]))
+        return out
+    if isinstance(value, int | float):
+        return {"default": (float(value),)}
+    raise _bad(f"{where}: lr must be a list of numbers or a table of lists per task, got {value!r}")
+
+
+def _solvers(value: Any, where: str) -> list[tuple[str, dict[str, Any], str]]:
+    from ..solvers import registry
+
+    items = value if isinstance(value, list) else [value]
+    out: list[tuple[str, dict[str, Any], str]] = []
+    for it in items:
+        if it == "all":
+            out.extend((n, {}, n) for n in registry.available())
+            continue
+        if isinstance(it, str):
+            it = {"name": it}
+        if not isinstance(it, dict) or "name" not in it:
+            raise _bad(f"{where}: root_solver entries are names or {{name=..., options={{...}}}}, got {it!r}")
+        name, opts = it["name"], dict(it.get("options", {}))
+        if name not in registry.available():
+            raise _bad(f"{where}: unknown root solver {name!r}; available: {registry.available()} or 'all'")
+        label = it.get("label") or (
+            f"{name}({','.join(f'{k}={v}' for k, v in sorted(opts.items()))})" if opts else name
+        )
+        out.append((name, opts, label))
+    return out
+
+
+def from_dict(raw: dict[str, Any]) -> ValidationGrid:
+    """Validate a parsed config (see the module docstring) and build the grid."""
+    known = {"name", "seeds", "tasks", "optimizers", "timing", "diagnostics"}
+    extra = set(raw) - known
+    if extra:
+        raise _bad(f"unknown keys {sorted(extra)}; allowed: {sorted(known)}")
+    name = str(raw.get("name", "validate"))
+    seeds = tuple(int(s) for s in raw.get("seeds", [0]))
+    if not seeds:
+        raise _bad("seeds must not be empty")
+    tasks = []
+    for tname, t in (raw.get("tasks") or {}).items():
+        if tname not in TASKS:
+            raise _bad(f"unknown task {tname!r}; available: {sorted(TASKS)}")
+        t = t or {}
+        bad = set(t) - {"steps", "eval_every", "size"}
+        if bad:
+            raise _bad(f"tasks.{tname}: unknown keys {sorted(bad)}; allowed: steps, eval_every, size")
+        cls = TASKS[tname]
+        steps, every = (
+            int(t.get("steps", cls.default_steps)),
+            int(t.get("eval_every", cls.default_eval_every)),
+        )
+        if steps < 1 or every < 1:
+            raise _bad(f"tasks.{tname}: steps and eval_every must be >= 1")
+        tasks.append(TaskSpec(name=tname, steps=steps, eval_every=every, size=dict(t.get("size", {}))))
+    if not tasks:
+        raise _bad(f"no [tasks.NAME] tables; available tasks: {sorted(TASKS)}")
+    entries = []
+    for i, o in enumerate(raw.get("optimizers") or []):
+        where = f"optimizers[{i}]"
+        oname = o.get("name")
+        if oname not in OPTIMIZERS:
+            raise _bad(f"{where}: name must be one of {OPTIMIZERS}, got {oname!r}")
+        allowed = {"name", "lr", "options", "tasks", "label"}
+        if oname == "shampoo":
+            allowed |= {"root_solver", "root_dtype", "eps", "precondition_frequency"}
+        bad = set(o) - allowed
+        if bad:
+            raise _bad(f"{where}: unknown keys {sorted(bad)} for {oname}; allowed: {sorted(allowed)}")
+        if "lr" not in o:
+            raise _bad(f"{where}: lr is required (a small log sweep, e.g. [1e-3, 3e-3, 1e-2])")
+        lrs = _lr_table(o["lr"], where)
+        only = tuple(o.get("tasks", ()))
+        for t in only:
+            if t not in TASKS:
+                raise _bad(f"{where}: tasks lists unknown task {t!r}")
+        opts = dict(o.get("options", {}))
+        if oname != "shampoo":
+            entries.append((OptimizerSpec(name=oname, options=opts, label=o.get("label", "")), lrs, only))
+            continue
+        dts = o.get("root_dtype", ["fp32"])
+        for d in dts:
+            if d not in DTYPES:
+                raise _bad(f"{where}: root_dtype {d!r} not one of {sorted(DTYPES)}")
+        epss = o.get("eps", [{"value": 1e-12, "mode": "absolute"}])
+        epss = [e if isinstance(e, dict) else {"value": e} for e in epss]
+        for e in epss:
+            if e.get("mode", "absolute") not in ("absolute", "relative"):
+                raise _bad(f"{where}: eps mode must be 'absolute' or 'relative', got {e.get('mode')!r}")
+        freqs = [int(f) for f in o.get("precondition_frequency", [10])]
+        for (sname, sopts, slabel), d, e, f in itertools.product(
+            _solvers(o.get("root_solver", ["eigh"]), where), dts, epss, freqs
+        ):
+            spec = OptimizerSpec(
+                name="shampoo",
+                options=opts,
+                root_solver=sname,
+                solver_options=sopts,
+                solver_label=slabel,
+                root_dtype=d,
+                eps=float(e.get("value", 0.0)),
+                eps_mode=e.get("mode", "absolute"),
+                precondition_frequency=f,
+            )
+            entries.append((spec, lrs, only))
+    if not any(e[0].name == BASELINE for e in entries):
+        raise _bad("the grid needs an 'adamw' entry: its best final validation loss is the target")
+    labels = [(e[0].label, e[2]) for e in entries]
+    if len({lab for lab, _ in labels}) != len(labels):
+        dup = sorted({lab for lab, _ in labels if [x for x, _ in labels].count(lab) > 1})
+        raise _bad(f"optimizer configs with the same label {dup[:3]}: give them distinct 'label's")
+    timing = raw.get("timing", {})
+    diag = raw.get("diagnostics", {})
+    bad = set(timing) - {"rounds", "chunk_steps"}
+    bad |= set(diag) - {"root_error_samples", "reference_eps", "reference_eps_mode"}
+    if bad:
+        raise _bad(f"unknown [timing]/[diagnostics] keys {sorted(bad)}")
+    if diag.get("reference_eps_mode", "relative") not in ("absolute", "relative"):
+        raise _bad("diagnostics.reference_eps_mode must be 'absolute' or 'relative'")
+    if int(timing.get("rounds", 3)) < 1:
+        raise _bad("timing.rounds must be >= 1")
+    return ValidationGrid(
+        name=name,
+        seeds=seeds,
+        tasks=tuple(tasks),
+        entries=tuple(entries),
+        timing_rounds=int(timing.get("rounds", 3)),
+        timing_chunk=int(timing.get("chunk_steps", 0)),
+        root_error_samples=int(diag.get("root_error_samples", 4)),
+        reference_eps=float(diag.get("reference_eps", 1e-6)),
+        reference_eps_mode=str(diag.get("reference_eps_mode", "relative")),
+        raw=raw,
+    )
+
+
+def load_config(path: str | Path) -> ValidationGrid:
+    """Read and validate a validation TOML config."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no validation config {p}")
+    with p.open("rb") as fh:
+        try:
+            raw = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as exc:
+            raise _bad(f"{p} is not valid TOML: {exc}") from None
+    return from_dict(raw)
+
+
+__all__ = ["BASELINE", "OptimizerSpec", "TaskSpec", "Unit", "ValidationGrid", "from_dict", "load_config"]
