@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .errors import MatrootsError
+from .errors import InvalidArgumentError
 from .result import RootResult
 from .solvers import registry
 from .solvers.base import SolverConfig
@@ -19,10 +19,16 @@ def resolve_method(method: str | SolverConfig, **options: Any) -> SolverConfig:
         try:
             return dataclasses.replace(method, **options)
         except TypeError as exc:
-            raise MatrootsError(f"bad options for method {method.name!r}: {exc}") from exc
+            raise InvalidArgumentError(
+                f"bad options for method {method.name!r}: {exc}; its options are "
+                f"{registry.field_names(type(method))}"
+            ) from exc
     if isinstance(method, str):
         return registry.get(method, **options)
-    raise MatrootsError(f"method must be a registry name or a solver config, got {type(method).__name__}")
+    raise InvalidArgumentError(
+        f"method must be a registry name ({', '.join(registry.available())}) or a solver config, "
+        f"got {type(method).__name__}"
+    )
 
 
 def inverse_root(
@@ -44,7 +50,11 @@ def inverse_root(
     """Compute the inverse p-th root A^{-1/p} of a matrix or a batch of matrices.
 
     Args:
-        A: torch tensor or numpy array of shape (n, n) or (..., n, n).
+        A: torch tensor or numpy array of shape (n, n) or (..., n, n), float64/float32/bfloat16/float16.
+            It is never written to (views and transposes included). If it requires grad (and grad mode
+            is on), ``method="eigh"`` returns a root attached to the graph (exact derivative, finite for
+            repeated eigenvalues; see :mod:`matroots.solvers.eigh_autograd`); the Newton methods refuse
+            such input with InvalidArgumentError rather than silently detaching it.
         p: the root; rational p > 0 for ``eigh``, integer p >= 1 for the Newton methods.
         method: a name from :func:`matroots.solvers.available` or a config object such as
             ``CoupledNewtonConfig(scaling="optimal")``.
@@ -53,7 +63,8 @@ def inverse_root(
         dtype: working precision (float64, float32, bfloat16, float16 or a name such as "bf16"); the
             input is rounded to it. Default: the input's dtype.
         compute_dtype: precision of the arithmetic when it differs from ``dtype`` (mixed precision).
-        tol, max_iter: Newton stopping tolerance on ||M_k - I||_F (default 4 p sqrt(n) u) and iteration cap.
+        tol, max_iter: Newton stopping tolerance on ||M_k - I||_F, in (0, 1) (default 4 p sqrt(n) u),
+            and iteration cap, an int >= 1.
         strict: raise :class:`~matroots.ConvergenceError` instead of warning on non-convergence.
         record_history: keep the per-iteration residuals in ``result.history``.
         warm_start: a previous :class:`RootResult` or root, for methods that support it.
@@ -61,6 +72,14 @@ def inverse_root(
 
     Returns:
         A :class:`RootResult`.
+
+    Raises:
+        MatrootsInputError: a bad argument (:class:`~matroots.InvalidArgumentError` names it, shows the
+            value and what is allowed; numpy and 0-d torch scalars are accepted for numbers, bools are
+            not), a bad shape, dtype, exponent or a non-symmetric matrix for an SPD-only method.
+        MatrootsNumericalError: the matrix actually solved is not positive definite, a value does not
+            fit the working format (:class:`~matroots.FormatRangeError`), or ``strict=True`` and the
+            iteration did not converge.
     """
     cfg = resolve_method(method, **options)
     return cfg.solve(

@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import precision
+from . import arguments, precision
 from .errors import (
     EmptyMatrixError,
     FormatRangeError,
+    InvalidArgumentError,
     MatrootsError,
     NonFiniteInputError,
     NotSquareError,
@@ -24,6 +25,8 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedExponentError,
 )
+
+EPS_MODES = ("absolute", "relative")
 
 
 def parse_exponent(p: object, *, integer: bool = False, method: str = "") -> Fraction:
@@ -46,18 +49,57 @@ def parse_exponent(p: object, *, integer: bool = False, method: str = "") -> Fra
     return frac
 
 
+_NUMPY_KINDS_REFUSED = {
+    "b": "boolean",
+    "i": "integer",
+    "u": "unsigned integer",
+    "c": "complex",
+    "O": "object",
+    "U": "string",
+    "S": "bytes",
+    "V": "structured",
+    "M": "datetime",
+    "m": "timedelta",
+}
+
+
 def to_tensor(A: object) -> torch.Tensor:
-    """Convert a numpy array or torch tensor to a torch tensor without copying where possible."""
+    """The input as a torch tensor, detached, without copying where possible (never written to).
+
+    Accepts a strided torch tensor or a numpy array of float64, float32, float16 (and torch bfloat16).
+    A Python list, a sparse or meta tensor, an object/integer/complex array is refused with a typed
+    :class:`~matroots.errors.MatrootsInputError` saying how to convert it.
+    """
     if isinstance(A, torch.Tensor):
+        if A.layout != torch.strided:
+            raise InvalidArgumentError(
+                f"A must be a dense (strided) tensor, got layout {A.layout}; convert it with A.to_dense()"
+            )
+        if A.device.type == "meta":
+            raise InvalidArgumentError(
+                "A is a meta-device tensor, which has a shape but no values; pass a tensor on the CPU "
+                "(or a GPU), e.g. torch.empty_like(A, device='cpu') filled with the matrix"
+            )
         t = A.detach()
     elif isinstance(A, np.ndarray):
-        if A.dtype.kind in "iubc" or A.dtype == np.longdouble:
+        kind = A.dtype.kind
+        if kind in _NUMPY_KINDS_REFUSED or A.dtype == np.longdouble:
+            what = _NUMPY_KINDS_REFUSED.get(kind, str(A.dtype))
             raise UnsupportedDtypeError(
-                f"input dtype {A.dtype} is not supported: convert to float64 or float32 first"
+                f"input numpy array has {what} dtype {A.dtype}, which is not supported: convert it to a "
+                "real floating format first, e.g. np.asarray(A, dtype=np.float64)"
             )
+        if not A.dtype.isnative:
+            A = A.astype(A.dtype.newbyteorder("="))
+        if not A.flags.writeable:  # torch cannot wrap read-only memory; copy rather than risk it
+            A = np.array(A, order="C", copy=True)
         t = torch.from_numpy(np.ascontiguousarray(A))
     else:
-        raise TypeError(f"A must be a torch.Tensor or numpy.ndarray, got {type(A).__name__}")
+        kind = type(A).__name__
+        hint = (
+            " (convert it with torch.tensor(A, dtype=torch.float64))" if isinstance(A, list | tuple) else ""
+        )
+        raise InvalidArgumentError(f"A must be a torch.Tensor or numpy.ndarray, got {kind}{hint}")
     if t.dtype not in precision.FORMATS:
         raise UnsupportedDtypeError(
             f"input dtype {t.dtype} is not supported: use float64, float32, bfloat16 or float16 "
@@ -86,6 +128,7 @@ def all_finite(t: torch.Tensor) -> bool:
     infinite); only a non-finite sum, from a bad entry or from overflow of the sum itself, pays for the
     entrywise test.
     """
+    t = t.detach()
     work = t if t.dtype in (torch.float32, torch.float64) else t.float()
     if math.isfinite(float(work.sum())):
         return True
@@ -111,25 +154,78 @@ def _defect_dtype(t: torch.Tensor) -> torch.Tensor:
 
 
 def _transposed(work: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy of A^T for a batch (b, n, n).
+    """A contiguous copy of A^T, always in a fresh buffer (never a view of the caller's storage).
 
-    torch copies a 2-D transpose with a blocked kernel but a batched one element by element through
-    strides (5x slower at n = 1024, where the matrix no longer fits in cache), so large matrices are
-    transposed one by one.
+    ``work.mT.contiguous()`` would return ``work.mT`` itself when ``work`` is a transposed view of a
+    contiguous tensor (its transpose is then contiguous), and the in-place subtraction that follows
+    would write into the caller's matrix. torch copies a 2-D transpose with a blocked kernel but a
+    batched one element by element through strides (5x slower at n = 1024, where the matrix no longer
+    fits in cache), so large matrices are transposed one by one.
     """
-    if work.ndim != 3 or work.shape[-1] < 256 or not work.is_contiguous():
-        return work.mT.contiguous()
-    out = torch.empty_like(work)
-    for i in range(work.shape[0]):
-        out[i].copy_(work[i].mT)
-    return out
+    if work.ndim == 3 and work.shape[-1] >= 256:
+        out = torch.empty(work.shape, dtype=work.dtype, device=work.device)
+        for i in range(work.shape[0]):
+            out[i].copy_(work[i].mT)
+        return out
+    return work.mT.clone(memory_format=torch.contiguous_format)
+
+
+def _norm_ratio(num_mat: torch.Tensor, den_mat: torch.Tensor) -> torch.Tensor:
+    """||num_mat||_F / ||den_mat||_F per batch element in float64, safe from overflow and underflow.
+
+    The Frobenius norm squares the entries: in float64 it overflows from ~1e154 (inf/inf = NaN) and
+    underflows below ~1e-154 (0/0, or a real defect read as 0). When the direct norms are not safely
+    inside the range, both matrices are scaled by the power of two that brings max|den_mat| to [1, 2)
+    and the norms recomputed. ``num_mat`` must be at most a small multiple of ``den_mat`` in size.
+    """
+    num = torch.linalg.matrix_norm(num_mat).double()
+    den = torch.linalg.matrix_norm(den_mat).double()
+    fi = torch.finfo(den_mat.dtype)
+    safe_lo = math.sqrt(fi.tiny) / fi.eps
+    safe_hi = math.sqrt(fi.max) / 4.0
+    ok = torch.isfinite(num) & torch.isfinite(den) & ((den >= safe_lo) & (den <= safe_hi) | (den == 0))
+    if not bool(ok.all()):
+        amax = den_mat.abs().amax(dim=(-2, -1)).double()
+        _, e = torch.frexp(torch.where(amax > 0, amax, torch.ones_like(amax)))
+        k = (-e).to(torch.int64).reshape(*amax.shape, 1, 1)
+        num = torch.linalg.matrix_norm(_ldexp(num_mat.double(), k))
+        den = torch.linalg.matrix_norm(_ldexp(den_mat.double(), k))
+    out = num / torch.where(den > 0, den, torch.ones_like(den))
+    # a NaN must never read as "small enough": report it as an infinite defect
+    return torch.where(torch.isnan(out), torch.full_like(out, math.inf), out)
+
+
+def _ldexp(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """x * 2^k exactly (float64; k an integer tensor broadcastable to x), in steps that cannot overflow
+    2^k itself (``torch.ldexp`` forms 2^k first, which is inf for k > 1023)."""
+    k = k.to(torch.int64)
+    while True:
+        step = k.clamp(-1000, 1000)
+        x = x * torch.pow(2.0, step.double()).to(x.device)
+        k = k - step
+        if not bool((k != 0).any()):
+            return x
+
+
+def scale_by_power_of_two(x: torch.Tensor, log2_factor: float) -> torch.Tensor:
+    """x * 2^log2_factor for a float64 tensor x, without forming an overflowing factor.
+
+    The integer part of the exponent is applied by :func:`_ldexp` (exact), the fractional part as one
+    float64 multiplication (one rounding). Differentiable in x.
+    """
+    k = math.floor(log2_factor)
+    frac = log2_factor - k
+    if frac:
+        x = x * 2.0**frac
+    return _ldexp(x, torch.tensor(k)) if k else x
 
 
 def symmetry_defect(t: torch.Tensor) -> torch.Tensor:
     """Relative symmetry defect ||A - A^T||_F / ||A||_F per batch element (float64 tensor).
 
     Computed in t's format (float32 for the 16-bit formats): the tolerance it is compared with is a
-    multiple of that format's unit roundoff, so no wider copy is needed.
+    multiple of that format's unit roundoff, so no wider copy is needed. Safe from overflow and
+    underflow of the norms at any scale; never NaN (see :func:`symmetric_part`).
     """
     return symmetric_part(t)[1]
 
@@ -137,18 +233,19 @@ def symmetry_defect(t: torch.Tensor) -> torch.Tensor:
 def symmetric_part(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(A + A^T)/2 and the relative symmetry defect per batch element (float64).
 
-    The symmetric part is in t's dtype, or float32 for the 16-bit formats (no second rounding).
+    The symmetric part is in t's dtype, or float32 for the 16-bit formats (no second rounding). It is
+    ``t`` itself when t is exactly symmetric; otherwise a new tensor: ``t``'s storage is never written.
 
-    One pass over A^T serves both: D = A - A^T, (A + A^T)/2 = A - D/2.
+    One pass over A^T serves both: D = A - A^T, (A + A^T)/2 = A - D/2. The defect is computed
+    overflow- and underflow-safely (:func:`_norm_ratio`): at ||A|| ~ 1e200 the plain norms give
+    inf/inf = NaN, and below ~1e-154 they give 0, either of which would let a non-symmetric matrix pass.
     """
     work = _defect_dtype(t)
     if work.shape[-1] < 512 and torch.equal(work, work.mT):  # exactly symmetric, small: one strided pass
         return work, torch.zeros(work.shape[:-2], dtype=torch.float64)
-    D = _transposed(work).sub_(work).neg_()  # A - A^T in a single n x n buffer
-    num = torch.linalg.matrix_norm(D).double()
-    den = torch.linalg.matrix_norm(work).double()
-    defect = num / torch.where(den > 0, den, torch.ones_like(den))
-    if not bool((num > 0).any()):  # exactly symmetric (the common case): nothing to average
+    D = _transposed(work).sub_(work).neg_()  # A - A^T in a fresh n x n buffer
+    defect = _norm_ratio(D, work)
+    if not bool((defect > 0).any()):  # exactly symmetric (the common case): nothing to average
         return work, defect
     return work - 0.5 * D, defect
 
@@ -180,7 +277,7 @@ def require_symmetric(
     tol = default_symmetry_tol(t) if tol is None else tol
     defect = symmetry_defect(t) if defect is None else defect
     worst = float(defect.max())
-    if worst > tol:
+    if not worst <= tol:  # NaN (which _norm_ratio never returns) would fail here too
         raise NotSymmetricError(
             f"method {method!r} needs symmetric input, but the relative symmetry defect "
             f"||A - A^T||_F / ||A||_F = {worst:.3e} exceeds the tolerance {tol:.3e}; symmetrise with "
@@ -190,9 +287,13 @@ def require_symmetric(
 
 @dataclass
 class Problem:
-    """A validated problem: input rounded to the working dtype and flattened to (batch, n, n)."""
+    """A validated problem: input rounded to the working dtype and flattened to (batch, n, n).
 
-    A: torch.Tensor  # (b, n, n) in the working dtype
+    ``A`` may share storage with the caller's tensor (when no rounding, scaling or layout change was
+    needed): solvers must never write into it.
+    """
+
+    A: torch.Tensor  # (b, n, n) in the working dtype, contiguous
     batch_shape: tuple[int, ...]
     p: Fraction
     dtype: torch.dtype
@@ -206,6 +307,9 @@ class Problem:
     prescale: float = 1.0  # A was multiplied by this power of two before rounding
     info: dict[str, Any] = field(default_factory=dict)
     source_dtype: torch.dtype | None = None  # the caller's format, before rounding to ``dtype``
+    # the caller's tensor, flattened to (b, n, n), when it requires grad and grad mode is on (methods
+    # with ``differentiable = True`` attach their result to it); None otherwise
+    grad_source: torch.Tensor | None = None
 
     @property
     def n(self) -> int:
@@ -220,79 +324,216 @@ class Problem:
         return len(self.batch_shape) > 0
 
 
+# Outside fp16, the working matrix is pre-scaled only when its magnitude m leaves [2^-B, 2^B], with
+# B a quarter of the format's exponent range (fp64: 2^+-256, fp32/bf16: 2^+-32): there, squares and
+# norms (||A||_F, Lanczos' beta^2, the symmetry defect) cannot overflow or underflow.
+_BAND_LOG2 = {torch.float64: 256, torch.float32: 32, torch.bfloat16: 32, torch.float16: 0}
+_MIN_LOG2_SCALE, _MAX_LOG2_SCALE = -1022, 1023  # 2^k must be a normal float64
+
+
+def prescale_exponent(amax: float, n: int, eps: float, eps_mode: str, dtypes: tuple[torch.dtype, ...]) -> int:
+    """k such that the matrix is solved as 2^k A (exact: a power of two), 0 when no scaling is needed.
+
+    The magnitude of the matrix actually solved, m = max(max|A|, eps_abs), is what must fit the
+    narrowest of ``dtypes`` (working and compute format); an absolute eps is in the user's units and
+    a relative one is bounded by eps * n * max|A| (>= eps * lambda_max, Gershgorin). In fp16 (range
+    6e-5 .. 65504) m is always brought to [1, 2); in the other formats only when it leaves the band
+    2^+-B above. Including eps matters: scaling A = 1e-300 alone to 1 and then adding an absolute
+    eps = 0.01 times the same factor (2^997) overflows any format.
+    """
+    logs = []
+    if amax > 0:
+        logs.append(math.log2(amax))
+    if eps > 0:
+        if eps_mode == "absolute":
+            logs.append(math.log2(eps))
+        elif amax > 0:
+            logs.append(math.log2(eps) + math.log2(n) + math.log2(amax))
+    if not logs:
+        return 0
+    log2m = max(logs)
+    band = min(_BAND_LOG2[d] for d in dtypes)
+    if band > 0 and abs(log2m) <= band:
+        return 0
+    k = -math.floor(log2m)
+    return min(max(k, _MIN_LOG2_SCALE), _MAX_LOG2_SCALE)
+
+
+def _check_rounding_range(amax: float, source: torch.dtype, wdtype: torch.dtype) -> None:
+    """Outside fp16 (which is pre-scaled), the caller's matrix must fit the working format as a whole.
+
+    A matrix whose max|A| overflows, or falls below the smallest normal number of, the working format
+    cannot be rounded to it without losing the matrix (an underflowing matrix becomes zeros and
+    subnormals); entries that underflow while max|A| is normal are ordinary rounding error.
+    """
+    if wdtype == torch.float16 or wdtype == source or amax == 0:
+        return
+    fmt = precision.info(wdtype)
+    if not math.isfinite(float(torch.tensor(amax, dtype=torch.float64).to(wdtype))):
+        raise FormatRangeError(
+            f"input rounded to {fmt.name} has non-finite entries: max|A| = {amax:.3e} overflows "
+            f"{fmt.name} (max {fmt.max:.3e}); use a wider dtype or scale the matrix"
+        )
+    if amax < fmt.tiny:
+        raise FormatRangeError(
+            f"input rounded to {fmt.name} underflows: max|A| = {amax:.3e} is below {fmt.name}'s smallest "
+            f"normal number {fmt.tiny:.3e}, so the matrix would become zeros and subnormals; use a wider "
+            "dtype or scale the matrix"
+        )
+
+
+def check_warm_start(warm_start: object) -> None:
+    """Refuse a warm start that is not None, a RootResult, a torch tensor or a float numpy array."""
+    if warm_start is None or isinstance(warm_start, torch.Tensor):
+        return
+    if hasattr(warm_start, "root") and isinstance(getattr(warm_start, "root", None), torch.Tensor):
+        return  # a RootResult (duck-typed: matroots.result imports nothing from here)
+    if isinstance(warm_start, np.ndarray) and warm_start.dtype.kind == "f":
+        return
+    raise InvalidArgumentError(
+        f"warm_start must be None, a previous RootResult, or its root as a torch tensor or float numpy "
+        f"array; got {type(warm_start).__name__}"
+    )
+
+
 def prepare(
     A: object,
     p: object,
     *,
     integer_p: bool,
     method: str,
-    eps: float,
-    eps_mode: str,
+    eps: object,
+    eps_mode: object,
     dtype: object,
     compute_dtype: object,
-    tol: float | None,
-    max_iter: int | None,
-    strict: bool,
-    record_history: bool,
+    tol: object,
+    max_iter: object,
+    strict: object,
+    record_history: object,
+    differentiable: bool = False,
+    warm_start: object = None,
 ) -> Problem:
-    """Validate the input and round it to the working dtype. See :func:`matroots.inverse_root`."""
+    """Validate the input and every argument, and round the input to the working dtype.
+
+    See :func:`matroots.inverse_root`. Raises a :class:`~matroots.errors.MatrootsInputError` subclass
+    for a bad argument, :class:`~matroots.errors.FormatRangeError` when the matrix (with its eps)
+    cannot be represented in the working format.
+    """
     frac = parse_exponent(p, integer=integer_p, method=method)
     t = to_tensor(A)
     check_shape(t)
-    check_finite(t)
     wdtype = precision.as_dtype(dtype) if dtype is not None else t.dtype
     cdtype = precision.as_dtype(compute_dtype) if compute_dtype is not None else wdtype
-    if eps_mode not in ("absolute", "relative"):
-        raise ValueError(f"eps_mode must be 'absolute' or 'relative', got {eps_mode!r}")
-    if not (isinstance(eps, int | float) and math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-    if tol is not None and not (tol > 0):
-        raise ValueError(f"tol must be > 0, got {tol!r}")
-    if max_iter is not None and (not isinstance(max_iter, int) or max_iter < 1):
-        raise ValueError(f"max_iter must be a positive int, got {max_iter!r}")
+    eps_mode = arguments.choice("eps_mode", eps_mode, EPS_MODES)
+    eps_f = arguments.real("eps", eps, minimum=0.0, what="the regularisation shift")
+    tol_f = arguments.real(
+        "tol",
+        tol,
+        minimum=0.0,
+        exclusive_minimum=True,
+        maximum=1.0,
+        exclusive_maximum=True,
+        allow_none=True,
+        what="a bound on the Newton residual ||M_k - I||_F; None means 4 p sqrt(n) u",
+    )
+    max_iter_i = arguments.integer("max_iter", max_iter, minimum=1, allow_none=True)
+    strict_b = arguments.flag("strict", strict)
+    history_b = arguments.flag("record_history", record_history)
+    check_warm_start(warm_start)
+    grad_source = None
+    if isinstance(A, torch.Tensor) and A.requires_grad and torch.is_grad_enabled():
+        if not differentiable:
+            raise InvalidArgumentError(
+                f"A requires grad, but method {method!r} is not differentiable (its iteration and stopping "
+                "tests are not traced); use method='eigh', which supports autograd, or pass A.detach() "
+                "(or call under torch.no_grad()) to compute the root without gradients"
+            )
+        grad_source = A.reshape(-1, A.shape[-2], A.shape[-1])
     batch_shape = tuple(t.shape[:-2])
     n = t.shape[-1]
     flat = t.reshape(-1, n, n)
+    # max|A| in one pass; it is finite exactly when every entry is (NaN and Inf propagate)
+    amax = float(torch.linalg.vector_norm(flat, ord=math.inf))
+    if not math.isfinite(amax):
+        check_finite(t)
+    _check_rounding_range(amax, t.dtype, wdtype)
+    k = prescale_exponent(amax, n, eps_f, eps_mode, (wdtype, cdtype))
+    if wdtype == torch.float16 and (amax > 0 or eps_f > 0):
+        # fp16 overflows at 65504 and is normal only above 6.1e-5: the scaled magnitude must be ~1
+        scaled = max(math.log2(amax) if amax > 0 else -math.inf, math.log2(eps_f) if eps_f > 0 else -math.inf)
+        if scaled + k < -14 or scaled + k > 15:
+            raise FormatRangeError(
+                f"input (max|A| = {amax:.3e}, eps = {eps_f:.3e}) cannot be pre-scaled into fp16's range by a "
+                "float64 power of two; use a wider dtype"
+            )
     info: dict[str, Any] = {}
-    prescale = 1.0
-    if wdtype == torch.float16:
-        # fp16 overflows at 65504: scale by an exact power of two so max|A| is near 1 (undone on the root).
-        amax = float(flat.abs().max())
-        if amax > 0:
-            prescale = 2.0 ** (-math.floor(math.log2(amax)))
-            if prescale != 1.0:
-                info["prescale"] = prescale
-    work = (flat.double() * prescale if prescale != 1.0 else flat).to(wdtype)
-    if work.dtype != flat.dtype or prescale != 1.0:  # rounding can overflow; otherwise checked above
+    prescale = 2.0**k
+    if k != 0:
+        info["prescale"] = prescale
+        work = _ldexp(flat.double(), torch.tensor(k)).to(wdtype)
+    else:
+        work = flat.to(wdtype)
+    if work.dtype != flat.dtype or k != 0:  # rounding can overflow; otherwise checked above
         check_finite(work, what=f"input rounded to {precision.info(wdtype).name}", error=FormatRangeError)
+    work = work.contiguous()  # a transposed or strided view is copied (solvers then never see the caller's)
     return Problem(
         A=work,
         batch_shape=batch_shape,
         p=frac,
         dtype=wdtype,
         compute_dtype=cdtype,
-        eps=float(eps),
+        eps=eps_f,
         eps_mode=eps_mode,
-        tol=tol,
-        max_iter=max_iter,
-        strict=strict,
-        record_history=record_history,
+        tol=tol_f,
+        max_iter=max_iter_i,
+        strict=strict_b,
+        record_history=history_b,
         prescale=prescale,
         info=info,
         source_dtype=t.dtype,
+        grad_source=grad_source,
     )
 
 
+def check_root_range(root: torch.Tensor, dtype: torch.dtype, what: str = "root") -> None:
+    """Raise FormatRangeError when a finite float64 ``root`` does not fit ``dtype`` as a whole.
+
+    Overflow (an entry beyond the format's max) or underflow (a non-zero root whose largest entry is
+    below the smallest normal number, so every entry would be a subnormal or zero) would turn a
+    correct root into inf or into garbage on the final rounding. Non-finite roots are left to the
+    caller (reported as not converged).
+    """
+    if not all_finite(root):
+        return
+    fmt = precision.info(dtype)
+    amax = float(torch.linalg.vector_norm(root.double(), ord=math.inf))
+    if amax > fmt.max:
+        raise FormatRangeError(
+            f"the {what} has entries up to {amax:.3e}, beyond {fmt.name}'s range (max {fmt.max:.3e}): "
+            "it cannot be returned in this dtype; use a wider dtype"
+        )
+    if 0 < amax < fmt.tiny:
+        raise FormatRangeError(
+            f"the {what} has entries only up to {amax:.3e}, below {fmt.name}'s smallest normal number "
+            f"{fmt.tiny:.3e}: it would underflow to zeros and subnormals; use a wider dtype"
+        )
+
+
 __all__ = [
+    "EPS_MODES",
     "Problem",
     "all_finite",
     "check_finite",
+    "check_root_range",
     "check_shape",
+    "check_warm_start",
     "default_symmetry_tol",
     "is_symmetric",
     "parse_exponent",
     "prepare",
+    "prescale_exponent",
     "require_symmetric",
+    "scale_by_power_of_two",
     "symmetric_part",
     "symmetry_defect",
     "to_tensor",

@@ -9,14 +9,18 @@ shift is added to the computed eigenvalues (exact for A + eps I = Q (Lambda + ep
 Newton methods it is added to the diagonal of the rounded matrix. A shift smaller than u * lambda_max
 of the working format is therefore lost to rounding, which is the behaviour this toolkit measures.
 
-fp16 inputs are pre-scaled by an exact power of two ``prescale`` (see :func:`matroots.inputs.prepare`);
-an absolute eps is given in the user's units, so it is multiplied by ``prescale`` before it is added
-to the pre-scaled matrix (:func:`working_shift`), and reported back in the user's units.
+Inputs are pre-scaled by an exact power of two ``prescale`` (always in fp16; in the other formats
+only when the magnitude of A + eps_abs I leaves a safe band, see :func:`matroots.inputs.prescale_exponent`,
+whose choice includes eps so that the shifted matrix fits the format); an absolute eps is given in the
+user's units, so it is multiplied by ``prescale`` before it is added to the pre-scaled matrix
+(:func:`working_shift`), and reported back in the user's units (``info["eps_abs"]``).
 """
 
 from __future__ import annotations
 
 import torch
+
+from .errors import InvalidArgumentError
 
 
 def absolute_shift(eps: float, eps_mode: str, lambda_max: torch.Tensor) -> torch.Tensor:
@@ -26,7 +30,7 @@ def absolute_shift(eps: float, eps_mode: str, lambda_max: torch.Tensor) -> torch
         return torch.full_like(lmax, float(eps))
     if eps_mode == "relative":
         return float(eps) * lmax.abs()
-    raise ValueError(f"eps_mode must be 'absolute' or 'relative', got {eps_mode!r}")
+    raise InvalidArgumentError(f"eps_mode must be one of ('absolute', 'relative'), got {eps_mode!r}")
 
 
 def working_shift(eps: float, eps_mode: str, lambda_max: torch.Tensor, prescale: float = 1.0) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 
 from .. import psd as psd_policy
 from ..errors import ConvergenceError, ConvergenceWarning
-from ..inputs import Problem, all_finite, prepare
+from ..inputs import Problem, all_finite, check_root_range, prepare, scale_by_power_of_two
 from ..result import RootResult
 
 log = logging.getLogger("matroots")
@@ -46,6 +46,8 @@ class SolverConfig:
     integer_p: ClassVar[bool] = False
     # True for methods that apply the "meta" psd shift to their own computed eigenvalues (eigh)
     psd_on_eigenvalues: ClassVar[bool] = False
+    # True for methods whose root carries autograd to an input that requires grad (eigh)
+    differentiable: ClassVar[bool] = False
     psd: str = "none"
 
     def solve(
@@ -87,6 +89,8 @@ class SolverConfig:
             max_iter=max_iter,
             strict=strict,
             record_history=record_history,
+            differentiable=self.differentiable,
+            warm_start=warm_start,
         )
         psd_policy.apply(prob, policy, on_eigenvalues=self.psd_on_eigenvalues)
         raw = self._run(prob, inverse=inverse, warm_start=warm_start)
@@ -100,9 +104,12 @@ class SolverConfig:
     ) -> RootResult:
         root = raw.root
         if prob.prescale != 1.0:
-            # root of (sA): (sA)^{-1/p} = s^{-1/p} A^{-1/p}; undo with the exact factor in float64.
+            # root of (sA): (sA)^{-1/p} = s^{-1/p} A^{-1/p}; undo with the factor s^e in float64, formed
+            # in steps (s^e alone can overflow float64, e.g. s = 2^997 with e = 100 for p = 0.01).
             e = float(1 / prob.p) * (1.0 if inverse else -1.0)
-            root = (root.double() * math.pow(prob.prescale, e)).to(root.dtype)
+            root = scale_by_power_of_two(root.double(), math.log2(prob.prescale) * e)
+        if root.dtype != prob.dtype or prob.prescale != 1.0:
+            check_root_range(root, prob.dtype)  # FormatRangeError rather than inf or zeros on rounding
         root = root.to(prob.dtype)
         if all_finite(root):
             finite = torch.ones(root.shape[0], dtype=torch.bool)

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import precision
+from .. import arguments, precision
 from ..errors import MatrootsError, NegativeRealEigenvalueError, NotPositiveDefiniteError, NotSymmetricError
 from ..inputs import Problem, symmetric_part
 from ..regularize import add_to_diagonal, working_shift
@@ -100,11 +100,17 @@ class CoupledNewtonConfig(SolverConfig):
     stagnation_accept: float = 16.0
     symmetry_tol: float | None = None
 
-    def __post_init__(self) -> None:
-        if self.scaling not in SCALINGS:
-            raise ValueError(f"scaling must be one of {SCALINGS}, got {self.scaling!r}")
-        if self.lanczos_steps < 2 or self.power_iters < 1:
-            raise ValueError("lanczos_steps must be >= 2 and power_iters >= 1")
+    def __post_init__(self) -> None:  # typed InvalidArgumentError for every field (matroots.arguments)
+        arguments.store(
+            self,
+            scaling=arguments.choice("scaling", self.scaling, SCALINGS),
+            lanczos_steps=arguments.integer("lanczos_steps", self.lanczos_steps, minimum=2),
+            power_iters=arguments.integer("power_iters", self.power_iters, minimum=1),
+            stagnation_accept=arguments.real(
+                "stagnation_accept", self.stagnation_accept, minimum=1.0, what="a multiple of tol"
+            ),
+            symmetry_tol=arguments.real("symmetry_tol", self.symmetry_tol, minimum=0.0, allow_none=True),
+        )
 
     def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
         p = int(prob.p)

@@ -6,16 +6,18 @@ A = Q diag(lambda) Q^T  =>  A^{-1/p} = Q diag(lambda^{-1/p}) Q^T for any rationa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from .. import precision
+from .. import arguments, precision
 from .. import psd as psd_policy
-from ..errors import NotPositiveDefiniteError
+from ..errors import FormatRangeError, InvalidArgumentError, NotPositiveDefiniteError
 from ..inputs import Problem, require_symmetric, symmetric_part
 from ..regularize import working_shift
 from .base import RawResult, SolverConfig
+from .eigh_autograd import SpectralRoot
 from .registry import register
 
 RANK_POLICIES = ("perturb", "clamp", "pseudo_inverse")
@@ -34,22 +36,39 @@ class EighConfig(SolverConfig):
             eigen-directions get 0 in the root).
         atol, rtol: the threshold above; ``rtol=None`` means n * u of the compute dtype.
         symmetry_tol: tolerance on ||A - A^T||_F / ||A||_F; None means 100 sqrt(n) u of the input.
+
+    Autograd: when A requires grad (and grad mode is on) the root carries a graph back to A, with the
+    Daleckii-Krein derivative (:mod:`.eigh_autograd`), finite for repeated eigenvalues; supported for
+    ``rank_policy="perturb"`` (the default), absolute or relative eps and every psd policy. The
+    other rank policies are not differentiable at their thresholds and refuse an input that requires
+    grad (InvalidArgumentError).
     """
 
     name = "eigh"
     psd_on_eigenvalues = True  # the psd "meta" shift goes on the computed eigenvalues (as Meta's does)
+    differentiable = True
     rank_policy: str = "perturb"
     atol: float = 0.0
     rtol: float | None = None
     symmetry_tol: float | None = None
 
     def __post_init__(self) -> None:
-        if self.rank_policy not in RANK_POLICIES:
-            raise ValueError(f"rank_policy must be one of {RANK_POLICIES}, got {self.rank_policy!r}")
-        if self.atol < 0 or (self.rtol is not None and self.rtol < 0):
-            raise ValueError("atol and rtol must be >= 0")
+        arguments.store(
+            self,
+            rank_policy=arguments.choice("rank_policy", self.rank_policy, RANK_POLICIES),
+            atol=arguments.real("atol", self.atol, minimum=0.0, what="absolute eigenvalue threshold"),
+            rtol=arguments.real("rtol", self.rtol, minimum=0.0, allow_none=True, what="relative threshold"),
+            symmetry_tol=arguments.real(
+                "symmetry_tol", self.symmetry_tol, minimum=0.0, allow_none=True, what="relative defect"
+            ),
+        )
 
     def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
+        if prob.grad_source is not None and self.rank_policy != "perturb":
+            raise InvalidArgumentError(
+                f"A requires grad, but rank_policy={self.rank_policy!r} is not differentiable at its "
+                "threshold; use rank_policy='perturb' (with eps) for gradients, or pass A.detach()"
+            )
         A_sym, defect = symmetric_part(prob.A)
         require_symmetric(prob.A, self.name, prob.symmetry_tol(self.symmetry_tol), defect=defect)
         info: dict = {}
@@ -83,6 +102,11 @@ class EighConfig(SolverConfig):
             lmin, lmax, shift = lmin / s, lmax / s, shift / s
         info.update(lambda_min=lmin, lambda_max=lmax, eps_abs=shift)
         e = -1.0 / float(prob.p) if inverse else 1.0 / float(prob.p)
+        if not bool(torch.isfinite(wr).all()):
+            raise FormatRangeError(
+                f"eigh: an eigenvalue plus the eps shift (eps_abs={float(shift.max()):.3e}) overflows "
+                f"{precision.info(cdtype).name}; use a smaller eps or a wider dtype"
+            )
         if self.rank_policy == "perturb":
             bad = wr[..., 0] <= 0
             if bool(bad.any()):
@@ -111,12 +135,22 @@ class EighConfig(SolverConfig):
                 info["dropped"] = (~keep).sum(-1)
                 if not inverse:
                     f = torch.where(keep, wr.clamp_min(0).pow(e), torch.zeros_like(wr))
+        _check_root_spectrum(wr, f, e, cdtype, prob)
         # X = Q f(Lambda) Q^T = W W^T with W = Q f(Lambda)^{1/2} (f >= 0 here), scaling Q in place: one
         # n x n temporary fewer (at n = 1024 each fresh one costs ~4 ms of page faults). Symmetric up to
         # the GEMM's rounding (~u ||X||); not symmetrised, which would cost a strided pass over X.
-        W = Q.mul_(f.sqrt().unsqueeze(-2))
-        X = W @ W.mT
         b = prob.A.shape[0]
+        if prob.grad_source is None:
+            W = Q.mul_(f.sqrt().unsqueeze(-2))
+            X = W @ W.mT
+        else:
+            W = Q * f.sqrt().unsqueeze(-2)
+            meta_active = (
+                (psd_shift.reshape(-1) > 0) if psd_shift is not None else torch.zeros(b, dtype=torch.bool)
+            )
+            eps_rel = prob.eps if prob.eps_mode == "relative" else 0.0
+            X = SpectralRoot.apply(prob.grad_source, W, Q, wr, e, prob.prescale, eps_rel, meta_active)
+            info["autograd"] = "Daleckii-Krein derivative of the eigenvalue function (eigh_autograd)"
         info["eigh_calls"] = 1
         info["residual_note"] = "eigh reports no residual (NaN); use matroots.metrics for errors"
         return RawResult(
@@ -126,4 +160,34 @@ class EighConfig(SolverConfig):
             residual=torch.full((b,), float("nan"), dtype=torch.float64),
             matmuls=1.0,
             info=info,
+        )
+
+
+def _check_root_spectrum(
+    wr: torch.Tensor, f: torch.Tensor, e: float, cdtype: torch.dtype, prob: Problem
+) -> None:
+    """FormatRangeError when the root's eigenvalues f = wr^e overflow or all underflow ``cdtype``.
+
+    X = Q diag(f) Q^T has |X_ij| <= max f, so max f decides the range. It is judged from
+    e log2(wr) in float64, not from f itself: an overflowing f reads inf, an underflowing one 0, and a
+    zero root would otherwise be returned as converged.
+    """
+    fmt = precision.info(cdtype)
+    used = (f > 0) | ~torch.isfinite(f)
+    lf = torch.where(
+        used & (wr > 0),
+        e * torch.log2(wr.double().clamp_min(1e-320)),
+        torch.full_like(f, -math.inf, dtype=torch.float64),
+    )
+    top = lf.amax(dim=-1)
+    if bool((top > math.log2(fmt.max)).any()):
+        worst = float(wr[..., 0].min()) / prob.prescale
+        raise FormatRangeError(
+            f"eigh: the root's eigenvalues (lambda + eps)^({e:.4g}) overflow {fmt.name} (smallest shifted "
+            f"eigenvalue {worst:.3e}); increase eps or use a wider dtype"
+        )
+    if bool(((top < math.log2(fmt.tiny)) & (top > -math.inf)).any()):
+        raise FormatRangeError(
+            f"eigh: the root's eigenvalues (lambda + eps)^({e:.4g}) all underflow {fmt.name} (below "
+            f"{fmt.tiny:.3e}); use a wider dtype"
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import MatrootsError
+from ..errors import InvalidArgumentError, MatrootsError
 
 _REGISTRY: dict[str, type] = {}
 
@@ -25,11 +25,25 @@ def available() -> list[str]:
 
 def get(name: str, **options: Any) -> Any:
     """A config object for the solver registered as ``name``, built with ``options``."""
+    if not isinstance(name, str):
+        raise InvalidArgumentError(
+            f"method must be a registry name or a solver config, got {type(name).__name__}"
+        )
     try:
         cls = _REGISTRY[name]
     except KeyError:
-        raise MatrootsError(f"unknown method {name!r}; available: {', '.join(available())}") from None
+        raise InvalidArgumentError(
+            f"unknown method {name!r}; available: {', '.join(available())} (or pass a solver config object)"
+        ) from None
     try:
         return cls(**options)
     except TypeError as exc:
-        raise MatrootsError(f"bad options for method {name!r}: {exc}") from exc
+        raise InvalidArgumentError(
+            f"bad options for method {name!r}: {exc}; its options are {field_names(cls)}"
+        ) from exc
+
+
+def field_names(cls: type) -> list[str]:
+    """The config fields a solver accepts as options."""
+    fields = getattr(cls, "__dataclass_fields__", {})
+    return sorted(k for k, f in fields.items() if f.init)

@@ -24,7 +24,7 @@ import numpy as np
 import scipy.linalg
 import torch
 
-from .. import precision
+from .. import arguments, precision
 from ..errors import NegativeRealEigenvalueError, NotPositiveDefiniteError
 from ..inputs import Problem, is_symmetric
 from .base import RawResult, SolverConfig
@@ -64,6 +64,15 @@ class SchurNewtonConfig(SolverConfig):
     integer_p = True
     stagnation_accept: float = 16.0
     symmetry_tol: float | None = None
+
+    def __post_init__(self) -> None:  # typed InvalidArgumentError for every field (matroots.arguments)
+        arguments.store(
+            self,
+            stagnation_accept=arguments.real(
+                "stagnation_accept", self.stagnation_accept, minimum=1.0, what="a multiple of tol"
+            ),
+            symmetry_tol=arguments.real("symmetry_tol", self.symmetry_tol, minimum=0.0, allow_none=True),
+        )
 
     def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
         p = int(prob.p)
