@@ -1,5 +1,6 @@
 """Root solvers: one module per published algorithm, each with a frozen keyword-only config."""
 
+from .auto import AutoConfig
 from .base import SolverConfig
 from .coupled_newton import CoupledNewtonConfig
 from .eigh import EighConfig
@@ -7,6 +8,7 @@ from .registry import available, get, register
 from .schur_newton import SchurNewtonConfig
 
 __all__ = [
+    "AutoConfig",
     "CoupledNewtonConfig",
     "EighConfig",
     "SchurNewtonConfig",

@@ -1,0 +1,215 @@
+"""The selection step of ``matroots tune``: sweep rows -> selection table.
+
+A *cell* is (device, dtype, p, n band, kappa band); its *cases* are the sweep units whose n and kappa
+(the condition number of the matrix actually solved, A + eps I) fall in the bands. For each cell and
+each accuracy target the table names the cheapest candidate that met the target on **every** case of
+the cell: no failure (typed error, non-convergence, non-finite root) and relative forward error (against
+the high-precision reference of the matrix solved) <= target. "Cheapest" is the median of the measured
+GEMM-equivalents (process CPU seconds of the solve / CPU seconds of one n x n GEMM in the same dtype,
+both measured in the same work unit; see :mod:`matroots.tuning.cost`). The runner-up is the next
+cheapest passing candidate. Where no candidate passes, the row has choice "NA" and a reason naming
+the most accurate candidate and its worst error. Cases whose reference could not be computed (A + eps I
+not positive definite) have no error to judge and are left out (counted in ``excluded_cases``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .. import precision
+from .spec import TuneSpec
+
+TABLE_COLUMNS = [
+    "device",
+    "dtype",
+    "p",
+    "n_lo",
+    "n_hi",
+    "kappa_lo",
+    "kappa_hi",
+    "target",
+    "choice",
+    "method",
+    "options",
+    "worst_error",
+    "median_gemm_equivalents",
+    "median_cpu_seconds",
+    "median_matmuls",
+    "failure_rate",
+    "cases",
+    "families",
+    "n_seen",
+    "kappa_seen_min",
+    "kappa_seen_max",
+    "runner_up",
+    "runner_up_gemm_equivalents",
+    "runner_up_worst_error",
+    "best_effort",
+    "best_effort_error",
+    "reason",
+]
+
+
+def dtype_order(names: list[str]) -> list[str]:
+    """dtype names in precision order (smallest unit roundoff first: fp64, fp32, fp16, bf16)."""
+    return sorted(names, key=lambda d: (precision.unit_roundoff(d), d))
+
+
+def _band(values: pd.Series, edges: tuple[float, ...]) -> pd.Series:
+    """Index i of the band [edges[i], edges[i+1]) of each value; -1 outside."""
+    idx = np.searchsorted(np.asarray(edges, dtype=float), values.to_numpy(dtype=float), side="right") - 1
+    idx[(idx < 0) | (idx >= len(edges) - 1)] = -1
+    return pd.Series(idx, index=values.index)
+
+
+def case_kappa(rows: pd.DataFrame) -> pd.Series:
+    """The condition number of the matrix actually solved (A + eps I) per row, from the reference."""
+    k = rows["condition_number"] if "condition_number" in rows else pd.Series(np.nan, index=rows.index)
+    for alt in ("kappa_actual", "kappa"):
+        if alt in rows:
+            k = k.where(k.notna(), rows[alt])
+    return k.astype(float)
+
+
+def _candidate_stats(cell: pd.DataFrame, cases: int) -> pd.DataFrame:
+    failed = cell["failure"].fillna("").astype(str) != ""
+    err = cell["relative_forward_error"].astype(float).where(~failed, np.inf).fillna(np.inf)
+    d = cell.assign(_failed=failed, _err=err)
+    g = d.groupby("solver", sort=True)
+    ok = d[~d["_failed"]].groupby("solver", sort=True)
+    out = pd.DataFrame(
+        {
+            "rows": g.size(),
+            "failure_rate": g["_failed"].mean(),
+            "worst_error": g["_err"].max(),
+            "method": g["method"].first(),
+            "options": g["options"].first(),
+        }
+    )
+    out["median_gemm_equivalents"] = ok["gemm_equivalents"].median()
+    out["median_cpu_seconds"] = ok["cpu_seconds"].median()
+    out["median_matmuls"] = ok["matmuls"].median()
+    out["complete"] = out["rows"] == cases
+    # Worst error over the cases that did not fail (for the reason text of a failed candidate).
+    out["worst_ok_error"] = ok["_err"].max()
+    return out
+
+
+def _fmt(x: float) -> str:
+    return "NA" if x is None or not np.isfinite(x) else f"{x:.2g}"
+
+
+def _band_label(lo: float, hi: float) -> str:
+    return f"[{lo:g}, {hi:g})"
+
+
+def select(rows: pd.DataFrame, spec: TuneSpec) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The selection table of a tune run's rows, and a summary of what was left out."""
+    d = rows.copy()
+    d["_kappa"] = case_kappa(d)
+    has_ref = d["relative_forward_error"].notna() | (d["failure"].fillna("").astype(str) != "")
+    if "reference_error" in d:
+        has_ref &= d["reference_error"].isna()
+    excluded = d.loc[~has_ref, "unit"].nunique()
+    d = d[has_ref]
+    d = d.assign(_nb=_band(d["n"], spec.n_bands), _kb=_band(d["_kappa"], spec.kappa_bands))
+    outside = d.loc[(d["_nb"] < 0) | (d["_kb"] < 0), "unit"].nunique()
+    d = d[(d["_nb"] >= 0) & (d["_kb"] >= 0)]
+    if "device" not in d:
+        d["device"] = spec.device
+    out: list[dict[str, Any]] = []
+    keys = ["device", "dtype", "p", "_nb", "_kb"]
+    for (device, dtype, p, nb, kb), cell in d.groupby(keys, sort=True):
+        cases = cell["unit"].nunique()
+        st = _candidate_stats(cell, cases)
+        n_lo, n_hi = spec.n_bands[nb], spec.n_bands[nb + 1]
+        k_lo, k_hi = spec.kappa_bands[kb], spec.kappa_bands[kb + 1]
+        # Best effort: the most accurate candidate (fewest failures first, then worst error).
+        be = st.sort_values(["failure_rate", "worst_ok_error", "median_gemm_equivalents"]).iloc[0]
+        base = {
+            "device": device,
+            "dtype": dtype,
+            "p": int(p),
+            "n_lo": int(n_lo),
+            "n_hi": int(n_hi),
+            "kappa_lo": float(k_lo),
+            "kappa_hi": float(k_hi),
+            "cases": int(cases),
+            "families": ";".join(sorted(cell["family"].unique())),
+            "n_seen": ";".join(str(int(x)) for x in sorted(cell["n"].unique())),
+            "kappa_seen_min": float(cell["_kappa"].min()),
+            "kappa_seen_max": float(cell["_kappa"].max()),
+            "best_effort": be.name,
+            "best_effort_error": float(be["worst_error"]),
+        }
+        for target in spec.targets:
+            passing = st[(st["failure_rate"] == 0) & (st["worst_error"] <= target) & st["complete"]]
+            passing = passing.sort_values(["median_gemm_equivalents", "worst_error"])
+            row = dict(base, target=float(target))
+            where = (
+                f"{dtype} p={int(p)} n {_band_label(n_lo, n_hi)} kappa {_band_label(k_lo, k_hi)} "
+                f"({cases} cases)"
+            )
+            if passing.empty:
+                be_err = be["worst_error"] if np.isfinite(be["worst_error"]) else be["worst_ok_error"]
+                fails = f", failing {be['failure_rate']:.0%} of cases" if be["failure_rate"] > 0 else ""
+                row.update(
+                    choice="NA",
+                    method="NA",
+                    options="",
+                    worst_error=math.nan,
+                    median_gemm_equivalents=math.nan,
+                    median_cpu_seconds=math.nan,
+                    median_matmuls=math.nan,
+                    failure_rate=math.nan,
+                    runner_up="NA",
+                    runner_up_gemm_equivalents=math.nan,
+                    runner_up_worst_error=math.nan,
+                    reason=f"no candidate meets {target:g} at {where}; best is {be.name} at "
+                    f"{_fmt(be_err)}{fails}",
+                )
+            else:
+                c = passing.iloc[0]
+                r = passing.iloc[1] if len(passing) > 1 else None
+                row.update(
+                    choice=c.name,
+                    method=c["method"],
+                    options=c["options"],
+                    worst_error=float(c["worst_error"]),
+                    median_gemm_equivalents=float(c["median_gemm_equivalents"]),
+                    median_cpu_seconds=float(c["median_cpu_seconds"]),
+                    median_matmuls=float(c["median_matmuls"]),
+                    failure_rate=float(c["failure_rate"]),
+                    runner_up=r.name if r is not None else "NA",
+                    runner_up_gemm_equivalents=float(r["median_gemm_equivalents"])
+                    if r is not None
+                    else math.nan,
+                    runner_up_worst_error=float(r["worst_error"]) if r is not None else math.nan,
+                    reason=f"cheapest (median {c['median_gemm_equivalents']:.3g} GEMM-equivalents) of "
+                    f"{len(passing)} candidates meeting {target:g} on every case at {where}",
+                )
+            out.append(row)
+    table = pd.DataFrame(out, columns=TABLE_COLUMNS)
+    if not table.empty:
+        order = {d: i for i, d in enumerate(dtype_order(list(table["dtype"].unique())))}
+        table = (
+            table.assign(_d=table["dtype"].map(order))
+            .sort_values(["device", "_d", "p", "n_lo", "kappa_lo", "target"], ascending=[1, 1, 1, 1, 1, 0])
+            .drop(columns="_d")
+            .reset_index(drop=True)
+        )
+    summary = {"excluded_cases": int(excluded), "cases_outside_bands": int(outside), "rows": len(d)}
+    return table, summary
+
+
+def options_of(entry_options: str) -> dict[str, Any]:
+    """The options dict of a table row (JSON text in the CSV)."""
+    return json.loads(entry_options) if entry_options else {}
+
+
+__all__ = ["TABLE_COLUMNS", "case_kappa", "dtype_order", "options_of", "select"]
