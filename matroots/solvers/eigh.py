@@ -63,12 +63,8 @@ class EighConfig(SolverConfig):
             ),
         )
 
-    def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
-        if prob.grad_source is not None and self.rank_policy != "perturb":
-            raise InvalidArgumentError(
-                f"A requires grad, but rank_policy={self.rank_policy!r} is not differentiable at its "
-                "threshold; use rank_policy='perturb' (with eps) for gradients, or pass A.detach()"
-            )
+    def _working_matrix(self, prob: Problem) -> tuple[torch.Tensor, dict]:
+        """The validated symmetric part of the input in the LAPACK compute format, and the info notes."""
         A_sym, defect = symmetric_part(prob.A)
         require_symmetric(prob.A, self.name, prob.symmetry_tol(self.symmetry_tol), defect=defect)
         info: dict = {}
@@ -80,6 +76,12 @@ class EighConfig(SolverConfig):
                 f"{precision.info(prob.dtype).name}"
             )
         A = A_sym.to(cdtype)
+        return A, info
+
+    @staticmethod
+    def _eigh(A: torch.Tensor, info: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ascending eigenvalues and eigenvectors of the batch A; an fp32 failure is retried in fp64."""
+        cdtype = A.dtype
         try:
             w, Q = torch.linalg.eigh(A)
         except torch.linalg.LinAlgError as exc:
@@ -88,6 +90,20 @@ class EighConfig(SolverConfig):
             info["eigh_retry_fp64"] = f"fp32 eigh failed ({exc}); retried in fp64"
             w, Q = torch.linalg.eigh(A.double())
             w, Q = w.float(), Q.float()
+        return w, Q
+
+    def _root_eigenvalues(
+        self, prob: Problem, w: torch.Tensor, info: dict, *, inverse: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, float, torch.Tensor | None, torch.Tensor | None]:
+        """(wr, f, e, psd_shift, active) for ascending eigenvalues ``w`` (prescaled units, LAPACK dtype).
+
+        wr: w plus the psd and eps shifts; f = the root's eigenvalues under the rank policy (wr^e with
+        e = -+1/p); active: where f is the power function itself (None: everywhere, rank_policy
+        'perturb'; else False on clamped or dropped eigenvalues). Records lambda_min/max, eps_abs and
+        the rank-policy counts in ``info``; raises as eigh does.
+        """
+        cdtype = w.dtype
+        active = None
         s = prob.prescale  # report in the user's units (fp16 inputs are pre-scaled by s)
         lmin, lmax = w[..., 0].double(), w[..., -1].double()
         psd_shift = psd_policy.eigenvalue_shift(prob, w)
@@ -128,14 +144,26 @@ class EighConfig(SolverConfig):
                 )
             if self.rank_policy == "clamp":
                 f = torch.maximum(wr, thresh).pow(e)
+                active = wr >= thresh
                 info["clamped"] = (wr < thresh).sum(-1)
             else:
-                keep = wr > thresh
+                keep = active = wr > thresh
                 f = torch.where(keep, wr.clamp_min(torch.finfo(wr.dtype).tiny).pow(e), torch.zeros_like(wr))
                 info["dropped"] = (~keep).sum(-1)
                 if not inverse:
                     f = torch.where(keep, wr.clamp_min(0).pow(e), torch.zeros_like(wr))
         _check_root_spectrum(wr, f, e, cdtype, prob)
+        return wr, f, e, psd_shift, active
+
+    def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
+        if prob.grad_source is not None and self.rank_policy != "perturb":
+            raise InvalidArgumentError(
+                f"A requires grad, but rank_policy={self.rank_policy!r} is not differentiable at its "
+                "threshold; use rank_policy='perturb' (with eps) for gradients, or pass A.detach()"
+            )
+        A, info = self._working_matrix(prob)
+        w, Q = self._eigh(A, info)
+        wr, f, e, psd_shift, _ = self._root_eigenvalues(prob, w, info, inverse=inverse)
         # X = Q f(Lambda) Q^T = W W^T with W = Q f(Lambda)^{1/2} (f >= 0 here), scaling Q in place: one
         # n x n temporary fewer (at n = 1024 each fresh one costs ~4 ms of page faults). Symmetric up to
         # the GEMM's rounding (~u ||X||); not symmetrised, which would cost a strided pass over X.
