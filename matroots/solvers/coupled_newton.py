@@ -53,24 +53,30 @@ symmetrised, (X + X^T)/2: X_k is a polynomial in A, symmetric in exact arithmeti
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from .. import arguments, precision
-from ..errors import MatrootsError, NegativeRealEigenvalueError, NotPositiveDefiniteError, NotSymmetricError
+from ..conditioning import eigenvalue_conditions
+from ..errors import FormatRangeError, MatrootsError, NotPositiveDefiniteError, NotSymmetricError
 from ..inputs import Problem, symmetric_part
-from ..regularize import add_to_diagonal, working_shift
+from ..regularize import working_shift
 from ..result import RootResult
 from ..spectral import SpectrumEstimate, lanczos_extremes, power_lambda_max
 from .base import RawResult, SolverConfig, eye_like
 from .newton_core import (
     NewtonOutcome,
+    check_resolvable_exponent,
     coupled_newton_iterate,
+    eigenvalue_backward_error,
+    forward_backward_check,
+    forward_top,
     optimal_c_power,
     predicted_iterations,
     principal_branch_ok,
+    refuse_near_negative_axis,
     scalar_limits,
 )
 from .registry import register
@@ -115,11 +121,17 @@ class CoupledNewtonConfig(SolverConfig):
     def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
         p = int(prob.p)
         n = prob.n
+        b = prob.A.shape[0]
         cdt = prob.compute_dtype
+        check_resolvable_exponent(p, cdt, n, self.name)
         A_sym, defect = symmetric_part(prob.A)
         sym_tol = prob.symmetry_tol(self.symmetry_tol)
         sym = bool((defect <= sym_tol).all())
-        A = (A_sym if sym else prob.A).to(cdt)
+        # A stays in the working format (fp32 for the 16-bit ones); M_0 = (A + shift I)/c^p is rounded
+        # to the compute format inside the iteration, so neither the shift nor c must fit it.
+        A = A_sym if sym else prob.A
+        if A.dtype not in (torch.float32, torch.float64):
+            A = A.float()
         scaling = self.scaling
         if scaling == "auto":
             scaling = "optimal" if sym else "frobenius"
@@ -129,28 +141,57 @@ class CoupledNewtonConfig(SolverConfig):
                 "use scaling='frobenius' for general matrices"
             )
         info: dict = {"symmetric": sym}
+        if cdt != A.dtype and cdt not in (torch.float32, torch.float64):
+            info["compute_dtype_note"] = (
+                f"M_0 = (A + eps_abs I)/c^p formed in fp32/fp64 and rounded to {precision.info(cdt).name}"
+            )
         matmuls = 0.0
-        # Regularisation: relative eps needs lambda_max; estimate it (power iteration) when asked.
+        relative = prob.eps > 0 and prob.eps_mode == "relative"
+        # Spectral estimates of the unshifted matrix; the shift moves every Ritz value exactly.
+        est: SpectrumEstimate | None = None
+        eigs = kappas = None
+        if sym and warm_start is None and (scaling in ("optimal", "dynamic") or relative):
+            est = lanczos_extremes(A, self.lanczos_steps)
+            matmuls += est.matvecs / n
+        if not sym:
+            eigs, kappas = self._general_spectrum(A, info)
+        # Regularisation. "relative" is relative to lambda_max of the matrix as rounded to the working
+        # format: the top Lanczos Ritz value (symmetric; a lower bound converging to lambda_max) or the
+        # largest eigenvalue modulus from LAPACK (general input).
+        shift = torch.zeros(b, dtype=torch.float64)
         if prob.eps > 0:
-            if prob.eps_mode == "relative":
-                if sym:
-                    lam, mv = power_lambda_max(A, self.power_iters)
-                    matmuls += mv / n
-                else:
-                    lam = torch.linalg.matrix_norm(A.double())
+            if relative:
+                if sym and est is None:
+                    est = lanczos_extremes(A, self.lanczos_steps)
+                    matmuls += est.matvecs / n
+                lam = est.lmax if sym else torch.as_tensor(np.abs(eigs).max(axis=-1))
+                info["eps_lambda_max"] = lam / prob.prescale
             else:
-                lam = torch.zeros(A.shape[0], dtype=torch.float64)
+                lam = torch.zeros(b, dtype=torch.float64)
             shift = working_shift(prob.eps, prob.eps_mode, lam, prob.prescale)
-            A = add_to_diagonal(A, shift)
-            info["eps_abs"] = shift / prob.prescale
-        eigs = None if sym else self._general_spectrum(A, info)
+            if not bool(torch.isfinite(shift).all()):
+                raise FormatRangeError(
+                    f"coupled_newton: the eps shift {float(shift.max()) / prob.prescale:.3e} overflows float64 "
+                    "at the working scale; use a smaller eps"
+                )
+        info["eps_abs"] = shift / prob.prescale
+        if est is not None:
+            est = _shifted(est, shift)
+        if eigs is not None:
+            eigs = eigs + shift.numpy()[:, None]
+            self._refuse_negative_real(A, eigs, kappas, shift, prob)
         tol = prob.tol if prob.tol is not None else precision.default_tol(cdt, n, p)
         max_iter = prob.max_iter if prob.max_iter is not None else 100
         accept = self.stagnation_accept * tol
         Z = self._warm_root(warm_start, A, p, prob, inverse, info) if sym and warm_start is not None else None
         if Z is not None and p == 1 and inverse:
             ns = newton_schulz_inverse(
-                A, Z, tol=tol, max_iter=max_iter, stagnation_accept=accept, record_history=prob.record_history
+                _materialise(A, shift).to(cdt),
+                Z.to(cdt),
+                tol=tol,
+                max_iter=max_iter,
+                stagnation_accept=accept,
+                record_history=prob.record_history,
             )
             if ns is not None:
                 info.update(
@@ -170,28 +211,33 @@ class CoupledNewtonConfig(SolverConfig):
                 )
             info["warm_start_note"] = "||I - A Z||_F >= 1/2: previous inverse too far for Newton-Schulz"
         interval = None
-        est: SpectrumEstimate | None = None
+        # forward roots keep M_k's spectrum in (0, beta_p] (newton_core docstring)
+        top = None if inverse else forward_top(p)
+        fwd_fro = 1.0 if inverse else min((p + 1) / 2, forward_top(p))
         if Z is not None:
-            cp, interval, mv, est = self._warm_scaling(A, p, Z, inverse)
+            cp, interval, mv, est = self._warm_scaling(A, shift, p, Z, inverse)
             matmuls += mv / n
             info["warm_start"] = "spectral interval from the previous root + dynamic scaling"
         elif scaling == "frobenius":
-            cp = 2.0 * torch.linalg.matrix_norm(A.double()) / (p + 1)
+            fro = _shifted_fro(A, shift)
+            cp = 2.0 * fro / (p + 1) if inverse else fro / fwd_fro
         elif scaling == "power":
-            lam, mv = power_lambda_max(A, self.power_iters)
+            lam_p, mv = power_lambda_max(A, self.power_iters)
             matmuls += mv / n
-            cp = 2.0 * lam.clamp_min(torch.finfo(torch.float64).tiny) / (p + 1)
+            lam_p = (lam_p + shift).clamp_min(torch.finfo(torch.float64).tiny)
+            cp = 2.0 * lam_p / (p + 1) if inverse else lam_p / fwd_fro
         else:
-            est = lanczos_extremes(A, self.lanczos_steps)
-            matmuls += est.matvecs / n
+            assert est is not None
             lmax = (est.lmax_upper * (1 + 1e-6)).numpy()
             lmin = np.clip(est.lmin.numpy(), 0.0, None)
-            cpn = optimal_c_power(lmin, lmax, p)
+            cpn = optimal_c_power(lmin, lmax, p) if inverse else lmax / forward_top(p)
             info.update(lambda_min_est=est.lmin / prob.prescale, lambda_max_est=est.lmax / prob.prescale)
             if scaling == "dynamic":
                 interval = (np.maximum(lmin, lmax * 1e-300) / cpn, lmax / cpn)
+            elif inverse:
+                cpn, info["c_choice"] = self._choose_optimal_c(A, shift, est, cpn, p, tol, max_iter)
             else:
-                cpn, info["c_choice"] = self._choose_optimal_c(A, est, cpn, p, tol, max_iter)
+                info["c_choice"] = ["lambda_max / beta_p (forward root: M_0's spectrum in (0, beta_p])"] * b
             cp = torch.as_tensor(cpn, dtype=torch.float64)
         if est is not None:
             self._refuse_indefinite(est, prob)
@@ -208,6 +254,9 @@ class CoupledNewtonConfig(SolverConfig):
             inverse=inverse,
             interval=interval,
             record_history=prob.record_history,
+            shift=shift,
+            compute_dtype=cdt,
+            top=top,
         )
         # The Newton loop alone, wall and process CPU time (benchmarks)
         info["iteration_seconds"] = time.perf_counter() - t_loop
@@ -216,7 +265,8 @@ class CoupledNewtonConfig(SolverConfig):
         if interval is not None and "divergence" in out.reason:
             # A wrong spectral estimate: redo those problems with the always-safe Frobenius scaling.
             idx = [i for i, r in enumerate(out.reason) if r == "divergence"]
-            cp_f = 2.0 * torch.linalg.matrix_norm(A[idx].double()) / (p + 1)
+            fro = _shifted_fro(A[idx], shift[idx])
+            cp_f = 2.0 * fro / (p + 1) if inverse else fro / fwd_fro
             retry = coupled_newton_iterate(
                 A[idx],
                 p,
@@ -226,19 +276,26 @@ class CoupledNewtonConfig(SolverConfig):
                 stagnation_accept=accept,
                 inverse=inverse,
                 record_history=prob.record_history,
+                shift=shift[idx],
+                compute_dtype=cdt,
+                top=top,
             )
             matmuls += retry.matmuls
             info["retried_frobenius"] = idx
             cp = cp.clone()
             cp[idx] = cp_f
             out = _merge(out, retry, idx)
+        info.update(out.notes)
         if sym and "divergence" in out.reason:
-            self._diagnose_divergence(A, out, prob)
+            self._diagnose_divergence(A, shift, out, prob)
         if eigs is not None:
             self._check_principal(eigs, p, cp, out, info)
+        root = 0.5 * (out.X + out.X.mT) if sym else out.X  # X_k commutes with A only up to rounding
+        if not inverse:
+            matmuls += forward_backward_check(root, A, shift, p, out, accept, info)
         info.update(stop_reason=out.reason, tol=tol, c_power=cp / prob.prescale)
         return RawResult(
-            root=0.5 * (out.X + out.X.mT) if sym else out.X,  # X_k commutes with A only up to rounding
+            root=root,
             converged=out.converged,
             iterations=out.iterations,
             residual=out.residual,
@@ -249,7 +306,13 @@ class CoupledNewtonConfig(SolverConfig):
 
     @staticmethod
     def _choose_optimal_c(
-        A: torch.Tensor, est: SpectrumEstimate, c_gh: np.ndarray, p: int, tol: float, max_iter: int
+        A: torch.Tensor,
+        shift: torch.Tensor,
+        est: SpectrumEstimate,
+        c_gh: np.ndarray,
+        p: int,
+        tol: float,
+        max_iter: int,
     ) -> tuple[np.ndarray, list[str]]:
         """Guo & Higham's c, or Frobenius's c where the scalar model predicts strictly fewer iterations.
 
@@ -260,7 +323,7 @@ class CoupledNewtonConfig(SolverConfig):
         no matrix cost, and the faster one is taken (Guo & Higham's on ties).
         """
         n = A.shape[-1]
-        c_f = (2.0 * torch.linalg.matrix_norm(A.double()) / (p + 1)).numpy()
+        c_f = (2.0 * _shifted_fro(A, shift) / (p + 1)).numpy()
         theta, weights = est.ritz.numpy(), est.weights.numpy()
         out = np.array(c_gh, dtype=float, copy=True)
         choice = []
@@ -277,20 +340,28 @@ class CoupledNewtonConfig(SolverConfig):
         return out, choice
 
     @staticmethod
-    def _general_spectrum(A: torch.Tensor, info: dict) -> np.ndarray:
-        """Eigenvalues of general input (LAPACK); refuse those on the closed negative real axis."""
-        work = A if A.dtype in precision.LAPACK_DTYPES else A.float()
-        eigs = torch.linalg.eigvals(work).numpy().astype(complex)
-        info["eigvals_calls"] = 1
-        bad = (eigs.imag == 0) & (eigs.real <= 0)
-        if bad.any():
-            worst = float(eigs.real[bad].min())
-            raise NegativeRealEigenvalueError(
-                f"coupled_newton: the matrix has the real eigenvalue {worst:.3e} <= 0 (after any eps "
-                "shift), on the closed negative real axis, so it has no principal inverse root; shift it "
-                "with eps if the eigenvalue should be positive"
+    def _general_spectrum(A: torch.Tensor, info: dict) -> tuple[np.ndarray, np.ndarray]:
+        """Eigenvalues (b, n) of general input and their condition numbers (LAPACK, working format)."""
+        eigs, kappas = [], []
+        for Ai in A:
+            w, k = eigenvalue_conditions(Ai)
+            eigs.append(w)
+            kappas.append(k)
+        info["eigvals_calls"] = A.shape[0]
+        return np.stack(eigs), np.stack(kappas)
+
+    @staticmethod
+    def _refuse_negative_real(
+        A: torch.Tensor, eigs: np.ndarray, kappas: np.ndarray, shift: torch.Tensor, prob: Problem
+    ) -> None:
+        """NegativeRealEigenvalueError when an eigenvalue of the matrix solved (after rounding and the
+        eps shift) is on the closed negative real axis, or within its rounding uncertainty of it."""
+        u = precision.unit_roundoff(A.dtype)
+        for i in range(eigs.shape[0]):
+            fro = float(_shifted_fro(A[i : i + 1], shift[i : i + 1])[0])
+            refuse_near_negative_axis(
+                eigs[i], kappas[i], eigenvalue_backward_error(fro, prob.n, u), "coupled_newton", prob.prescale
             )
-        return eigs
 
     @staticmethod
     def _check_principal(eigs: np.ndarray, p: int, cp: torch.Tensor, out: NewtonOutcome, info: dict) -> None:
@@ -322,10 +393,12 @@ class CoupledNewtonConfig(SolverConfig):
                 "increase eps, or use method='eigh' with rank_policy='clamp' or 'pseudo_inverse'"
             )
 
-    def _diagnose_divergence(self, A: torch.Tensor, out: NewtonOutcome, prob: Problem) -> None:
+    def _diagnose_divergence(
+        self, A: torch.Tensor, shift: torch.Tensor, out: NewtonOutcome, prob: Problem
+    ) -> None:
         """After divergence on symmetric input, raise NotPositiveDefiniteError if Cholesky fails."""
         idx = [i for i, r in enumerate(out.reason) if r == "divergence"]
-        Ad = A[idx].double()
+        Ad = _materialise(A[idx], shift[idx], torch.float64)
         _, chol_info = torch.linalg.cholesky_ex(Ad)
         if bool((chol_info > 0).any()):
             est = lanczos_extremes(Ad, self.lanczos_steps)
@@ -360,10 +433,13 @@ class CoupledNewtonConfig(SolverConfig):
         return (0.5 * (Z + Z.mT)).to(A.dtype)
 
     def _warm_scaling(
-        self, A: torch.Tensor, p: int, Z: torch.Tensor, inverse: bool
+        self, A: torch.Tensor, shift: torch.Tensor, p: int, Z: torch.Tensor, inverse: bool
     ) -> tuple[torch.Tensor, tuple[np.ndarray, np.ndarray], int, SpectrumEstimate]:
-        """c^p and the dynamic-scaling interval from Lanczos on A and the previous root's extremes."""
-        est = lanczos_extremes(A, self.lanczos_steps)
+        """c^p and the dynamic-scaling interval from Lanczos on A + shift I and the previous root's extremes.
+
+        Forward roots start with c^p = lambda_max / beta_p (M_0's spectrum in (0, beta_p], see newton_core).
+        """
+        est = _shifted(lanczos_extremes(A, self.lanczos_steps), shift)
         zest = lanczos_extremes(Z, self.lanczos_steps)
         lmax = (est.lmax_upper * (1 + 1e-6)).numpy()
         ritz_min = np.clip(est.lmin.numpy(), 0.0, None)
@@ -373,8 +449,38 @@ class CoupledNewtonConfig(SolverConfig):
             from_z = np.clip(zest.lmin.numpy(), 0.0, None) ** p
         lmin = np.minimum(np.minimum(ritz_min, from_z), lmax)
         lmin = np.maximum(lmin, lmax * 1e-300)
-        cpn = optimal_c_power(lmin, lmax, p)
+        cpn = optimal_c_power(lmin, lmax, p) if inverse else lmax / forward_top(p)
         return torch.as_tensor(cpn), (lmin / cpn, lmax / cpn), est.matvecs + zest.matvecs, est
+
+
+def _shifted(est: SpectrumEstimate, shift: torch.Tensor) -> SpectrumEstimate:
+    """The estimate for A + shift I from that of A (every Ritz value moves by the shift)."""
+    if not bool((shift != 0).any()):
+        return est
+    s = shift.to(est.lmax.dtype)
+    return replace(
+        est,
+        lmin=est.lmin + s,
+        lmax=est.lmax + s,
+        lmax_upper=est.lmax_upper + s,
+        ritz=None if est.ritz is None else est.ritz + s[:, None],
+    )
+
+
+def _shifted_fro(A: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """||A + shift I||_F per batch element, in float64 (b,)."""
+    if not bool((shift != 0).any()):
+        return torch.linalg.matrix_norm(A.double())
+    return torch.linalg.matrix_norm(_materialise(A, shift, torch.float64))
+
+
+def _materialise(A: torch.Tensor, shift: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A + shift I as a new tensor in ``dtype`` (default A's); the shift is added in that format."""
+    out = A.to(dtype if dtype is not None else A.dtype, copy=True)
+    if bool((shift != 0).any()):
+        d = torch.diagonal(out, dim1=-2, dim2=-1)
+        d += shift.to(out.dtype)[:, None]
+    return out
 
 
 def _merge(out: NewtonOutcome, sub: NewtonOutcome, idx: list[int]) -> NewtonOutcome:
@@ -405,6 +511,7 @@ def _merge(out: NewtonOutcome, sub: NewtonOutcome, idx: list[int]) -> NewtonOutc
         reason=reason,
         matmuls=out.matmuls + sub.matmuls,
         history=history,
+        notes={**out.notes, **sub.notes},
     )
 
 

@@ -5,24 +5,48 @@ eq. (3.9); Higham, *Functions of Matrices*, 2008, eq. (7.18):
 
     X_0 = I/c,  M_0 = A/c^p,  T_k = ((p+1) I - M_k)/p,  X_{k+1} = X_k T_k,  M_{k+1} = T_k^p M_k,
 
-with M_k -> I and X_k -> A^{-1/p}. The forward root uses Y_k = X_k^{-1}: Y_0 = c I, Y_{k+1} = T_k^{-1} Y_k
-(T_k is close to I, so the solve is well conditioned). Each eigenvalue m of M follows the scalar map
-f(m) = ((p+1-m)/p)^p m, which converges to 1 for 0 < m < p+1.
+with M_k -> I and X_k -> A^{-1/p}. The forward root uses Y_k = X_k^{-1}: Y_0 = c I, Y_{k+1} = T_k^{-1} Y_k.
+Each eigenvalue m of M follows the scalar map f(m) = ((p+1-m)/p)^p m, which converges to 1 for
+0 < m < p+1.
+
+The iterate is normalised: X^_0 = I (Y^_0 = I), X^_k -> (A/c^p)^{-1/p}, and the factor 1/c (c) is applied
+once at the end, in float64 where the compute format is 16-bit; M_0 = A/c^p + (shift/c^p) I is formed
+before rounding to the compute format, so neither c nor an eps shift has to be representable there.
+
+**Forward root and the choice of c.** A rounding error E in M_k reaches the result as X_k L_g(M_k, E),
+g(m) = m^{-1/p}; in the eigenbasis its (i, j) entry carries the divided difference g[m_i, m_j], which is
+~ m^{-1-1/p} when both m_i and m_j are small. Guo & Higham's c (eq. 3.11) sends the largest eigenvalue
+of M_0 to ~p+1, where T_0 is nearly singular and f(m_max) ~ f(m_min) is tiny: after one step the largest
+and the smallest eigen-directions of A are both small in M_1, and their rounding errors couple
+with weight ~ 1/m_min ~ kappa. The inverse root tolerates that (its condition number is ~kappa/p), but
+the forward root Y = X^{-1} does not: its error becomes ~kappa u instead of ~kappa^{1-1/p} u / p
+(hilb(10), p = 2, fp64: 5e-4). For forward roots the callers therefore keep the spectrum of M_0 in
+(0, beta_p] with f(beta_p) = 1/2 (:func:`forward_top`; beta_2 = 2, c^p = lambda_max/beta_p), and the
+dynamic scaling keeps the top of the interval below beta_p (``top``): no eigenvalue of M_k ever falls
+below 1/2 from above, the coupling weight stays ~1/m_min of the small directions alone, and the forward
+error tracks cond(A^{1/p}) u (hilb(10), p = 2: 3e-12). It costs about one iteration over Guo & Higham's c.
 
 Optional dynamic scaling: when a spectral interval [a, b] of M_k is known, rescale M_k <- s M_k
-(X_k <- s^{1/p} X_k, exactly as a new c) with s maximising min(f(sa), f(sb)); the interval is tracked
-through f. This keeps X_0 a function of A, so the iteration still converges to A^{-1/p}.
+(X_k <- s^{1/p} X_k, exactly as a new c) with s maximising min(f(sa), f(sb)) subject to s b <= top;
+the interval is tracked through f. This keeps X_0 a function of A, so the iteration still converges to
+A^{-1/p}.
+
+The solve T_k^{-1} Y_k of the forward root runs in float32 when the compute format is 16-bit (torch has
+no Half/BFloat16 CPU kernel for it) and is rounded back; :attr:`NewtonOutcome.notes` says so. It is
+counted as 4/3 of a matrix product (LU plus n right-hand sides: 8n^3/3 flops against 2n^3).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from .base import eye_like, matmul_count_power
+from ..errors import NegativeRealEigenvalueError, UnsupportedExponentError
+from .base import eye_like, matmul_count_power, matrix_power
 
 
 def scalar_map(m: np.ndarray, p: int) -> np.ndarray:
@@ -44,10 +68,29 @@ def optimal_c_power(lmin: np.ndarray, lmax: np.ndarray, p: int) -> np.ndarray:
     return cp
 
 
-def best_step_scale(a: np.ndarray, b: np.ndarray, p: int) -> np.ndarray:
-    """s maximising min(f(s a), f(s b)) over 0 < s <= (p+1)/b, for intervals 0 < a <= b (vectorised)."""
-    lo = 1.0 / b
-    hi = np.minimum(1.0 / a, (p + 1) / b * (1 - 1e-3))
+@functools.cache
+def forward_top(p: int) -> float:
+    """beta_p >= 1 with f(beta_p) = 1/2: the largest eigenvalue of M a forward root lets M_0 (or a dynamic
+    step) start with. Beyond it f falls towards 0 at p+1 and the top eigen-direction would become small,
+    coupling with the small ones (module docstring). beta = 1.71 (p=1), 2.00 (p=2), 2.44 (p=8)."""
+    lo, hi = 1.0, p + 1.0
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        if float(scalar_map(np.array(mid), p)) >= 0.5:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def best_step_scale(a: np.ndarray, b: np.ndarray, p: int, top: float | None = None) -> np.ndarray:
+    """s maximising min(f(s a), f(s b)) over 0 < s b <= top, for intervals 0 < a <= b (vectorised).
+
+    ``top`` defaults to (p+1)(1 - 1e-3), just inside the convergence region; forward roots pass 1.
+    """
+    top = (p + 1) * (1 - 1e-3) if top is None else top
+    lo = np.minimum(1.0 / b, top / b)
+    hi = np.minimum(1.0 / a, top / b)
     hi = np.maximum(hi, lo)
 
     def h(s: np.ndarray) -> np.ndarray:
@@ -141,6 +184,7 @@ class NewtonOutcome:
     reason: list[str]
     matmuls: float
     history: list[torch.Tensor] = field(default_factory=list)
+    notes: dict[str, str] = field(default_factory=dict)
 
 
 def _residual_norm(M: torch.Tensor, I: torch.Tensor, out: torch.Tensor | None = None) -> list[float]:
@@ -194,6 +238,31 @@ class _PowerWorkspace:
         return result
 
 
+def _start_matrix(
+    A: torch.Tensor, cp64: torch.Tensor, shift: torch.Tensor | None, dt: torch.dtype
+) -> torch.Tensor:
+    """M_0 = A/c^p + (shift/c^p) I in the compute dtype ``dt`` (b, n, n), formed before the rounding to dt.
+
+    A is scaled in its own format when that is float32/float64 and 1/c^p is comfortably inside its range;
+    otherwise in float64 (a 16-bit compute format, or extreme magnitudes).
+    """
+    inv = 1.0 / cp64
+    src = A.dtype
+    fi = torch.finfo(src) if src in (torch.float32, torch.float64) else None
+    safe = (
+        fi is not None
+        and src == dt
+        and bool(((inv > fi.tiny * 1e6) & (inv < fi.max / 1e6)).all())
+        and (shift is None or bool(((shift * inv).abs() < fi.max / 1e6).all()))
+    )
+    work = A if safe else A.double()
+    M = work * inv.to(work.dtype)[:, None, None]
+    if shift is not None:
+        d = torch.diagonal(M, dim1=-2, dim2=-1)
+        d += (shift * inv).to(work.dtype)[:, None]
+    return M.to(dt)
+
+
 def coupled_newton_iterate(
     A: torch.Tensor,
     p: int,
@@ -208,8 +277,16 @@ def coupled_newton_iterate(
     quadratic_start: float = 0.5,
     divergence_factor: float = 1e3,
     dynamic_until: float = 0.99,
+    shift: torch.Tensor | None = None,
+    compute_dtype: torch.dtype | None = None,
+    top: float | None = None,
 ) -> NewtonOutcome:
-    """Run the coupled iteration on a batch A (b, n, n) in A's dtype, with per-element c^p ``cp`` (b,).
+    """Run the coupled iteration on a batch A (b, n, n), with per-element c^p ``cp`` (b,).
+
+    The arithmetic runs in ``compute_dtype`` (default: A's dtype) on M_0 = (A + shift I)/c^p, where
+    ``shift`` (b,) float64 is added before rounding (see :func:`_start_matrix`); the result X is in the
+    compute dtype, or in float32 when it is 16-bit and the root would not fit it (``notes`` says so).
+    ``top`` bounds the dynamic scaling's s b (see :func:`best_step_scale`; forward roots pass 1).
 
     Stops per element on ``||M_k - I||_F <= tol``, on stagnation (once the residual is below
     ``quadratic_start`` it must at least halve each step; the better iterate is kept and counts as
@@ -220,19 +297,27 @@ def coupled_newton_iterate(
     (an eigenvalue below a merely lags behind, one above b could leave the convergence region).
     """
     b = A.shape[0]
-    dt = A.dtype
-    I = eye_like(A)
-    coef_I = I * ((p + 1) / p)
+    dt = compute_dtype if compute_dtype is not None else A.dtype
     cp64 = cp.double()
+    M0 = _start_matrix(A, cp64, shift, dt)
+    I = eye_like(M0)
+    coef_I = I * ((p + 1) / p)
     # A single matrix runs on 2-D tensors: mm is a few % faster than a batch-of-one bmm at n <= 256.
     single = b == 1
 
     def per_elem(v: torch.Tensor) -> torch.Tensor:  # (b,) scale factors against the matrices
         return v.to(dt).reshape(()) if single else v.to(dt)[:, None, None]
 
-    M = (A[0] if single else A) * per_elem(1.0 / cp64)
+    M = M0[0] if single else M0
     c = cp64 ** (1.0 / p)
-    X = I * per_elem((1.0 / c) if inverse else c)
+    X = I.expand_as(M).clone()  # normalised: the factor 1/c (c for the forward root) is applied at the end
+    notes: dict[str, str] = {}
+    solve_dt = dt if dt in (torch.float32, torch.float64) else torch.float32
+    if not inverse and solve_dt != dt:
+        notes["solve_dtype"] = (
+            "torch.linalg.solve has no 16-bit CPU kernel: each T_k^{-1} Y_k ran in fp32 on the "
+            f"{dt} operands and was rounded back to {dt}"
+        )
     # Work buffers reused every step; X/X_new and M/M_new swap roles when a step is accepted.
     T, X_new, M_new, R = (torch.empty_like(M) for _ in range(4))
     powers = _PowerWorkspace()
@@ -245,7 +330,7 @@ def coupled_newton_iterate(
     reason = ["tol" if done else "max_iter" for done in converged]
     iters = [0] * b
     history = [torch.tensor(res, dtype=torch.float64)] if record_history else []
-    per_iter = 1 + matmul_count_power(p) + 1
+    per_iter = (1 if inverse else 4.0 / 3.0) + matmul_count_power(p) + 1
     matmuls = 0.0
     check_x = dt not in (torch.float32, torch.float64)  # 16-bit X can overflow before M shows it
     ia, ib = (
@@ -256,19 +341,21 @@ def coupled_newton_iterate(
             break
         if ia is not None and ib is not None:
             scale_now = (ia < dynamic_until) & np.array(active)  # never rescale a finished element
-            s = np.where(scale_now, best_step_scale(np.maximum(ia, 1e-300), ib, p), 1.0)
+            s = np.where(scale_now, best_step_scale(np.maximum(ia, 1e-300), ib, p, top), 1.0)
             if bool(scale_now.any()):
                 st = torch.as_tensor(s, dtype=torch.float64)
                 M.mul_(per_elem(st))
                 X.mul_(per_elem(st ** ((1.0 / p) if inverse else (-1.0 / p))))
             fa, fb = scalar_map(s * ia, p), scalar_map(s * ib, p)
-            top = np.where((s * ia <= 1) & (s * ib >= 1), 1.0, np.maximum(fa, fb))
-            ia, ib = np.minimum(fa, fb), top
+            upper = np.where((s * ia <= 1) & (s * ib >= 1), 1.0, np.maximum(fa, fb))
+            ia, ib = np.minimum(fa, fb), upper
         torch.add(coef_I, M, alpha=-1.0 / p, out=T)
         if inverse:
             torch.matmul(X, T, out=X_new)
-        else:
+        elif solve_dt == dt:
             X_new = torch.linalg.solve(T, X)
+        else:
+            X_new = torch.linalg.solve(T.to(solve_dt), X.to(solve_dt)).to(dt)
         torch.matmul(powers.power(T, p), M, out=M_new)
         matmuls += per_iter
         res_new = _residual_norm(M_new, I, R)
@@ -301,12 +388,128 @@ def coupled_newton_iterate(
                 M[i].copy_(M_new[i])
         if record_history:
             history.append(torch.tensor(res, dtype=torch.float64))
+    X = X.unsqueeze(0) if single else X
+    factor = (1.0 / c) if inverse else c
+    out_dt = dt
+    if dt in (torch.float32, torch.float64):
+        X = X * factor.to(dt)[:, None, None]
+    else:
+        Xw = X.float() * factor.float()[:, None, None]
+        big = Xw.abs().amax()
+        # keep the root in the compute format unless it overflows (or underflows) there
+        if bool(torch.isfinite(Xw).all()) and (
+            float(big) > float(torch.finfo(dt).max) or 0 < float(big) < float(torch.finfo(dt).tiny)
+        ):
+            out_dt = torch.float32
+            notes["root_dtype"] = f"the root does not fit {dt}: returned in fp32"
+        X = Xw.to(out_dt)
     return NewtonOutcome(
-        X=X.unsqueeze(0) if single else X,
+        X=X,
         converged=torch.tensor(converged, dtype=torch.bool),
         iterations=torch.tensor(iters, dtype=torch.int64),
         residual=torch.tensor(res, dtype=torch.float64),
         reason=reason,
         matmuls=matmuls,
         history=history,
+        notes=notes,
     )
+
+
+# ----------------------------------------------------------------------------- checks shared by both solvers
+def check_resolvable_exponent(p: int, dtype: torch.dtype, n: int, method: str) -> None:
+    """Refuse p so large that the coupled iteration cannot work in ``dtype``.
+
+    T_k = I + (I - M_k)/p and the rounding of T_k^p leaves M_k an error of about p u, so the stopping
+    test ||M_k - I||_F <= 4 p sqrt(n) u (:func:`matroots.precision.default_tol`) only means something
+    while that tolerance is below 1; past it M_0 itself may pass the test and X_0 = I/c would be
+    returned as converged. (This also keeps p inside the range of the scalar model's arithmetic.)
+    """
+    from .. import precision
+
+    if precision.default_tol(dtype, n, p) < 1.0:
+        return
+    fmt = precision.info(dtype)
+    limit = int(1.0 / (4.0 * math.sqrt(n) * fmt.unit_roundoff))
+    raise UnsupportedExponentError(
+        f"{method}: p = {p} is too large for a Newton iteration in {fmt.name} at n = {n}: the residual "
+        f"||M_k - I|| cannot be resolved below 1 (its rounding floor is ~4 p sqrt(n) u; p must be below "
+        f"{limit}); use method='eigh' (any rational p) or a wider compute dtype"
+    )
+
+
+def eigenvalue_backward_error(fro_norm: float, n: int, u: float) -> float:
+    """The backward error ||E||_2 assumed for an eigensolver run in unit roundoff u: 4 sqrt(n) u ||A||_F."""
+    return 4.0 * math.sqrt(n) * u * fro_norm
+
+
+def refuse_near_negative_axis(
+    eigs: np.ndarray, kappas: np.ndarray, eta: float, method: str, prescale: float = 1.0
+) -> None:
+    """NegativeRealEigenvalueError when an eigenvalue is on, or within its uncertainty of, the closed
+    negative real axis.
+
+    ``eigs`` are the computed eigenvalues of the matrix actually solved (rounded, eps-shifted), exact for
+    a matrix within ``eta`` (2-norm) of it; ``kappas`` their condition numbers. An eigenvalue whose disc
+    of radius kappa * eta meets (-inf, 0] may belong to a matrix without a principal root: for a nearly
+    nilpotent matrix, whose computed eigenvalues scatter on a circle of radius ~u^{1/n}, the fp32 and the
+    fp64 Schur forms put them on different sides of the branch cut, and a root computed from either is
+    O(1) wrong. The principal root is then not determined to working precision, and we refuse.
+    """
+    w = np.asarray(eigs, dtype=complex)
+    k = np.asarray(kappas, dtype=float)
+    with np.errstate(invalid="ignore", over="ignore"):
+        radius = np.where(np.isfinite(k), k * eta, np.inf)
+        dist = np.where(w.real <= 0, np.abs(w.imag), np.abs(w))  # distance to the closed negative axis
+    bad = ~(dist > radius)
+    if not bad.any():
+        return
+    i = int(np.flatnonzero(bad)[np.argmin(dist[bad] - radius[bad])])
+    lam = w[i] / prescale
+    on_axis = w[i].imag == 0 and w[i].real <= 0
+    why = (
+        "lies on the closed negative real axis"
+        if on_axis
+        else f"is within its rounding uncertainty {radius[i] / prescale:.2e} (eigenvalue condition number "
+        f"{k[i]:.2e}) of the closed negative real axis, so which side of the branch cut it is on is not "
+        "determined in this precision"
+    )
+    raise NegativeRealEigenvalueError(
+        f"{method}: the matrix actually solved (rounded to the working format, after the eps shift) has "
+        f"the eigenvalue {lam.real:.3e}{lam.imag:+.3e}j, which {why}; no principal root can be computed. "
+        "Shift it with eps if the eigenvalue should be positive, or use a wider dtype"
+    )
+
+
+def forward_backward_check(
+    root: torch.Tensor,
+    A: torch.Tensor,
+    shift: torch.Tensor,
+    p: int,
+    out: NewtonOutcome,
+    threshold: float,
+    info: dict,
+) -> float:
+    """A posteriori test of a forward root Y: eta = ||Y^p - (A + shift I)||_F / ||A + shift I||_F.
+
+    Evaluated in float64. Y is the exact principal p-th root of A + shift I + dA with ||dA||_F = eta
+    ||A + shift I||_F, so its forward error is at most about cond(A^{1/p}) eta: a run whose eta exceeds
+    ``threshold`` (the solver's stagnation acceptance, 16 tol by default) is marked not converged with
+    stop reason ``"backward_error"``, whatever its M_k residual said. Writes ``info["backward_error"]``
+    (b,) and returns the products spent (in float64).
+    """
+    Y = root.double()
+    As = A.double().clone()
+    if bool((shift != 0).any()):
+        d = torch.diagonal(As, dim1=-2, dim2=-1)
+        d += shift.double()[:, None]
+    P = matrix_power(Y, p)
+    num = torch.linalg.matrix_norm(P - As)
+    den = torch.linalg.matrix_norm(As)
+    eta = torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), num)
+    eta = torch.where(torch.isfinite(eta), eta, torch.full_like(eta, math.inf))
+    info["backward_error"] = eta
+    for i in range(eta.shape[0]):
+        if bool(out.converged[i]) and not float(eta[i]) <= threshold:
+            out.converged[i] = False
+            out.reason[i] = "backward_error"
+    return float(matmul_count_power(p))
