@@ -1,19 +1,69 @@
-"""The ``matroots`` command line: sweep, report, plot, solve."""
+"""The ``matroots`` command line: sweep, report, plot, solve (and subcommands registered by other modules).
+
+Every mistake a user can make on the command line or in a config (unknown solver, option, family or
+dtype, TOML syntax, a run folder reused without ``--resume``, an unwritable folder, a file that is not
+``.npy``, a run without metrics) ends in **one line** on stderr that names the problem and the fix,
+and exit code 2, before any worker starts. A traceback means a bug in matroots.
+
+Adding a subcommand: write ``register(subparsers)`` in your module; it adds its parser with
+``subparsers.add_parser(NAME, ...)`` and sets ``parser.set_defaults(func=run)``, where
+``run(args) -> int`` is the exit code. Then add the module's dotted path to :data:`COMMAND_MODULES`.
+Raise :class:`matroots.MatrootsInputError` (or a subclass) for user mistakes: :func:`main` turns it
+into the one-line message and exit code 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.metadata
 import json
 import logging
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
 if TYPE_CHECKING:
     import pandas as pd
+
+#: Modules defining ``register(subparsers)`` for further subcommands (see the module docstring).
+COMMAND_MODULES: tuple[str, ...] = ("matroots.tuning.cli",)
+
+DTYPE_CHOICES = ("fp64", "fp32", "bf16", "fp16")
+
+
+class UsageError(ValueError):
+    """A command-line mistake found after parsing (bad file, run without rows); printed as one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``PROG: error: MESSAGE (see PROG --help)``, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("matroots")
+    except importlib.metadata.PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {s!r}")
+    return v
 
 
 def _parse_option(s: str) -> tuple[str, object]:
@@ -26,14 +76,13 @@ def _parse_option(s: str) -> tuple[str, object]:
         return k, v
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="matroots",
-        description="Inverse p-th roots of matrices: precision sweeps, reports, figures and one-off solves.",
-    )
-    ap.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
-    sub = ap.add_subparsers(dest="command", required=True)
+def _solver_names() -> list[str]:
+    from .solvers import registry
 
+    return registry.available()
+
+
+def _add_sweep(sub: argparse._SubParsersAction) -> None:
     sw = sub.add_parser(
         "sweep",
         help="run (or resume) a sweep from a TOML grid config",
@@ -42,18 +91,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sw.add_argument("config", type=Path, help="TOML grid config (see experiments/configs/)")
     sw.add_argument("--out", type=Path, default=None, help="run folder (default: runs/<config name>)")
-    sw.add_argument("--workers", type=int, default=None, help="worker processes (default: number of cores)")
+    sw.add_argument(
+        "--workers", type=_positive_int, default=None, help="worker processes (default: number of cores)"
+    )
+    sw.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="run units on the dask.distributed cluster at ADDRESS (e.g. tcp://host:8786; "
+        "needs pip install 'matroots[dask]') instead of a local process pool",
+    )
     sw.add_argument(
         "--resume",
         action="store_true",
         help="continue an interrupted run in --out, skipping units already written",
     )
     sw.add_argument(
-        "--dry-run", action="store_true", help="print the case count and an estimated cost, run nothing"
+        "--dry-run",
+        action="store_true",
+        help="validate the config, print the case count and an estimated cost, run nothing",
+    )
+    sw.add_argument(
+        "--calibrate",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with --dry-run: time K sampled units on this machine and scale the estimate by them",
     )
     sw.add_argument("--csv", action="store_true", help="also write results.csv")
     sw.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    sw.set_defaults(func=cmd_sweep)
 
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
     rp = sub.add_parser(
         "report",
         help="print summary tables of a run",
@@ -67,7 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="relative forward error a solver must meet to count as best (default 1e-2)",
     )
+    rp.set_defaults(func=cmd_report)
 
+
+def _add_plot(sub: argparse._SubParsersAction) -> None:
     pl = sub.add_parser(
         "plot",
         help="write the figures of a run (PNG and PDF)",
@@ -75,7 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
         "residual-vs-error figures to RUN_DIR/figures.",
     )
     pl.add_argument("run_dir", type=Path)
+    pl.set_defaults(func=cmd_plot)
 
+
+def _add_solve(sub: argparse._SubParsersAction) -> None:
     so = sub.add_parser(
         "solve",
         help="compute one inverse root and print its diagnostics",
@@ -84,8 +160,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     so.add_argument("file", type=Path, help=".npy file holding an (n, n) or (..., n, n) float array")
     so.add_argument("-p", type=float, required=True, help="the root: computes A^(-1/p)")
-    so.add_argument("--method", default="eigh", help="solver name (see matroots.solvers.available())")
-    so.add_argument("--dtype", default=None, help="working precision: fp64, fp32, bf16, fp16")
+    so.add_argument(
+        "--method",
+        default="eigh",
+        metavar="METHOD",
+        help=f"solver: one of {', '.join(_solver_names())} (default: eigh)",
+    )
+    so.add_argument(
+        "--dtype",
+        default=None,
+        choices=DTYPE_CHOICES,
+        help=f"working precision: one of {', '.join(DTYPE_CHOICES)} (default: the input's own)",
+    )
     so.add_argument("--eps", type=float, default=0.0, help="regularisation eps")
     so.add_argument("--eps-mode", default="absolute", choices=["absolute", "relative"])
     so.add_argument("--forward", action="store_true", help="compute A^(1/p) instead of A^(-1/p)")
@@ -102,6 +188,29 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also compute a high-precision reference and print the forward error",
     )
+    so.set_defaults(func=cmd_solve)
+
+
+BUILTIN_COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    _add_sweep,
+    _add_report,
+    _add_plot,
+    _add_solve,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(
+        prog="matroots",
+        description="Inverse p-th roots of matrices: precision sweeps, reports, figures and one-off solves.",
+    )
+    ap.add_argument("--version", action="version", version=f"matroots {_version()}")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in BUILTIN_COMMANDS:
+        add(sub)
+    for mod in COMMAND_MODULES:
+        importlib.import_module(mod).register(sub)
     return ap
 
 
@@ -109,29 +218,47 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from . import grid, sweep
 
     spec = grid.load_config(args.config)
+    grid.check_families(spec)
     if args.dry_run:
-        est = sweep.estimate_cost(spec)
-        print(
-            f"{spec.name}: {est['units']} units (matrix, p, eps), {est['rows']} (case, solver) rows; "
-            f"estimated {est['estimated_seconds']:.0f} s of compute on one core"
-        )
+        est = sweep.estimate_cost(spec, calibrate=args.calibrate)
+        print(sweep.format_estimate(spec, est))
         return 0
     out = args.out or Path("runs") / spec.name
     df = sweep.run_sweep(
-        spec, out, workers=args.workers, resume=args.resume, progress=not args.no_progress, csv=args.csv
+        spec,
+        out,
+        workers=args.workers,
+        resume=args.resume,
+        progress=not args.no_progress,
+        csv=args.csv,
+        scheduler=args.scheduler,
     )
     print(f"{len(df)} rows in {out / 'results.parquet'}")
     return 0
 
 
-def _rows(run_dir: Path) -> pd.DataFrame | None:
-    """The run's rows, or None (with a message on stderr) when it has none."""
+def _rows(run_dir: Path, *, need_metrics: bool = True) -> pd.DataFrame:
+    """The run's rows; a one-line UsageError when there are none (or no forward-error metrics)."""
     from . import sweep
 
+    if not run_dir.is_dir():
+        raise UsageError(f"no run folder {run_dir}; run `matroots sweep CONFIG --out {run_dir}` first")
     df = sweep.load(run_dir)
     if df.empty:
-        print(f"no rows in {run_dir}", file=sys.stderr)
-        return None
+        raise UsageError(
+            f"no rows in {run_dir}: it holds no finished unit; run or resume "
+            f"`matroots sweep CONFIG --out {run_dir} --resume` first"
+        )
+    if need_metrics and (
+        "relative_forward_error" not in df or not df["relative_forward_error"].notna().any()
+    ):
+        why = ""
+        if "reference_error" in df and df["reference_error"].notna().any():
+            why = f" (reference failed: {df['reference_error'].dropna().iloc[0][:120]})"
+        raise UsageError(
+            f"the rows in {run_dir} have no forward-error metrics{why}; every solve failed or no reference "
+            "was computed: check the sweep config (reference_backend, kappa, eps) and rerun it"
+        )
     return df
 
 
@@ -139,8 +266,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     from . import report
 
     df = _rows(args.run_dir)
-    if df is None:
-        return 1
     acc = args.accuracy if args.accuracy is not None else report.DEFAULT_ACCURACY
     text = report.format_report(df, acc)
     print(text)
@@ -153,11 +278,25 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from . import plots
 
     df = _rows(args.run_dir)
-    if df is None:
-        return 1
     for p in plots.plot_all(df, args.run_dir):
         print(p)
     return 0
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    if not path.exists():
+        raise UsageError(f"no file {path}; give the path of a .npy matrix (numpy.save)")
+    if path.suffix.lower() != ".npy":
+        raise UsageError(f"{path} is not a .npy file; save the matrix with numpy.save('{path.stem}.npy', A)")
+    try:
+        A = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise UsageError(
+            f"{path} is not a readable .npy array ({exc}); save the matrix with numpy.save"
+        ) from None
+    if not isinstance(A, np.ndarray) or A.dtype.kind not in "fiu":
+        raise UsageError(f"{path} holds a {getattr(A, 'dtype', type(A))} array; save a real float matrix")
+    return A
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
@@ -165,7 +304,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
 
     from . import api, metrics
 
-    A = np.load(args.file)
+    A = _load_npy(args.file)
     p = int(args.p) if float(args.p).is_integer() else args.p
     fn = api.root if args.forward else api.inverse_root
     with warnings.catch_warnings(record=True) as caught:
@@ -197,19 +336,45 @@ def cmd_solve(args: argparse.Namespace) -> int:
     return 0
 
 
+#: name -> handler, for subcommands added without ``set_defaults(func=...)``.
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "sweep": cmd_sweep,
+    "report": cmd_report,
+    "plot": cmd_plot,
+    "solve": cmd_solve,
+}
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     from .errors import MatrootsError
+    from .runner import CorruptPartError
 
-    cmds = {"sweep": cmd_sweep, "report": cmd_report, "plot": cmd_plot, "solve": cmd_solve}
+    func = getattr(args, "func", None) or COMMANDS[args.command]
+    prog = f"matroots {args.command}"
     try:
-        return cmds[args.command](args)
-    except (MatrootsError, FileNotFoundError) as exc:
-        print(f"matroots {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        return func(args)
+    except MatrootsError as exc:
+        print(f"{prog}: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+    except (UsageError, CorruptPartError) as exc:
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        print(
+            f"{prog}: error: {exc.strerror or exc}:{where}; check the path and its permissions",
+            file=sys.stderr,
+        )
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; finished work is saved (rerun with --resume)", file=sys.stderr)
+        return 130
+    return 2
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ One *unit* of work is a (matrix, p, eps) triple: its reference is computed once,
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import hashlib
 import itertools
 import json
@@ -35,7 +37,27 @@ from pathlib import Path
 from typing import Any
 
 from . import precision
+from .errors import InvalidArgumentError, MatrootsError
 from .solvers import registry
+
+REFERENCE_BACKENDS = ("auto", "flint", "mpmath")
+EPS_MODES = ("absolute", "relative")
+
+
+class ConfigError(InvalidArgumentError):
+    """A sweep config is wrong; the message names the field, what is allowed and how to fix it."""
+
+
+def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _solver_fields(name: str) -> list[str]:
+    cls = registry._REGISTRY[name]
+    names = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+    return sorted(set(names) | set(SOLVE_OPTIONS))
+
 
 #: Options of a SolverSpec that are arguments of ``solve`` (not fields of the solver's config).
 SOLVE_OPTIONS = ("tol", "max_iter", "compute_dtype")
@@ -65,8 +87,25 @@ class SolverSpec:
 
     def __post_init__(self) -> None:
         if self.name not in registry.available():
-            raise ValueError(f"unknown solver {self.name!r}; available: {registry.available()}")
-        registry.get(self.name, **self.config_options)  # validates the options now, not mid-sweep
+            raise ConfigError(
+                f"unknown solver {self.name!r}{_suggest(self.name, registry.available())}; "
+                f"use one of {', '.join(registry.available())}"
+            )
+        if not isinstance(self.options, dict):
+            raise ConfigError(
+                f"solver {self.name!r}: options must be a table, e.g. options = {{ tol = 1e-6 }}"
+            )
+        allowed = _solver_fields(self.name)
+        unknown = sorted(set(self.options) - set(allowed))
+        if unknown:
+            raise ConfigError(
+                f"solver {self.name!r}: unknown option {unknown[0]!r}{_suggest(unknown[0], allowed)}; "
+                f"its options are {', '.join(allowed)}"
+            )
+        try:  # validates the option values now, not mid-sweep
+            registry.get(self.name, **self.config_options)
+        except MatrootsError as exc:
+            raise ConfigError(f"solver {self.name!r}: {exc}") from None
         if not self.label:
             opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
             object.__setattr__(self, "label", f"{self.name}[{opts}]" if opts else self.name)
@@ -80,8 +119,12 @@ class EpsSpec:
     mode: str = "relative"
 
     def __post_init__(self) -> None:
-        if self.mode not in ("absolute", "relative") or self.value < 0:
-            raise ValueError(f"bad eps spec: value={self.value!r} mode={self.mode!r}")
+        if self.mode not in EPS_MODES:
+            raise ConfigError(
+                f"eps mode {self.mode!r}{_suggest(self.mode, EPS_MODES)} is unknown; use 'absolute' or 'relative'"
+            )
+        if not isinstance(self.value, int | float) or isinstance(self.value, bool) or not self.value >= 0:
+            raise ConfigError(f"eps value {self.value!r} must be a number >= 0, e.g. {{ value = 1e-12 }}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,14 +145,52 @@ class GridSpec:
 
     def __post_init__(self) -> None:
         if not self.solvers:
-            raise ValueError("a grid needs at least one solver")
-        for d in self.dtypes:
-            precision.as_dtype(d)
+            raise ConfigError('a grid needs at least one solver: add a [[solvers]] table with name = "eigh"')
         for axis in ("dtypes", "families", "n", "kappa", "p", "eps", "seeds"):
             if not getattr(self, axis):
-                raise ValueError(f"grid axis {axis!r} is empty")
-        if any(k < 1 for k in self.kappa) or any(n < 1 for n in self.n) or any(p <= 0 for p in self.p):
-            raise ValueError("kappa must be >= 1, n >= 1 and p > 0")
+                raise ConfigError(f"grid axis {axis!r} is empty; give it at least one value")
+        names = sorted({precision.info(d).name for d in precision.FORMATS})
+        for d in self.dtypes:
+            try:
+                precision.as_dtype(d)
+            except MatrootsError:
+                raise ConfigError(
+                    f"unknown dtype {d!r}{_suggest(d, names)}; use one of {', '.join(names)}"
+                ) from None
+        from . import matrices
+
+        fams = sorted(matrices.FAMILIES)
+        for fam in self.families:
+            if matrices._ALIASES.get(fam, fam) not in matrices.FAMILIES:
+                raise ConfigError(
+                    f"unknown matrix family {fam!r}{_suggest(fam, fams)}; use one of {', '.join(fams)}"
+                )
+        for fam in self.family_options:
+            if fam not in self.families:
+                raise ConfigError(
+                    f"[family_options.{fam}] names a family that is not in families = {list(self.families)}; "
+                    "add it there or remove the table"
+                )
+        if self.reference_backend not in REFERENCE_BACKENDS:
+            raise ConfigError(
+                f"unknown reference_backend {self.reference_backend!r}"
+                f"{_suggest(self.reference_backend, REFERENCE_BACKENDS)}; use one of {', '.join(REFERENCE_BACKENDS)}"
+            )
+        for axis, typ, ok, rule in (
+            ("n", int, lambda v: v >= 1, "integers >= 1"),
+            ("p", int, lambda v: v >= 1, "integers >= 1"),
+            ("seeds", int, lambda v: v >= 0, "integers >= 0"),
+            ("kappa", float, lambda v: v >= 1, "numbers >= 1"),
+        ):
+            for v in getattr(self, axis):
+                if isinstance(v, bool) or not isinstance(v, typ) or not ok(v):
+                    raise ConfigError(f"{axis} = {v!r} is not allowed; {axis} values must be {rule}")
+        labels = [s.label for s in self.solvers]
+        dup = sorted({lab for lab in labels if labels.count(lab) > 1})
+        if dup:
+            raise ConfigError(
+                f'two [[solvers]] entries are labelled {dup[0]!r}; give each a distinct label = "..."'
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,29 +221,96 @@ class Unit:
 
 
 def load_config(path: str | Path) -> GridSpec:
-    """Read a TOML grid spec (see the module docstring)."""
-    with open(path, "rb") as fh:
-        raw = tomllib.load(fh)
-    return from_dict(raw)
+    """Read a TOML grid spec (see the module docstring).
+
+    Raises:
+        ConfigError: naming the file and the problem (missing file, TOML syntax, unknown key, solver,
+            option, family, dtype or backend, duplicate labels, bad values).
+    """
+    path = Path(path)
+    if path.is_dir() or not path.exists():
+        raise ConfigError(
+            f"config {path} does not exist; give the path of a .toml grid (see experiments/configs/)"
+        )
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {path} is not valid TOML: {exc}; fix the syntax there") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from None
+    try:
+        return from_dict(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"config {path}: {exc}") from None
 
 
 def from_dict(raw: dict[str, Any]) -> GridSpec:
     """Build a GridSpec from plain data (TOML/JSON), validating every field."""
     raw = dict(raw)
-    known = set(GridSpec.__dataclass_fields__)
-    unknown = set(raw) - known
+    known = sorted(GridSpec.__dataclass_fields__)
+    unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise ValueError(f"unknown grid keys {sorted(unknown)}; known: {sorted(known)}")
-    solvers = tuple(SolverSpec(**s) for s in raw.pop("solvers", []))
-    eps = tuple(
-        EpsSpec(**e) if isinstance(e, dict) else EpsSpec(value=float(e)) for e in raw.pop("eps", [{}])
-    )
+        raise ConfigError(
+            f"unknown grid keys {unknown}{_suggest(unknown[0], known)}; known keys: {', '.join(known)}"
+        )
+    solvers = []
+    for s in raw.pop("solvers", []):
+        if not isinstance(s, dict) or "name" not in s:
+            raise ConfigError('each [[solvers]] entry needs name = "..." (e.g. name = "eigh")')
+        bad = sorted(set(s) - {"name", "options", "label"})
+        if bad:
+            raise ConfigError(
+                f"[[solvers]] {s['name']!r}: unknown key {bad[0]!r}; use name, label and options = {{ ... }}"
+            )
+        solvers.append(SolverSpec(**s))
+    eps = []
+    for e in raw.pop("eps", [{}]):
+        if isinstance(e, dict):
+            bad = sorted(set(e) - {"value", "mode"})
+            if bad:
+                raise ConfigError(
+                    f'eps entry {e}: unknown key {bad[0]!r}; use {{ value = 1e-12, mode = "relative" }}'
+                )
+            eps.append(EpsSpec(**e))
+        elif isinstance(e, int | float) and not isinstance(e, bool):
+            eps.append(EpsSpec(value=float(e)))
+        else:
+            raise ConfigError(f"eps entry {e!r} must be a number or {{ value = ..., mode = ... }}")
     kw: dict[str, Any] = {}
     for k, v in raw.items():
         kw[k] = tuple(v) if isinstance(v, list) else v
+    for axis in ("dtypes", "families", "n", "kappa", "p", "seeds"):
+        if axis in kw and not isinstance(kw[axis], tuple):
+            raise ConfigError(f"{axis} must be a list, e.g. {axis} = [{kw[axis]!r}]")
     if "kappa" in kw:
-        kw["kappa"] = tuple(float(k) for k in kw["kappa"])
-    return GridSpec(solvers=solvers, eps=eps, **kw)
+        kw["kappa"] = tuple(
+            float(k) if isinstance(k, int | float) and not isinstance(k, bool) else k for k in kw["kappa"]
+        )
+    if not isinstance(kw.get("family_options", {}), dict):
+        raise ConfigError("family_options must be a table of tables, e.g. [family_options.lowrank]")
+    return GridSpec(solvers=tuple(solvers), eps=tuple(eps), **kw)
+
+
+def check_families(grid: GridSpec) -> None:
+    """Build one small matrix of each family with its options, so an unknown family option or a value
+    the generator refuses is reported before any worker starts."""
+    import numpy as np
+
+    from . import matrices
+
+    for fam in grid.families:
+        opts = grid.family_options.get(fam, {})
+        try:
+            matrices.generate(fam, min(grid.n), min(grid.kappa), np.random.default_rng(0), **opts)
+        except TypeError as exc:
+            raise ConfigError(
+                f"[family_options.{fam}]: {exc}; see matroots.matrices.{matrices._ALIASES.get(fam, fam)} for its options"
+            ) from None
+        except (ValueError, MatrootsError) as exc:
+            raise ConfigError(
+                f"family {fam!r} with n={min(grid.n)}, kappa={min(grid.kappa):g}: {exc}"
+            ) from None
 
 
 def units(grid: GridSpec) -> list[Unit]:

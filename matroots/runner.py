@@ -322,21 +322,30 @@ def _fault_injection(key: str) -> None:
     os._exit(137)
 
 
+def _timed_job(job_fn: JobFn, unit: Any) -> list[dict[str, Any]]:
+    """Run one unit; add its wall and process-CPU seconds to each row (``unit_wall_seconds``,
+    ``unit_cpu_seconds``: the measured cost of the whole unit, which cost estimates are checked
+    against; CPU time is immune to other processes' load)."""
+    _fault_injection(unit.key)
+    w, c = time.perf_counter(), time.process_time()
+    rows = job_fn(unit)
+    w, c = time.perf_counter() - w, time.process_time() - c
+    return [dict(r, unit_wall_seconds=w, unit_cpu_seconds=c) for r in rows]
+
+
 def _pool_job(job_fn: JobFn, unit: Any, out_dir: str) -> str:
     """Local-pool worker: mark the unit started, run it, write its part."""
     marker = Path(out_dir) / RUNNING / unit.key
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
-    _fault_injection(unit.key)
-    rows = job_fn(unit)
+    rows = _timed_job(job_fn, unit)
     atomic_write_parquet(pd.DataFrame(rows), part_path(out_dir, unit.key))
     return unit.key
 
 
 def _dask_job(job_fn: JobFn, unit: Any) -> list[dict[str, Any]]:
     """Dask worker: run the unit and return its rows (the client writes the part)."""
-    _fault_injection(unit.key)
-    return job_fn(unit)
+    return _timed_job(job_fn, unit)
 
 
 def _default_crash_rows(unit: Any) -> list[dict[str, Any]]:

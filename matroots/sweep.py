@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from . import grid as gridmod
-from . import metrics, precision, provenance, runner
+from . import metrics, precision, provenance, runner, sweep_estimate
 from .errors import MatrootsError
 
 log = logging.getLogger("matroots.sweep")
@@ -263,23 +263,12 @@ def load(run_dir: str | Path) -> pd.DataFrame:
     return runner.read_parts(run, ORDER)
 
 
-def estimate_cost(grid: gridmod.GridSpec) -> dict[str, float]:
-    """Case count and a rough cost estimate in seconds, from one timed GEMM per n on this machine.
+def estimate_cost(
+    grid: gridmod.GridSpec, *, calibrate: int = 0, workers: int | None = None
+) -> sweep_estimate.Estimate:
+    """Size and estimated cost of a sweep (see :mod:`matroots.sweep_estimate`); with ``calibrate=K``,
+    K sampled units are timed on this machine first and the model fitted to them."""
+    return sweep_estimate.estimate(grid, calibrate=calibrate, workers=workers)
 
-    Model: each solver run ~ 60 GEMMs of its n (Newton iterations) and each reference ~ (digits/16)^2 x
-    2000 GEMM-equivalents in mpmath (much less with flint); a rough guide, not a promise.
-    """
-    import torch
 
-    us = gridmod.units(grid)
-    rows = gridmod.case_count(grid)
-    secs = 0.0
-    for n in set(grid.n):
-        a = torch.randn(n, n, dtype=torch.float64)
-        t = time.perf_counter()
-        for _ in range(5):
-            a @ a
-        gemm = max((time.perf_counter() - t) / 5, 1e-6)
-        k = sum(1 for u in us if u.n == n)
-        secs += k * len(grid.dtypes) * len(grid.solvers) * 60 * gemm + k * 2000 * gemm * n / 8
-    return {"units": len(us), "rows": rows, "estimated_seconds": secs}
+format_estimate = sweep_estimate.format_estimate

@@ -18,3 +18,19 @@ name = "eigh"
 name = "coupled_newton"
 options = { scaling = "frobenius" }
 """
+
+#: Columns that measure time on this machine (differ between otherwise identical runs).
+TIMING = [
+    "seconds",
+    "reference_seconds",
+    "gemm_seconds",
+    "cpu_seconds",
+    "gemm_equivalents",
+    "unit_wall_seconds",
+    "unit_cpu_seconds",
+]
+
+
+def drop_timing(df):
+    """The rows without their timing columns (for row-for-row comparisons of two runs)."""
+    return df.drop(columns=[c for c in TIMING if c in df.columns])

@@ -1,0 +1,259 @@
+"""Every command-line and config mistake ends in one line on stderr naming the problem and the fix, exit 2.
+
+Each case runs ``matroots.cli.main`` as a user would and checks: exit code 2, exactly one line on
+stderr, no traceback, the offending name in the message and a hint of the fix. No worker starts for a
+config mistake: the run folder is not even created.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _tiny_sweep import TINY
+
+from matroots import cli
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MATROOTS_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _fail(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Run the CLI, expect exit code 2 and one line on stderr; return that line."""
+    try:
+        rc = cli.main(list(argv))
+    except SystemExit as exc:  # argparse errors exit through SystemExit
+        rc = exc.code
+    cap = capsys.readouterr()
+    lines = [ln for ln in cap.err.splitlines() if ln.strip()]
+    assert rc == 2, (rc, cap.err)
+    assert len(lines) == 1, cap.err
+    assert "Traceback" not in cap.err
+    return lines[0]
+
+
+def _config(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "cfg.toml"
+    p.write_text(text)
+    return p
+
+
+def _sweep_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str) -> str:
+    out = tmp_path / "run"
+    line = _fail(capsys, "sweep", str(_config(tmp_path, text)), "--out", str(out), "--no-progress")
+    assert not out.exists(), "a config mistake must be caught before the run starts"
+    return line
+
+
+def test_unknown_family(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _sweep_fails(tmp_path, capsys, TINY.replace('families = ["randsvd"]', 'families = ["randsdv"]'))
+    assert "'randsdv'" in line and "did you mean 'randsvd'" in line and "use one of" in line
+
+
+def test_unknown_solver(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _sweep_fails(tmp_path, capsys, TINY.replace('name = "eigh"', 'name = "eig"'))
+    assert "unknown solver 'eig'" in line and "eigh" in line
+
+
+def test_unknown_solver_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _sweep_fails(tmp_path, capsys, TINY.replace("scaling =", "scalling ="))
+    assert "unknown option 'scalling'" in line and "did you mean 'scaling'" in line
+
+
+def test_bad_solver_option_value(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _sweep_fails(tmp_path, capsys, TINY.replace('"frobenius"', '"frobenious"'))
+    assert "coupled_newton" in line and "frobenious" in line
+
+
+def test_unknown_grid_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _sweep_fails(tmp_path, capsys, TINY.replace("kappa =", "kapa ="))
+    assert "unknown grid keys ['kapa']" in line and "did you mean 'kappa'" in line
+
+
+def test_unknown_family_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = TINY + "\n[family_options.randsvd]\nmodee = 3\n"
+    line = _sweep_fails(tmp_path, capsys, text)
+    assert "family_options.randsvd" in line and "modee" in line
+
+
+def test_toml_syntax_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _sweep_fails(tmp_path, capsys, TINY.replace("n = [6]", "n = [6"))
+    assert "not valid TOML" in line and "line" in line
+
+
+def test_reference_backend_typo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _sweep_fails(tmp_path, capsys, TINY.replace('"mpmath"', '"mpmat"'))
+    assert "reference_backend 'mpmat'" in line and "did you mean 'mpmath'" in line
+
+
+def test_unknown_dtype(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _sweep_fails(tmp_path, capsys, TINY.replace('"bf16"]', '"fp8"]'))
+    assert "unknown dtype 'fp8'" in line and "bf16" in line
+
+
+def test_bad_eps_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _sweep_fails(tmp_path, capsys, TINY.replace('mode = "relative"', 'mode = "relativ"'))
+    assert "'relativ'" in line and "'relative'" in line
+
+
+def test_bad_axis_value(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _sweep_fails(tmp_path, capsys, TINY.replace("n = [6]", "n = [0]"))
+    assert "n = 0" in line and ">= 1" in line
+
+
+def test_duplicate_solver_labels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = TINY + '\n[[solvers]]\nname = "eigh"\n'
+    line = _sweep_fails(tmp_path, capsys, text)
+    assert "labelled 'eigh'" in line and "distinct label" in line
+
+
+def test_missing_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _fail(capsys, "sweep", str(tmp_path / "nope.toml"))
+    assert "does not exist" in line and "nope.toml" in line
+
+
+def test_reused_out_without_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from matroots import grid, sweep
+
+    cfg = _config(tmp_path, TINY)
+    out = tmp_path / "run"
+    sweep.run_sweep(grid.load_config(cfg), out, workers=1, progress=False)
+    line = _fail(capsys, "sweep", str(cfg), "--out", str(out), "--no-progress")
+    assert "--resume" in line and "another --out" in line
+
+
+def test_out_holds_other_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from matroots import grid, sweep
+
+    out = tmp_path / "run"
+    sweep.run_sweep(grid.load_config(_config(tmp_path, TINY)), out, workers=1, progress=False)
+    other = tmp_path / "other.toml"
+    other.write_text(TINY.replace("kappa = [1e2, 1e8]", "kappa = [1e3]"))
+    line = _fail(capsys, "sweep", str(other), "--out", str(out), "--resume", "--no-progress")
+    assert "another config" in line and "another --out" in line
+
+
+def test_unwritable_out_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")  # even root cannot create a folder under a file
+    line = _fail(capsys, "sweep", str(_config(tmp_path, TINY)), "--out", str(blocker / "run"))
+    assert "cannot write to run folder" in line and "writable --out" in line
+    line = _fail(capsys, "sweep", str(_config(tmp_path, TINY)), "--out", str(blocker))
+    assert "is a file" in line
+
+
+def test_bad_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _fail(capsys, "sweep", str(_config(tmp_path, TINY)), "--workers", "0")
+    assert "--workers" in line and ">= 1" in line
+
+
+def test_unreachable_scheduler(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("distributed")
+    cfg = _config(tmp_path, TINY)
+    # a port on loopback that nothing listens on
+    line = _fail(
+        capsys,
+        "sweep",
+        str(cfg),
+        "--out",
+        str(tmp_path / "r"),
+        "--scheduler",
+        "tcp://127.0.0.1:9",
+        "--no-progress",
+    )
+    assert "dask scheduler" in line and "--scheduler" in line
+
+
+def test_solve_non_npy_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    txt = tmp_path / "a.txt"
+    np.savetxt(txt, np.eye(3))
+    line = _fail(capsys, "solve", str(txt), "-p", "2")
+    assert "not a .npy file" in line and "numpy.save" in line
+    fake = tmp_path / "b.npy"
+    fake.write_text("1 0\n0 1\n")
+    line = _fail(capsys, "solve", str(fake), "-p", "2")
+    assert "not a readable .npy array" in line
+    line = _fail(capsys, "solve", str(tmp_path / "missing.npy"), "-p", "2")
+    assert "no file" in line
+
+
+def test_solve_unknown_method_and_dtype(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    np.save(tmp_path / "a.npy", np.eye(3))
+    line = _fail(capsys, "solve", str(tmp_path / "a.npy"), "-p", "2", "--method", "newton")
+    assert "newton" in line and "coupled_newton" in line
+    line = _fail(capsys, "solve", str(tmp_path / "a.npy"), "-p", "2", "--dtype", "fp8")
+    assert "invalid choice: 'fp8'" in line and "bf16" in line
+
+
+def test_solve_not_square(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    np.save(tmp_path / "a.npy", np.ones((2, 3)))
+    line = _fail(capsys, "solve", str(tmp_path / "a.npy"), "-p", "2")
+    assert "NotSquareError" in line
+
+
+def test_report_without_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _fail(capsys, "report", str(tmp_path / "nothing"))
+    assert "no run folder" in line and "matroots sweep" in line
+    (tmp_path / "empty").mkdir()
+    line = _fail(capsys, "report", str(tmp_path / "empty"))
+    assert "no rows" in line and "--resume" in line
+
+
+def test_report_without_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import pandas as pd
+
+    run = tmp_path / "run"
+    (run / "parts").mkdir(parents=True)
+    rows = pd.DataFrame(
+        {"unit": ["u1"], "solver": ["eigh"], "dtype": ["fp64"], "failure": ["WorkerCrashed"], "kappa": [1.0]}
+    )
+    rows.to_parquet(run / "parts" / "u1.parquet")
+    line = _fail(capsys, "report", str(run))
+    assert "no forward-error metrics" in line
+    line = _fail(capsys, "plot", str(run))
+    assert "no forward-error metrics" in line
+
+
+def test_report_corrupted_part(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    (run / "parts").mkdir(parents=True)
+    (run / "parts" / "u1.parquet").write_bytes(b"PAR1 not really")
+    line = _fail(capsys, "report", str(run))
+    assert "corrupted" in line and "--resume" in line
+
+
+def test_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _fail(capsys, "swep")
+    assert "invalid choice: 'swep'" in line and "--help" in line
+
+
+def test_version_and_choice_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith("matroots 0.")
+    with pytest.raises(SystemExit):
+        cli.main(["solve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    from matroots.solvers import registry
+
+    assert f"one of {', '.join(registry.available())}" in text
+    assert "one of fp64, fp32, bf16, fp16" in text
+
+
+def test_console_script_one_line(tmp_path: Path) -> None:
+    """The same contract through a fresh interpreter (what the installed `matroots` script runs)."""
+    cfg = _config(tmp_path, TINY.replace('name = "eigh"', 'name = "eig"'))
+    r = subprocess.run(
+        [sys.executable, "-m", "matroots.cli", "sweep", str(cfg), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "unknown solver 'eig'" in r.stderr
