@@ -39,7 +39,9 @@ Families (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., ch.
 * ``near_repeated``: geometric spectrum in pairs of relative gap ``gap``;
 * ``nonsymmetric``: S B S^{-1} with B block diagonal of rotation-scaling blocks r [[cos t, -sin t],
   [sin t, cos t]] (eigenvalues r e^{+-it}, |t| <= ``max_angle`` < pi, off the closed negative real
-  axis, as Schur-Newton needs), moduli geometric in [1/kappa, 1], cond_2(S) = ``eigvec_cond``.
+  axis, as Schur-Newton needs), moduli geometric in [1/kappa, 1], cond_2(S) = ``eigvec_cond``;
+* ``shampoo``: real Kronecker factors of Shampoo on real tasks, shipped with matroots
+  (:func:`shampoo_factors`; ``kappa`` is the factor's own).
 
 Shampoo factor dumps (.npz layout, version 1)
 ---------------------------------------------
@@ -62,6 +64,9 @@ The Shampoo optimizer writes one ``.npz`` file per dump step, e.g. ``factors_ste
 * ``format_version``: optional int scalar, 1.
 
 :func:`load_shampoo_factors` reads one such file, or every ``*.npz`` in a folder (sorted by name).
+The family ``"shampoo"`` (:func:`shampoo_factors`) serves the curated real factors shipped in
+``matroots/data/shampoo_factors`` to sweeps: ``families = ["shampoo"]`` with ``n`` in the shipped orders
+(10, 32, 64) and ``[family_options.shampoo]`` ``task`` / ``stage`` to narrow the pool; seeds draw factors.
 """
 
 from __future__ import annotations
@@ -73,7 +78,13 @@ from typing import Any
 
 import numpy as np
 
-from ._shampoo_io import SHAMPOO_FORMAT_VERSION, load_shampoo_factors, save_shampoo_factors
+from ._shampoo_io import (
+    SHAMPOO_DATA,
+    SHAMPOO_FORMAT_VERSION,
+    load_shampoo_factors,
+    save_shampoo_factors,
+    shampoo_factors,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -523,6 +534,7 @@ FAMILIES: dict[str, Generator] = {
     "pascal": _gallery("pascal", pascal),
     "moler": _gallery("moler", moler),
     "kms": _gallery("kms", kms),
+    "shampoo": shampoo_factors,
 }
 """Family name -> generator ``gen(n, kappa=None, rng=None, **options) -> (A, meta)``."""
 
@@ -541,6 +553,7 @@ def generate(
 
 __all__ = [
     "FAMILIES",
+    "SHAMPOO_DATA",
     "SHAMPOO_FORMAT_VERSION",
     "clustered",
     "clustered_spectrum",
@@ -557,5 +570,6 @@ __all__ = [
     "randsvd",
     "randsvd_spectrum",
     "save_shampoo_factors",
+    "shampoo_factors",
     "tridiag",
 ]

@@ -118,15 +118,25 @@ def default_root_solver(name: str, device: torch.device | None = None) -> Solver
       small batches); rounded to fp32 their smallest eigenvalues come out slightly negative. That is
       handled for every solver alike by the optimizer's ``psd`` option (default ``"shift"``, see
       :mod:`matroots.psd`), passed to each solve; eigh needs no clamp of its own.
-    * ``"auto"``: eigh on CPU (LAPACK's eigh beats ~10 Newton iterations of GEMMs there), coupled
-      Newton on accelerators, where GEMMs are cheap and eigh is not.
+    * ``"auto"``: ``matroots.solvers.AutoConfig``: per factor, the configuration the measured
+      selection table of the factor's device names for its (root dtype, n, estimated kappa, p) at the
+      default target of the root dtype (:mod:`matroots.solvers.auto`); kappa comes from the previous
+      root when there is one (warm start), else from a cheap estimate, so the choice follows the
+      factor's conditioning from round to round. Outside the table (or without a table for the
+      device): eigh on CPU, coupled Newton on accelerators. The configuration chosen
+      per block is ``FactorState.solver`` (``opt.diagnostics()``), e.g. ``"auto:eigh[...]"``.
     * any other registered name: that solver with its defaults.
 
     Pass a config object for full control.
     """
     key = name.lower()
     if key == "auto":
-        key = "coupled_newton" if device is not None and device.type not in ("cpu", "meta") else "eigh"
+        from matroots.solvers.auto import AutoConfig
+
+        # warn=False: a factor whose target the table cannot promise is normal (rank-deficient factors);
+        # it gets the most accurate candidate and the diagnostics say which.
+        on_cpu = device is None or device.type in ("cpu", "meta")
+        return AutoConfig(fallback=EighConfig() if on_cpu else CoupledNewtonConfig(), warn=False)
     if key == "eigh":
         return EighConfig()
     if key == "coupled_newton":

@@ -19,7 +19,13 @@ from .state import BlockState, FactorState, mirror_upper_
 
 @dataclass(frozen=True)
 class FactorDiagnostics:
-    """The last root computation of one Kronecker factor."""
+    """The last root computation of one Kronecker factor.
+
+    ``kappa`` is the condition number of the matrix actually solved, A + (psd_shift + eps_abs) I
+    (finite for shifted rank-deficient factors); ``psd_shift`` / ``psd_floor`` are what the
+    rank-deficiency policy applied (:mod:`matroots.psd`), ``eps_abs`` the absolute eps shift, and
+    ``regularisation`` their sum. ``factor_resets`` counts resets of non-finite statistics.
+    """
 
     dim: int
     n: int
@@ -36,6 +42,11 @@ class FactorDiagnostics:
     fallback_uses: int
     seconds: float
     kappa: float
+    psd_shift: float
+    psd_floor: float
+    eps_abs: float
+    regularisation: float
+    factor_resets: int
     error: str
 
     @classmethod
@@ -56,6 +67,11 @@ class FactorDiagnostics:
             fallback_uses=int(f.fallback_uses),
             seconds=float(f.seconds),
             kappa=float(f.kappa),
+            psd_shift=float(f.psd_shift),
+            psd_floor=float(f.psd_floor),
+            eps_abs=float(f.eps_abs),
+            regularisation=float(f.regularisation),
+            factor_resets=int(f.factor_resets),
             error=f.error,
         )
 

@@ -10,6 +10,8 @@ one strided copy per evenly tiled parameter.
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +20,12 @@ import torch
 
 from .blocking import BlockKind, BlockSpec, layout_param, tile_grid, tiled_view
 from .config import DiagnosticsConfig, GroupOptions
+from .errors import FactorResetWarning
 from .preconditioner import BlockBucket
 from .roots import RootJob, compute_roots
 from .state import BlockState, ParamState
+
+log = logging.getLogger("shampoo")
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,18 @@ class Segment:
     start: int
     count: int
     tiling: tuple[tuple[int, ...], tuple[int, ...]] | None
+
+
+def state_dtype(param_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a parameter's optimizer state: float32 for fp16/bf16 parameters, else its own.
+
+    First moment, grafting and diagonal accumulators, roots and the momentum buffer of 16-bit
+    parameters are kept in float32: in fp16, Adam grafting's g^2 underflows and its eps (1e-8) rounds
+    to 0, so every direction would be m / 0 and every step skipped; bf16 has 8 bits of mantissa, too
+    few for an EMA with beta2 = 0.999. Directions are rounded to the parameter's dtype once, when the
+    update is applied. Factor statistics use ``factor_dtype`` (float32 by default).
+    """
+    return torch.promote_types(param_dtype, torch.float32)
 
 
 class GroupEngine:
@@ -57,7 +74,11 @@ class GroupEngine:
                 vector_policy=opts.vector_policy,
             )
             blocks = [BlockState(spec=s, owned=owns(s)) for s in layout.blocks]
-            mom = torch.zeros_like(p, memory_format=torch.contiguous_format) if opts.momentum > 0 else None
+            mom = (
+                torch.zeros_like(p, dtype=state_dtype(p.dtype), memory_format=torch.contiguous_format)
+                if opts.momentum > 0
+                else None
+            )
             self.states.append(ParamState(key=key, layout=layout, blocks=blocks, momentum_buffer=mom))
         groups: dict[tuple[Any, ...], list[tuple[int, BlockState]]] = {}
         for i, (p, st) in enumerate(zip(params, self.states, strict=True)):
@@ -67,7 +88,7 @@ class GroupEngine:
         self.buckets: list[BlockBucket] = []
         self.members: list[list[int]] = []  # per bucket: local param index of each position
         for (*_, dtype, device), items in groups.items():
-            self.buckets.append(BlockBucket([bs for _, bs in items], opts, dtype, device))
+            self.buckets.append(BlockBucket([bs for _, bs in items], opts, state_dtype(dtype), device))
             self.members.append([i for i, _ in items])
         self.segments = [self._segments(b, m) for b, m in zip(self.buckets, self.members, strict=True)]
         self.directions = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
@@ -93,7 +114,8 @@ class GroupEngine:
         parameter when every block is present)."""
         bucket, members = self.buckets[bi], self.members[bi]
         if len(positions) < len(members):
-            return torch.stack([merged[members[j]][bucket.blocks[j].spec.slices] for j in positions])
+            G = torch.stack([merged[members[j]][bucket.blocks[j].spec.slices] for j in positions])
+            return G if G.dtype == bucket.dtype else G.to(bucket.dtype)
         buf = bucket.grad_buffer
         for seg in self.segments[bi]:
             src = merged[seg.param]
@@ -148,6 +170,23 @@ class GroupEngine:
             else:
                 out.copy_(D[k])
 
+    def _check_accumulators(self, bucket: BlockBucket) -> None:
+        reset = bucket.reset_non_finite_accumulators()
+        if not reset:
+            return
+        names = [
+            f"{self.states[self.members[self.buckets.index(bucket)][j]].key!s}[block {bucket.blocks[j].spec.index}]"
+            for j in reset
+        ]
+        msg = (
+            f"shampoo: the grafting/diagonal accumulators of {len(names)} block(s) became non-finite "
+            f"({', '.join(names[:5])}{' ...' if len(names) > 5 else ''}), typically g^2 overflowing after "
+            "one huge gradient; they were reset to zero, with the blocks' first moments (without the reset the block would never move "
+            "again). Clip gradients if this repeats."
+        )
+        log.warning(msg)
+        warnings.warn(msg, FactorResetWarning, stacklevel=5)
+
     def label(self, bucket: BlockBucket, position: int, slot: int) -> str:
         spec = bucket.blocks[position].spec
         key = self.states[self.members[self.buckets.index(bucket)][position]].key
@@ -174,6 +213,9 @@ class GroupEngine:
             m = bucket.update_statistics(sel, G, opts, steps)
             work.append((bi, bucket, positions, sel, m, steps))
         start, freq = opts.start_preconditioning_step, opts.precondition_frequency
+        for _bi, bucket, _positions, _sel, _m, steps in work:
+            if any(t % freq == 0 for t in steps):  # amortised: once per precondition_frequency steps
+                self._check_accumulators(bucket)
         jobs = []
         for _bi, bucket, positions, _sel, _m, steps in work:
             if not bucket.factors:
@@ -197,4 +239,4 @@ class GroupEngine:
         return out, report
 
 
-__all__ = ["GroupEngine", "Segment"]
+__all__ = ["GroupEngine", "Segment", "state_dtype"]

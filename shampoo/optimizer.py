@@ -121,6 +121,9 @@ class Shampoo(torch.optim.Optimizer):
             ``"schur_newton"``, ``"auto"``, ``matroots.CoupledNewtonConfig(...)``); see
             :func:`shampoo.config.default_root_solver` for what the names mean here.
         factor_dtype: dtype of the factor statistics; root_dtype: working precision of the roots.
+            All other state (first moment, grafting and diagonal accumulators, stored roots,
+            momentum) is kept in the parameter's dtype, or float32 for fp16/bf16 parameters (see
+            :func:`shampoo.engine.state_dtype`), so 16-bit models train.
         warm_start: warm-start the root solver from the previous root where it supports it.
         failure: a :class:`FailurePolicy` (fallback solver, consecutive-failure limit).
         diagnostics: a :class:`DiagnosticsConfig` (log level, factor dumps); optimizer-wide.

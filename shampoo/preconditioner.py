@@ -233,6 +233,26 @@ class BlockBucket:
         scale = torch.where(mask, _vec(pre_scale, k, dev), _vec(graft_scale, k, dev))
         return D, _div(scale, bc1)
 
+    def reset_non_finite_accumulators(self) -> list[int]:
+        """Zero the grafting / diagonal accumulator of every block where it became NaN/Inf (one huge
+        gradient makes g^2 overflow), and that block's first moment, which holds the same gradient
+        (with a fresh second moment it would give huge, then non-finite, directions for hundreds of
+        steps); returns the positions reset. Without the reset an infinite Adam second moment makes
+        the block's direction 0 for ever, silently."""
+        bad = torch.zeros(len(self.blocks), dtype=torch.bool)
+        for t in (self.graft_state, self.diagonal):
+            if t is None:
+                continue
+            sums = t.reshape(len(self.blocks), -1).sum(-1, dtype=torch.promote_types(t.dtype, torch.float32))
+            rows = ~torch.isfinite(sums)
+            if bool(rows.any()):
+                rows = ~torch.isfinite(t).reshape(len(self.blocks), -1).all(-1)
+                t[rows.to(t.device)] = 0.0
+                bad |= rows.cpu()
+        if self.first_moment is not None and bool(bad.any()):
+            self.first_moment[bad.to(self.first_moment.device)] = 0.0
+        return bad.nonzero().flatten().tolist()
+
     def has_any_root(self, position: int) -> bool:
         return any(f.has_root for f in self.blocks[position].factors)
 

@@ -58,6 +58,8 @@ class SolveOutcome:
     psd_shift: list[float] = field(default_factory=list)
     psd_floor: list[float] = field(default_factory=list)
     eps_abs: list[float] = field(default_factory=list)
+    # per element, the configuration a meta-solver chose (method="auto": info["auto"]["chosen"]); [] else
+    solvers: list[str] = field(default_factory=list)
 
     def regularisation(self, i: int) -> tuple[float, float, float]:
         """(psd_shift, psd_floor, eps_abs) of element i (NaN when not reported)."""
@@ -177,7 +179,11 @@ def solve_batch(
         if not bool(finite.all()):
             parts.append(f"non-finite root for {int((~finite).sum())} of {b}")
         err = "; ".join(parts)
-    return SolveOutcome(X, ok, iters_l, resid_l, time.perf_counter() - t0, kappa, err, shift, floor, eps_abs)
+    chosen = info.get("auto", {}).get("chosen", []) if isinstance(info.get("auto"), dict) else []
+    solvers = [f"{cfg.name}:{c}" for c in chosen] if len(chosen) == b else []
+    return SolveOutcome(
+        X, ok, iters_l, resid_l, time.perf_counter() - t0, kappa, err, shift, floor, eps_abs, solvers
+    )
 
 
 def _solve_with_warm_start(
@@ -215,8 +221,11 @@ def _merge(
     iters, resid, kappa = [0] * b, [math.nan] * b, [math.nan] * b
     shift, floor, eps_abs = [math.nan] * b, [math.nan] * b, [math.nan] * b
     errors, seconds = [], 0.0
+    solvers = [""] * b
     for idx, out in parts:
         seconds += out.seconds
+        for j, i in enumerate(idx):
+            solvers[i] = out.solvers[j] if j < len(out.solvers) else ""
         if out.error:
             errors.append(out.error)
         if out.roots is not None:
@@ -225,7 +234,10 @@ def _merge(
         for j, i in enumerate(idx):
             iters[i], resid[i], kappa[i] = out.iterations[j], out.residual[j], out.kappa[j]
             shift[i], floor[i], eps_abs[i] = out.regularisation(j)
-    return SolveOutcome(roots, ok, iters, resid, seconds, kappa, "; ".join(errors), shift, floor, eps_abs)
+    solvers = solvers if any(solvers) else []
+    return SolveOutcome(
+        roots, ok, iters, resid, seconds, kappa, "; ".join(errors), shift, floor, eps_abs, solvers
+    )
 
 
 def _fallback(A: torch.Tensor, p: Fraction, opts: GroupOptions, kappa_iters: int) -> SolveOutcome:
@@ -279,7 +291,8 @@ def compute_roots(
         report.solver_seconds += out.seconds
         ok = out.ok.clone()
         final = out.roots if out.roots is not None else torch.empty_like(A, dtype=opts.root_dtype)
-        used = [opts.root_solver.name] * len(states)
+        name = opts.root_solver.name
+        used = [c or name for c in out.solvers] if out.solvers else [name] * len(states)
         fb_ok = torch.zeros_like(ok)
         failed = [i for i in (~ok).nonzero().flatten().tolist() if not reset[i]]
         fb_out = None
