@@ -358,10 +358,9 @@ class CoupledNewtonConfig(SolverConfig):
         eps shift) is on the closed negative real axis, or within its rounding uncertainty of it."""
         u = precision.unit_roundoff(A.dtype)
         for i in range(eigs.shape[0]):
-            fro = float(_shifted_fro(A[i : i + 1], shift[i : i + 1])[0])
-            refuse_near_negative_axis(
-                eigs[i], kappas[i], eigenvalue_backward_error(fro, prob.n, u), "coupled_newton", prob.prescale
-            )
+            Ai = _materialise(A[i : i + 1], shift[i : i + 1], torch.float64)[0]
+            eta = eigenvalue_backward_error(float(torch.linalg.matrix_norm(Ai)), prob.n, u)
+            refuse_near_negative_axis(Ai.numpy(), eigs[i], kappas[i], eta, "coupled_newton", prob.prescale)
 
     @staticmethod
     def _check_principal(eigs: np.ndarray, p: int, cp: torch.Tensor, out: NewtonOutcome, info: dict) -> None:

@@ -443,40 +443,52 @@ def eigenvalue_backward_error(fro_norm: float, n: int, u: float) -> float:
 
 
 def refuse_near_negative_axis(
-    eigs: np.ndarray, kappas: np.ndarray, eta: float, method: str, prescale: float = 1.0
+    A: np.ndarray,
+    eigs: np.ndarray,
+    kappas: np.ndarray,
+    eta: float,
+    method: str,
+    prescale: float = 1.0,
 ) -> None:
-    """NegativeRealEigenvalueError when an eigenvalue is on, or within its uncertainty of, the closed
-    negative real axis.
+    """NegativeRealEigenvalueError when the matrix actually solved, ``A`` (rounded, eps-shifted), has an
+    eigenvalue on the closed negative real axis, or is within ``eta`` of a matrix that has one.
 
-    ``eigs`` are the computed eigenvalues of the matrix actually solved (rounded, eps-shifted), exact for
-    a matrix within ``eta`` (2-norm) of it; ``kappas`` their condition numbers. An eigenvalue whose disc
-    of radius kappa * eta meets (-inf, 0] may belong to a matrix without a principal root: for a nearly
-    nilpotent matrix, whose computed eigenvalues scatter on a circle of radius ~u^{1/n}, the fp32 and the
-    fp64 Schur forms put them on different sides of the branch cut, and a root computed from either is
-    O(1) wrong. The principal root is then not determined to working precision, and we refuse.
+    ``eigs`` are its computed eigenvalues (exact for a matrix within ``eta``, the eigensolver's backward
+    error) and ``kappas`` their condition numbers. A nearly nilpotent matrix (e.g. a spectral
+    differentiation matrix) has computed eigenvalues scattered on a circle of radius ~u^{1/n}, and the
+    fp32 and fp64 Schur forms put them on different sides of the branch cut: a root computed from either
+    is O(1) wrong, since the principal root is not determined to working precision. Screening: an
+    eigenvalue whose first-order disc (radius kappa eta) misses (-inf, 0] is safe. The others are
+    decided by the distance to the axis, min_z sigma_min(A - zI) at the axis points nearest to them
+    (:func:`matroots.conditioning.axis_distance`): refused when it is <= eta.
     """
+    from ..conditioning import axis_distance
+
     w = np.asarray(eigs, dtype=complex)
     k = np.asarray(kappas, dtype=float)
     with np.errstate(invalid="ignore", over="ignore"):
         radius = np.where(np.isfinite(k), k * eta, np.inf)
         dist = np.where(w.real <= 0, np.abs(w.imag), np.abs(w))  # distance to the closed negative axis
-    bad = ~(dist > radius)
-    if not bad.any():
+    suspect = ~(dist > radius)
+    if not suspect.any():
         return
-    i = int(np.flatnonzero(bad)[np.argmin(dist[bad] - radius[bad])])
-    lam = w[i] / prescale
-    on_axis = w[i].imag == 0 and w[i].real <= 0
-    why = (
-        "lies on the closed negative real axis"
-        if on_axis
-        else f"is within its rounding uncertainty {radius[i] / prescale:.2e} (eigenvalue condition number "
-        f"{k[i]:.2e}) of the closed negative real axis, so which side of the branch cut it is on is not "
-        "determined in this precision"
-    )
+    on_axis = (w.imag == 0) & (w.real <= 0)
+    if on_axis.any():
+        lam = w[on_axis][np.argmin(w[on_axis].real)] / prescale
+        why = f"has the eigenvalue {lam.real:.3e} on the closed negative real axis"
+    else:
+        sig, z = axis_distance(A, np.concatenate([[0.0], w[suspect]]))
+        if sig > eta:
+            return
+        why = (
+            f"is within {sig / prescale:.2e} (2-norm; its eigensolver's backward error is ~{eta / prescale:.2e}) "
+            f"of a matrix with the eigenvalue {z / prescale:.3e} on the closed negative real axis, so in this "
+            "precision it is not determined which side of the branch cut its eigenvalues are on"
+        )
     raise NegativeRealEigenvalueError(
-        f"{method}: the matrix actually solved (rounded to the working format, after the eps shift) has "
-        f"the eigenvalue {lam.real:.3e}{lam.imag:+.3e}j, which {why}; no principal root can be computed. "
-        "Shift it with eps if the eigenvalue should be positive, or use a wider dtype"
+        f"{method}: the matrix actually solved (rounded to the working format, after the eps shift) {why}; "
+        "no principal root can be computed. Shift it with eps if the eigenvalues should be positive, or "
+        "use a wider dtype"
     )
 
 

@@ -25,10 +25,18 @@ import scipy.linalg
 import torch
 
 from .. import arguments, precision
-from ..errors import NegativeRealEigenvalueError, NotPositiveDefiniteError
+from ..conditioning import eigenvalue_conditions
+from ..errors import FormatRangeError, NotPositiveDefiniteError
 from ..inputs import Problem, is_symmetric
 from .base import RawResult, SolverConfig
-from .newton_core import coupled_newton_iterate, optimal_c_power
+from .newton_core import (
+    check_resolvable_exponent,
+    coupled_newton_iterate,
+    eigenvalue_backward_error,
+    forward_backward_check,
+    optimal_c_power,
+    refuse_near_negative_axis,
+)
 from .registry import register
 from .schur_sqrt import block_eigenvalues, diagonal_blocks, sqrtm_quasi_triangular
 
@@ -39,13 +47,27 @@ def split_exponent(p: int) -> tuple[int, int]:
     return k0, p >> k0
 
 
+MAX_K1 = 64
+"""Cap on the number of square roots; the log-ratio of two floating-point numbers needs at most ~12."""
+
+
 def choose_k1(eigs: np.ndarray, k0: int, max_arg: float = math.pi / 4, max_ratio: float = 2.0) -> int:
-    """Smallest k1 >= k0 with modulus ratio^(1/2^k1) <= max_ratio and |arg|/2^k1 <= max_arg."""
-    mod = np.abs(eigs)
-    ratio = float(mod.max() / mod.min())
+    """Smallest k1 >= k0 with modulus ratio^(1/2^k1) <= max_ratio and |arg|/2^k1 <= max_arg.
+
+    The ratio is taken in logarithms: max|lambda| / min|lambda| overflows for a spectrum such as
+    {1e10, 1e-300}, and inf ** (0.5 ** k1) stays inf until 0.5 ** k1 underflows (k1 ~ 1075, which
+    rooted every eigenvalue to 1 and returned the identity as the root).
+    """
+    log_mod = np.log(np.abs(np.asarray(eigs, dtype=complex)))
+    if not np.isfinite(log_mod).all():
+        raise FormatRangeError(
+            "schur_newton: an eigenvalue modulus is zero or infinite in the working format; "
+            "no principal root exists or the matrix cannot be represented"
+        )
+    log_ratio = float(log_mod.max() - log_mod.min())
     arg = float(np.abs(np.angle(eigs)).max())
     k1 = k0
-    while ratio ** (0.5**k1) > max_ratio or arg * 0.5**k1 > max_arg:
+    while (log_ratio * 0.5**k1 > math.log(max_ratio) or arg * 0.5**k1 > max_arg) and k1 < MAX_K1:
         k1 += 1
     return k1
 
@@ -79,9 +101,12 @@ class SchurNewtonConfig(SolverConfig):
         k0, q = split_exponent(p)
         ldt = precision.lapack_dtype(prob.compute_dtype)
         cdt = prob.compute_dtype
+        check_resolvable_exponent(q, cdt, prob.n, self.name)
         tol = prob.tol if prob.tol is not None else precision.default_tol(cdt, prob.n, q)
         max_iter = prob.max_iter if prob.max_iter is not None else 100
         roots, conv, iters, resid, hist = [], [], [], [], []
+        u_l = precision.unit_roundoff(ldt)
+        bwd: dict = {}
         info: dict = {"k0": k0, "q": q, "k1": [], "stop_reason": [], "symmetric": [], "eps_abs": []}
         if ldt != cdt:
             info["compute_dtype_fallback"] = (
@@ -103,28 +128,46 @@ class SchurNewtonConfig(SolverConfig):
                 R, Q = scipy.linalg.schur(a, output="real")
                 blocks = diagonal_blocks(R)
                 eigs = block_eigenvalues(R, blocks)
-            # eps is in the user's units; fp16 input was pre-scaled by prob.prescale (absolute eps scales too).
+            # eps is in the user's units; the input was pre-scaled by prob.prescale (absolute eps scales too).
+            # "relative" is relative to lambda_max = the largest eigenvalue modulus of the rounded matrix.
             if prob.eps_mode == "absolute":
                 shift = prob.eps * prob.prescale
             else:
                 shift = prob.eps * float(np.abs(eigs).max())
+            if not math.isfinite(shift) or not math.isfinite(shift + float(np.abs(eigs).max())):
+                raise FormatRangeError(
+                    f"schur_newton: the eps shift {shift / prob.prescale:.3e} (plus the spectrum) overflows "
+                    "float64 at the working scale; use a smaller eps"
+                )
             info["eps_abs"].append(shift / prob.prescale)
             if shift:
-                R = R + shift * np.eye(len(R), dtype=R.dtype)
+                R = R + np.asarray(shift, dtype=R.dtype) * np.eye(len(R), dtype=R.dtype)
                 eigs = eigs + shift
-            bad = (np.abs(eigs.imag) == 0) & (eigs.real <= 0)
-            if bad.any():
-                worst = float(eigs.real[bad].min()) / prob.prescale
-                cls = NotPositiveDefiniteError if sym else NegativeRealEigenvalueError
-                raise cls(
-                    f"schur_newton: eigenvalue {worst:.3e} lies on the closed negative real axis "
-                    f"(after eps shift {shift / prob.prescale:.3e}); no principal root exists. Increase eps."
+            if not np.isfinite(R).all():
+                raise FormatRangeError(
+                    f"schur_newton: the eps-shifted Schur factor overflows {precision.info(ldt).name} "
+                    f"(eps_abs {shift / prob.prescale:.3e}); use a wider dtype or a smaller eps"
                 )
+            if sym:
+                bad = eigs.real <= 0
+                if bad.any():
+                    worst = float(eigs.real[bad].min()) / prob.prescale
+                    raise NotPositiveDefiniteError(
+                        f"schur_newton: eigenvalue {worst:.3e} lies on the closed negative real axis "
+                        f"(after eps shift {shift / prob.prescale:.3e}); no principal root exists. "
+                        "Increase eps."
+                    )
+            else:
+                # The domain check applies to the matrix actually solved: the rounded, shifted matrix,
+                # whose computed eigenvalues are exact only for a matrix within eta of it.
+                w_c, kap = eigenvalue_conditions(R)
+                eta = eigenvalue_backward_error(float(np.linalg.norm(R.astype(np.float64))), prob.n, u_l)
+                refuse_near_negative_axis(R, w_c, kap, eta, self.name, prob.prescale)
             k1 = choose_k1(eigs, k0)
             U = R
             for _ in range(k1):
                 U = np.diag(np.sqrt(np.diag(U))).astype(R.dtype) if sym else sqrtm_quasi_triangular(U, blocks)
-            mod = np.abs(eigs) ** (0.5**k1)
+            mod = np.exp(np.log(np.abs(eigs)) * 0.5**k1)
             cp = optimal_c_power(np.array([mod.min()]), np.array([mod.max()]), q)
             Ut = torch.from_numpy(np.ascontiguousarray(U)).to(cdt).unsqueeze(0)
             out = coupled_newton_iterate(
@@ -140,9 +183,27 @@ class SchurNewtonConfig(SolverConfig):
             X = out.X[0]
             for _ in range(k1 - k0):
                 X = X @ X
-            Qt = torch.from_numpy(np.ascontiguousarray(Q)).to(cdt)
+            Qt = torch.from_numpy(np.ascontiguousarray(Q)).to(X.dtype)
             X = Qt @ X @ Qt.T
             matmuls += out.matmuls + (k1 - k0) + 2
+            info.update(out.notes)
+            if bool(out.converged[0]) and not bool(torch.isfinite(X).all()):
+                raise FormatRangeError(
+                    f"schur_newton: the root overflows {precision.info(X.dtype).name} while squaring back "
+                    f"{k1 - k0} times; use a wider dtype"
+                )
+            if not inverse:
+                Xs = 0.5 * (X + X.T) if sym else X
+                matmuls += forward_backward_check(
+                    Xs[None],
+                    torch.from_numpy(np.ascontiguousarray(a))[None],
+                    torch.tensor([shift], dtype=torch.float64),
+                    p,
+                    out,
+                    self.stagnation_accept * tol,
+                    bwd,
+                )
+                info.setdefault("backward_error", []).append(float(bwd["backward_error"][0]))
             roots.append(X)
             conv.append(bool(out.converged[0]))
             iters.append(int(out.iterations[0]))
@@ -151,6 +212,9 @@ class SchurNewtonConfig(SolverConfig):
             info["k1"].append(k1)
             info["stop_reason"].append(out.reason[0])
             info["symmetric"].append(sym)
+        info["eps_abs"] = torch.tensor(info["eps_abs"], dtype=torch.float64)
+        if "backward_error" in info:
+            info["backward_error"] = torch.tensor(info["backward_error"], dtype=torch.float64)
         history = [
             torch.tensor([h[i][0] if i < len(h) else h[-1][0] for h in hist], dtype=torch.float64)
             for i in range(max((len(h) for h in hist), default=0))
