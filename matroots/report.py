@@ -17,15 +17,57 @@ import pandas as pd
 
 KAPPA_BANDS = (1.0, 1e3, 1e6, 1e9, 1e12, np.inf)
 DEFAULT_ACCURACY = 1e-2
+#: A kappa band of the decision table holds at least this many of the sweep's kappas (where it has them).
+MIN_KAPPAS_PER_BAND = 2
 
 
-def kappa_band(kappa: pd.Series) -> pd.Series:
-    """Label of the decade band [1e0,1e3), [1e3,1e6), ... each kappa falls in."""
-    labels = [
-        f"[{lo:.0e},{hi:.0e})" if np.isfinite(hi) else f">={lo:.0e}"
-        for lo, hi in itertools.pairwise(KAPPA_BANDS)
-    ]
-    return pd.cut(kappa, bins=list(KAPPA_BANDS), labels=labels, right=False).astype(str)
+def _edge(x: float) -> str:
+    return f"{x:.0e}".replace("e+0", "e").replace("e-0", "e-").replace("e+", "e")
+
+
+def kappa_band_edges(kappas: pd.Series | np.ndarray, min_per_band: int = MIN_KAPPAS_PER_BAND) -> list[float]:
+    """Band edges for a sweep's kappas: the decade-triple bands :data:`KAPPA_BANDS`, merged with their
+    neighbours until each holds at least ``min_per_band`` distinct kappas of the sweep (a band with
+    a single kappa is a point, not a band)."""
+    vals = np.unique(np.asarray(kappas, dtype=float))
+    vals = vals[np.isfinite(vals)]
+    edges = list(KAPPA_BANDS)
+
+    def counts(e: list[float]) -> list[int]:
+        return [int(((vals >= lo) & (vals < hi)).sum()) for lo, hi in itertools.pairwise(e)]
+
+    # drop empty bands first, then merge the smallest band into its smaller neighbour
+    while len(edges) > 2:
+        c = counts(edges)
+        nonempty = [k for k in c if k]
+        if all(k >= min_per_band for k in nonempty) and all(c):
+            break
+        if not all(c):
+            k = c.index(0)
+            del edges[k + 1 if k + 1 < len(edges) - 1 else k]
+            continue
+        k = min(range(len(c)), key=lambda i: (c[i], i))
+        if k == 0:
+            del edges[1]
+        elif k == len(c) - 1:
+            del edges[-2]
+        else:
+            del edges[k if c[k - 1] <= c[k + 1] else k + 1]
+    return edges
+
+
+def kappa_band(kappa: pd.Series, edges: list[float] | None = None) -> pd.Series:
+    """Label of the band each kappa falls in; bands from :func:`kappa_band_edges` of these kappas
+    unless ``edges`` is given. Labels look like "[1e0,1e6) (1e0,1e3)": the band and the sweep's
+    kappas in it."""
+    edges = kappa_band_edges(kappa) if edges is None else edges
+    vals = np.unique(np.asarray(kappa, dtype=float))
+    labels = []
+    for lo, hi in itertools.pairwise(edges):
+        inside = vals[(vals >= lo) & (vals < hi)]
+        rng = f"[{_edge(lo)},{_edge(hi)})" if np.isfinite(hi) else f">={_edge(lo)}"
+        labels.append(f"{rng} ({','.join(_edge(v) for v in inside)})")
+    return pd.cut(kappa, bins=list(edges), labels=labels, right=False).astype(str)
 
 
 def eps_label(df: pd.DataFrame) -> pd.Series:
@@ -60,44 +102,135 @@ def headline_error(df: pd.DataFrame) -> pd.Series:
     return df["relative_forward_error"]
 
 
+def _dtype_rank(names: pd.Series) -> pd.Series:
+    """Precision order of dtype names (fp64, fp32, fp16, bf16): by unit roundoff."""
+    from . import precision
+
+    return names.map(lambda d: precision.unit_roundoff(d))
+
+
+def _cost_column(df: pd.DataFrame) -> str:
+    """GEMM-equivalents (CPU seconds / one GEMM, measured in the same unit) where the rows have them;
+    wall seconds otherwise (rows of sweeps run before the cost columns existed)."""
+    if "gemm_equivalents" in df and df["gemm_equivalents"].notna().any():
+        return "gemm_equivalents"
+    return "seconds"
+
+
 def best_solver_table(df: pd.DataFrame, accuracy: float = DEFAULT_ACCURACY) -> pd.DataFrame:
-    """Cheapest solver meeting ``accuracy`` per (dtype, kappa band, eps); 'none' where none does."""
+    """Cheapest solver meeting ``accuracy`` per (dtype, p, kappa band, eps), a decision table.
+
+    * kappa bands hold several of the sweep's kappas each (:func:`kappa_band_edges`) and sort
+      numerically; dtypes come in precision order (fp64, fp32, fp16, bf16), then p, then eps;
+    * "cheapest" is the median GEMM-equivalents (else median seconds) over the band's cases, among the
+      solvers whose every case in the band succeeded with error <= ``accuracy``
+      (:func:`headline_error`); the runner-up is the next cheapest such solver;
+    * where no solver qualifies, ``best_solver`` is "NA" and ``reason`` names the most accurate solver
+      and its worst error (e.g. "no solver meets 0.01 at bf16 p=4 kappa [1e3,1e6); best is eigh at
+      0.031"); missing numbers are NaN (printed as NA).
+    """
+    cost = _cost_column(df)
+    edges = kappa_band_edges(df["kappa"])
     d = df.assign(
-        band=kappa_band(df["kappa"]), eps_label=eps_label(df), _failed=failed(df), _err=headline_error(df)
+        band=kappa_band(df["kappa"], edges),
+        _klo=pd.cut(df["kappa"], bins=list(edges), labels=edges[:-1], right=False).astype(float),
+        eps_label=eps_label(df),
+        _failed=failed(df),
+        _err=headline_error(df),
     )
+    d["_err"] = d["_err"].where(~d["_failed"], np.inf).fillna(np.inf)
     rows = []
-    for (dtype, band, eps), grp in d.groupby(["dtype", "band", "eps_label"], sort=True):
-        best = None
+    for (dtype, p, klo, band, eps_v, eps), grp in d.groupby(
+        ["dtype", "p", "_klo", "band", "eps", "eps_label"], sort=True
+    ):
+        stats = []
         for solver, s in grp.groupby("solver"):
-            ok = (not s["_failed"].any()) and bool((s["_err"] <= accuracy).all())
-            if ok:
-                cost = float(s["seconds"].median())
-                if best is None or cost < best[1]:
-                    best = (solver, cost, float(s["_err"].max()), float(s["matmuls"].median()))
-        rows.append(
-            {
-                "dtype": dtype,
-                "kappa_band": band,
-                "eps": eps,
-                "best_solver": best[0] if best else "none",
-                "median_seconds": best[1] if best else np.nan,
-                "max_error": best[2] if best else np.nan,
-                "median_matmuls": best[3] if best else np.nan,
-            }
-        )
-    return pd.DataFrame(rows)
+            ok = not s["_failed"].any() and bool((s["_err"] <= accuracy).all())
+            good = s[~s["_failed"]]
+            stats.append(
+                {
+                    "solver": solver,
+                    "ok": ok,
+                    "cost": float(good[cost].median()) if len(good) else np.nan,
+                    "max_error": float(s["_err"].max()),
+                    "max_ok_error": float(good["_err"].max()) if len(good) else np.nan,
+                    "failure_rate": float(s["_failed"].mean()),
+                    "median_seconds": float(good["seconds"].median()) if len(good) else np.nan,
+                    "median_matmuls": float(good["matmuls"].median())
+                    if len(good) and "matmuls" in good
+                    else np.nan,
+                }
+            )
+        st = pd.DataFrame(stats)
+        passing = st[st["ok"]].sort_values(["cost", "max_error"])
+        where = f"{dtype} p={int(p)} kappa {band.split(' ')[0]}" + ("" if eps == "0" else f" eps {eps}")
+        base = {
+            "dtype": dtype,
+            "p": int(p),
+            "kappa_band": band,
+            "eps": eps,
+            "cases": int(grp["unit"].nunique()) if "unit" in grp else len(grp),
+            "kappa_lo": float(klo),
+            "eps_value": float(eps_v),
+        }
+        if len(passing):
+            b, r = passing.iloc[0], passing.iloc[1] if len(passing) > 1 else None
+            rows.append(
+                base
+                | {
+                    "best_solver": b["solver"],
+                    f"median_{cost}": b["cost"],
+                    "median_seconds": b["median_seconds"],
+                    "max_error": b["max_error"],
+                    "median_matmuls": b["median_matmuls"],
+                    "runner_up": r["solver"] if r is not None else "NA",
+                    f"runner_up_{cost}": r["cost"] if r is not None else np.nan,
+                    "reason": f"cheapest of {len(passing)} solvers meeting {accuracy:g} on every case",
+                }
+            )
+        else:
+            be = st.sort_values(["failure_rate", "max_ok_error"]).iloc[0]
+            err = be["max_error"] if np.isfinite(be["max_error"]) else be["max_ok_error"]
+            fails = f" (fails {be['failure_rate']:.0%} of cases)" if be["failure_rate"] > 0 else ""
+            err_txt = "NA" if not np.isfinite(err) else f"{err:.2g}"
+            rows.append(
+                base
+                | {
+                    "best_solver": "NA",
+                    f"median_{cost}": np.nan,
+                    "median_seconds": np.nan,
+                    "max_error": np.nan,
+                    "median_matmuls": np.nan,
+                    "runner_up": "NA",
+                    f"runner_up_{cost}": np.nan,
+                    "reason": f"no solver meets {accuracy:g} at {where}; best is {be['solver']} at {err_txt}{fails}",
+                }
+            )
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    out = out.assign(_d=_dtype_rank(out["dtype"]))
+    out = out.sort_values(["_d", "p", "kappa_lo", "eps_value"], kind="stable")
+    return out.drop(columns=["_d", "kappa_lo", "eps_value"]).reset_index(drop=True)
 
 
 def format_report(df: pd.DataFrame, accuracy: float = DEFAULT_ACCURACY) -> str:
-    """The text ``matroots report`` prints."""
-    pd.set_option("display.width", 200)
+    """The text ``matroots report`` prints (missing values as NA)."""
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_colwidth", 90)
     s = summary(df)
+    s = s.assign(_d=_dtype_rank(s["dtype"])).sort_values(["solver", "_d"]).drop(columns="_d")
     b = best_solver_table(df, accuracy)
+    fmt = lambda x: "NA" if pd.isna(x) else f"{x:.3g}"  # noqa: E731
+    cost = _cost_column(df)
+    unit = "GEMM-equivalents (CPU seconds / one GEMM of that n)" if cost == "gemm_equivalents" else "seconds"
+    dts = ", ".join(sorted(df["dtype"].unique(), key=lambda x: _dtype_rank(pd.Series([x]))[0]))
     return (
-        f"{len(df)} rows, {df['solver'].nunique()} solvers, dtypes {sorted(df['dtype'].unique())}\n\n"
+        f"{len(df)} rows, {df['solver'].nunique()} solvers, dtypes {dts}\n\n"
         "Per solver x dtype (errors over non-failed cases; relative forward error vs the reference):\n"
-        f"{s.to_string(index=False, float_format=lambda x: f'{x:.3g}')}\n\n"
-        f"Best solver per (dtype, kappa band, eps): cheapest by median seconds among solvers whose every\n"
-        f"case succeeded with relative forward error <= {accuracy:g} (vs the unregularised root where A has one):\n"
-        f"{b.to_string(index=False, float_format=lambda x: f'{x:.3g}')}\n"
+        f"{s.to_string(index=False, float_format=fmt, na_rep='NA')}\n\n"
+        f"Best solver per (dtype, p, kappa band, eps): cheapest by median {unit} among solvers whose\n"
+        f"every case succeeded with relative forward error <= {accuracy:g} (vs the unregularised root where\n"
+        f"A has one); kappa bands list the sweep's kappas they hold:\n"
+        f"{b.to_string(index=False, float_format=fmt, na_rep='NA')}\n"
     )

@@ -221,12 +221,21 @@ class AutoConfig(SolverConfig):
         f64 = flat.detach().to(torch.float64)
         sym = self._symmetric(f64, t.dtype)
         est_cost, kappa, ksrc = 0.0, [math.nan] * b, "none (non-symmetric input)"
-        if sym and bool(torch.isfinite(f64).all()):
+        uncovered = self._coverage(device, wdtype, n, frac) if sym else ""
+        if uncovered:
+            ksrc = f"not estimated: {uncovered}"
+        elif sym and bool(torch.isfinite(f64).all()):
             hint = self._hint(kappa_hint, b)
             prev = self._previous_root(warm_start, b, n)
             if hint is not None:
                 kappa, ksrc = hint, "kappa_hint"
             else:
+                policy = kwargs.get("psd") or getattr(self, "psd", "none")
+                floor = None
+                if policy == "shift":
+                    from ..psd import floor_level
+
+                    floor = floor_level(flat.detach().to(wdtype), t.dtype)
                 ke = estimate_kappa(
                     f64,
                     eps=float(eps),
@@ -235,6 +244,7 @@ class AutoConfig(SolverConfig):
                     inverse_iters=self.inverse_iters,
                     previous_root=prev,
                     p=float(frac) if prev is not None else None,
+                    floor=floor,
                 )
                 kappa, ksrc, est_cost = ke.kappa, ke.source, ke.matmuls
         est_seconds = time.perf_counter() - t0
@@ -305,6 +315,16 @@ class AutoConfig(SolverConfig):
             return load_table(self.table, device=device).describe()
         except (InvalidArgumentError, FileNotFoundError) as exc:
             return f"none ({exc})"
+
+    def _coverage(self, device: str, dtype: Any, n: int, p: Any) -> str:
+        """Empty when the table has cells for this problem (kappa then decides), else why not (no
+        estimate is spent on a problem the table cannot cover)."""
+        from ..tuning.table import load_table
+
+        try:
+            return load_table(self.table, device=device).coverage(device=device, dtype=dtype, n=n, p=p)
+        except (InvalidArgumentError, FileNotFoundError) as exc:
+            return str(exc)
 
     @staticmethod
     def _symmetric(f64: torch.Tensor, source: torch.dtype) -> bool:

@@ -55,8 +55,15 @@ def estimate_kappa(
     inverse_iters: int = 4,
     previous_root: torch.Tensor | None = None,
     p: float | None = None,
+    floor: torch.Tensor | None = None,
 ) -> KappaEstimate:
-    """Estimate kappa_2(A + eps_abs I) for a symmetric batch ``A`` (b, n, n)."""
+    """Estimate kappa_2(A + eps_abs I) for a symmetric batch ``A`` (b, n, n).
+
+    ``floor`` (b,): the eigenvalue floor of the ``"shift"`` rank-deficiency policy
+    (:func:`matroots.psd.floor_level`) when the solver will apply it: the matrix solved then has
+    lambda_min >= floor, so the estimate of lambda_min is raised to it (also where A + eps I is
+    not positive definite, which the policy repairs).
+    """
     work = A.detach().to(torch.float64)
     b, n, _ = work.shape
     lmax, mv = power_lambda_max(work, power_iters)
@@ -95,15 +102,14 @@ def estimate_kappa(
         cost += inverse_iters / n
     lo_inv = torch.where(mu > 0, 1.0 / mu.clamp_min(1e-300), torch.full_like(mu, math.inf))
     lo = lo_inv
+    src = "power iteration + Cholesky inverse iteration"
+    if floor is not None:
+        f = floor.to(lo) + shift
+        lo = torch.where(pd, torch.maximum(lo, f), f)
+        pd = torch.ones_like(pd)
+        src += " (lambda_min raised to the psd='shift' floor)"
     kappa = torch.where(pd & (lo > 0), hi / lo.clamp_min(1e-300), torch.full_like(hi, math.inf))
-    return KappaEstimate(
-        kappa.tolist(),
-        hi.tolist(),
-        lo.tolist(),
-        shift.tolist(),
-        cost,
-        "power iteration + Cholesky inverse iteration",
-    )
+    return KappaEstimate(kappa.tolist(), hi.tolist(), lo.tolist(), shift.tolist(), cost, src)
 
 
 __all__ = ["KappaEstimate", "estimate_kappa"]

@@ -148,7 +148,8 @@ def select(rows: pd.DataFrame, spec: TuneSpec) -> tuple[pd.DataFrame, dict[str, 
             "best_effort_error": float(be["worst_error"]),
         }
         for target in spec.targets:
-            passing = st[(st["failure_rate"] == 0) & (st["worst_error"] <= target) & st["complete"]]
+            bar = spec.margin * target
+            passing = st[(st["failure_rate"] == 0) & (st["worst_error"] <= bar) & st["complete"]]
             passing = passing.sort_values(["median_gemm_equivalents", "worst_error"])
             row = dict(base, target=float(target))
             where = (
@@ -170,8 +171,9 @@ def select(rows: pd.DataFrame, spec: TuneSpec) -> tuple[pd.DataFrame, dict[str, 
                     runner_up="NA",
                     runner_up_gemm_equivalents=math.nan,
                     runner_up_worst_error=math.nan,
-                    reason=f"no candidate meets {target:g} at {where}; best is {be.name} at "
-                    f"{_fmt(be_err)}{fails}",
+                    reason=f"no candidate meets {target:g}"
+                    + (f" (with margin {spec.margin:g})" if spec.margin < 1 else "")
+                    + f" at {where}; best is {be.name} at {_fmt(be_err)}{fails}",
                 )
             else:
                 c = passing.iloc[0]

@@ -8,6 +8,7 @@ that share an eps/p/n layout) over one list of candidate configurations, plus th
     targets = [1e-1, 1e-2, 1e-4, 1e-6, 1e-8]      # relative forward error levels
     n_bands = [12, 24, 48, 96, 192, 384]           # band edges: [12, 24), [24, 48), ...
     kappa_bands = [1, 1e2, 1e4, 1e6, 1e8, 1e10, 1e13]
+    margin = 0.5                                   # a choice must reach margin * target on every case
 
     [defaults]                                     # keys of a sweep grid, shared by every sweep
     dtypes = ["fp64", "fp32", "bf16"]
@@ -29,7 +30,9 @@ that share an eps/p/n layout) over one list of candidate configurations, plus th
     kappa = [1e1, 1e3, 1e5]
 
 Every sweep runs every candidate; its grid is ``defaults`` updated by the sweep's own keys. The kappa
-of a case, for the bands, is the condition number of the matrix actually solved (A + eps I).
+of a case, for the bands, is the condition number of the matrix actually solved (A + eps I). A candidate
+is chosen for a target only when its worst error on the cell's cases is <= ``margin`` * target (default
+1: the target itself), so that the promise carries over to matrices the tuning did not see.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from typing import Any
 from .. import grid as gridmod
 from ..errors import InvalidArgumentError
 
-TUNE_KEYS = {"name", "description", "device", "targets", "n_bands", "kappa_bands", "workers"}
+TUNE_KEYS = {"name", "description", "device", "targets", "n_bands", "kappa_bands", "workers", "margin"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +65,7 @@ class TuneSpec:
     candidates: tuple[gridmod.SolverSpec, ...]
     sweeps: tuple[gridmod.GridSpec, ...]
     workers: int | None = None
+    margin: float = 1.0
     raw: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -70,6 +74,8 @@ class TuneSpec:
         for axis, edges in (("n_bands", self.n_bands), ("kappa_bands", self.kappa_bands)):
             if len(edges) < 2 or any(b <= a for a, b in itertools.pairwise(edges)):
                 raise InvalidArgumentError(f"{axis} must be >= 2 increasing band edges, got {edges}")
+        if not (0 < self.margin <= 1):
+            raise InvalidArgumentError(f"margin must be in (0, 1], got {self.margin}")
         if self.kappa_bands[0] < 1:
             raise InvalidArgumentError(f"kappa_bands must start at >= 1, got {self.kappa_bands[0]}")
         if not self.sweeps or not self.candidates:
@@ -145,6 +151,7 @@ def from_dict(raw: dict[str, Any]) -> TuneSpec:
         candidates=candidates,
         sweeps=tuple(sweeps),
         workers=raw.get("workers"),
+        margin=float(raw.get("margin", 1.0)),
         raw=raw,
     )
 

@@ -75,31 +75,40 @@ class SelectionTable:
             f"commit {str(g.get('commit', '?'))[:10]})"
         )
 
-    def lookup(self, *, device: str, dtype: Any, n: int, kappa: float, p: Any, target: float) -> Lookup:
-        """The row for one problem: the cell containing (device, dtype, n, kappa, p) at the loosest
-        table target that is still <= ``target`` (meeting a tighter target meets the requested one)."""
+    def _rows_for(self, device: str, dtype: Any, n: int, p: Any) -> tuple[pd.DataFrame | None, str]:
+        """The rows of the (device, dtype, p, n band) or (None, why there are none)."""
         name = precision.info(dtype).name
         t = self.df
         if not len(t):
-            return Lookup("outside", "the selection table is empty")
+            return None, "the selection table is empty"
         d = t[t["device"] == device]
         if d.empty:
-            return Lookup("outside", f"the table has no rows for device {device!r}")
+            return None, f"the table has no rows for device {device!r}"
         d = d[d["dtype"] == name]
         if d.empty:
-            return Lookup("outside", f"the table has no rows for dtype {name}")
+            return None, f"the table has no rows for dtype {name}"
         pf = float(p)
         if not pf.is_integer() or int(pf) not in set(d["p"].astype(int)):
-            return Lookup(
-                "outside", f"p={p} is not in the table (tuned p: {sorted(set(d['p'].astype(int)))})"
-            )
+            return None, f"p={p} is not in the table (tuned p: {sorted(set(d['p'].astype(int)))})"
         d = d[d["p"].astype(int) == int(pf)]
         dn = d[(d["n_lo"] <= n) & (n < d["n_hi"])]
         if dn.empty:
-            return Lookup(
-                "outside",
+            return (
+                None,
                 f"n={n} is outside the tuned n bands [{int(d['n_lo'].min())}, {int(d['n_hi'].max())})",
             )
+        return dn, ""
+
+    def coverage(self, *, device: str, dtype: Any, n: int, p: Any) -> str:
+        """Empty when the table has cells for (device, dtype, n, p) (kappa then decides), else why not."""
+        return self._rows_for(device, dtype, n, p)[1]
+
+    def lookup(self, *, device: str, dtype: Any, n: int, kappa: float, p: Any, target: float) -> Lookup:
+        """The row for one problem: the cell containing (device, dtype, n, kappa, p) at the loosest
+        table target that is still <= ``target`` (meeting a tighter target meets the requested one)."""
+        dn, why = self._rows_for(device, dtype, n, p)
+        if dn is None:
+            return Lookup("outside", why)
         if not math.isfinite(kappa):
             return Lookup("outside", "the estimated kappa is not finite (matrix not positive definite?)")
         dk = dn[(dn["kappa_lo"] <= kappa) & (kappa < dn["kappa_hi"])]
