@@ -10,21 +10,26 @@ float64), computes in float64 unless it says otherwise, and returns a Python flo
   proxy for accuracy: its float64 evaluation alone floors near n u kappa;
 * backward error  ||X^{-p} - A||_F / ||A||_F: the smallest relative perturbation dA with
   X = (A + dA)^{-1/p};
-* condition number kappa_2(A) = sigma_max / sigma_min, and the relative condition number of
-  A^{-1/p}; for symmetric positive definite A (Higham 2008, Cor. 3.16 for normal matrices, Frobenius
-  norm) cond_rel = max_{i,j} |f[lambda_i, lambda_j]| ||A||_F / ||f(A)||_F with
-  max |f[.,.]| = |f'(lambda_min)| = (1/p) lambda_min^{-1/p-1}, which is ~ kappa/p;
-* the (kappa/p) u line for a dtype: the forward error a stable method can be expected to reach;
+* condition number kappa_2(A) = sigma_max / sigma_min, and cond(f, A), the relative condition number
+  of the root itself (:func:`cond_root`, from :mod:`matroots.conditioning`): for symmetric positive
+  definite A (Higham 2008, Cor. 3.16 for normal matrices, Frobenius norm)
+  max_{i,j} |f[lambda_i, lambda_j]| ||A||_F / ||f(A)||_F, which is ~ kappa/p for A^{-1/p} but only
+  ~ kappa^{1-1/p}/p for A^{1/p}; for general A the 2-norm of the Kronecker form of the Fréchet
+  derivative. :func:`cond_rel` is cond_root of the inverse root;
+* the cond(f, A) u line (``cond_u_line``) for a dtype: the forward error a stable method can be expected
+  to reach, and the older (kappa/p) u line (its SPD inverse-root special case);
 * representation error ||fl(A) - A||_F / ||A||_F of rounding A to a dtype;
 * symmetry defect ||X - X^T||_F / ||X||_F;
 * eps bias ||(A + eps I)^{-1/p} - A^{-1/p}||_F / ||A^{-1/p}||_F: what regularisation costs.
+
+:func:`solved_metrics` measures a :class:`~matroots.RootResult` the way it must be measured: against
+the reference of the matrix actually solved, A + eps_abs I with the solver's own reported shift
+(``res.info["eps_abs"]``, per batch element), with the eps bias reported separately.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-from collections import OrderedDict
 from fractions import Fraction
 from typing import Any
 
@@ -32,13 +37,11 @@ import numpy as np
 import torch
 
 from . import precision
+from .conditioning import cond_root, cond_u_line
+from .conditioning import symmetric_spectrum as _spectrum
 from .errors import MatrootsError, NegativeRealEigenvalueError
 from .inputs import parse_exponent
 from .inputs import symmetry_defect as _symmetry_defect_tensor
-
-_U64 = 2.0**-53
-_SPECTRUM_CACHE: OrderedDict[str, np.ndarray] = OrderedDict()
-_SPECTRUM_CACHE_SIZE = 16
 
 
 def _f64(X: Any) -> np.ndarray:
@@ -190,25 +193,6 @@ def _eye_arb(n: int) -> Any:
 
 
 # ------------------------------------------------------------------------------------- conditioning
-def _spectrum(A: np.ndarray) -> np.ndarray:
-    """Ascending eigenvalues of symmetric A: float64, or high precision when float64 cannot resolve
-    the smallest (|lambda|_min < 1e3 n u |lambda|_max). Memoised by content hash."""
-    key = hashlib.sha256(np.ascontiguousarray(A).tobytes() + str(A.shape).encode()).hexdigest()
-    if key in _SPECTRUM_CACHE:
-        _SPECTRUM_CACHE.move_to_end(key)
-        return _SPECTRUM_CACHE[key]
-    lam = np.linalg.eigvalsh(A)
-    big = float(np.abs(lam).max())
-    if big > 0 and float(np.abs(lam).min()) < 1e3 * A.shape[0] * _U64 * big:
-        from . import reference
-
-        lam = reference.eigvalsh(A)
-    _SPECTRUM_CACHE[key] = lam
-    if len(_SPECTRUM_CACHE) > _SPECTRUM_CACHE_SIZE:
-        _SPECTRUM_CACHE.popitem(last=False)
-    return lam
-
-
 def _is_symmetric(A: np.ndarray) -> bool:
     return bool(np.array_equal(A, np.swapaxes(A, -1, -2)))
 
@@ -245,44 +229,15 @@ def _divided_differences_max(lam: np.ndarray, q: float) -> float:
 
 
 def cond_rel(A: Any, p: Any, *, eps: float = 0.0, eigenvalues: np.ndarray | None = None) -> float:
-    """Relative condition number of (A + eps I)^{-1/p} in the Frobenius norm.
+    """Relative condition number of (A + eps I)^{-1/p} in the Frobenius norm: ``cond_root(inverse=True)``.
 
     Symmetric positive definite A (Higham 2008, Thm 3.15/Cor. 3.16): exactly
-    (1/p) lambda_min^{-1/p-1} ||A||_F / ||A^{-1/p}||_F  (~ kappa/p). General diagonalisable A = V
-    diag(lambda) V^{-1}: the upper estimate cond_2(V)^2 max|f[lambda_i, lambda_j]| ||A||_F /
-    ||f(A)||_F (float64 eigendecomposition). ``eigenvalues`` (of A + eps I, e.g. a reference's) skip
-    the eigensolver for symmetric A. Inf when A + eps I has a non-positive (or negative real) eigenvalue.
+    (1/p) lambda_min^{-1/p-1} ||A||_F / ||A^{-1/p}||_F  (~ kappa/p), from the divided differences of
+    x^{-1/p}. General A: the 2-norm of the Kronecker form of the Fréchet derivative (see
+    :mod:`matroots.conditioning`). ``eigenvalues`` (of A + eps I, e.g. a reference's) skip the
+    eigensolver for symmetric A. Inf when A + eps I has a non-positive (or negative real) eigenvalue.
     """
-    frac = parse_exponent(p)
-    q = -1.0 / float(frac)
-    worst = 0.0
-    for Ai in _batch(_f64(A)):
-        Ae = _shift(Ai, float(eps))
-        if _is_symmetric(Ae):
-            lam = (
-                np.sort(np.asarray(eigenvalues, dtype=float).reshape(-1))
-                if eigenvalues is not None
-                else _spectrum(Ae)
-            )
-            if lam[0] <= 0:
-                return math.inf
-            val = (
-                (-q)
-                * lam[0] ** (q - 1)
-                * math.sqrt(float(np.sum(lam**2)))
-                / math.sqrt(float(np.sum(lam ** (2 * q))))
-            )
-        else:
-            w, V = np.linalg.eig(Ae)
-            if np.any((np.abs(w.imag) <= 1e-14 * np.abs(w).max()) & (w.real <= 0)):
-                return math.inf
-            fA = np.real((V * np.exp(q * np.log(w.astype(complex)))) @ np.linalg.inv(V))
-            cv = float(np.linalg.cond(V))
-            val = (
-                cv**2 * _divided_differences_max(w, q) * float(np.linalg.norm(Ae)) / float(np.linalg.norm(fA))
-            )
-        worst = max(worst, val)
-    return worst
+    return cond_root(A, p, inverse=True, eps=eps, eigenvalues=eigenvalues)
 
 
 def kappa_u_line(kappa: float, p: Any, dtype: Any) -> float:
@@ -374,8 +329,9 @@ def _absolute_eps(A: np.ndarray, ref: Any, eps: float, eps_mode: str) -> float:
     if eps_mode == "absolute":
         return float(eps)
     eig = getattr(ref, "eigenvalues", None)
-    lmax = float(np.abs(eig).max()) if eig is not None else float(np.abs(np.linalg.eigvals(_batch(A))).max())
-    return float(eps) * lmax  # approximately: eig are those of A + eps I
+    if eig is not None:  # eigenvalues of A + eps_abs I: lambda_max(A + e I) = (1 + eps) lambda_max(A)
+        return float(eps) * float(np.abs(eig).max()) / (1.0 + float(eps))
+    return float(eps) * float(np.abs(np.linalg.eigvals(_batch(A))).max())
 
 
 def _symmetric_eigenvalues(A: np.ndarray, ref: Any) -> np.ndarray | None:
@@ -388,7 +344,7 @@ def matrix_metrics(
     A: Any, p: Any, *, ref: Any, eps: float = 0.0, eps_mode: str = "absolute", ref0: Any = None
 ) -> dict[str, float]:
     """The metrics of the problem itself (independent of any computed root): condition_number (kappa_2
-    of A + eps I), cond_rel, input_symmetry_defect, eps_bias (from ``ref0``, the eps = 0 reference, when
+    of A + eps I), cond_rel (cond(f, A) of the inverse root, :func:`cond_root`), input_symmetry_defect, eps_bias (from ``ref0``, the eps = 0 reference, when
     given, else the closed form) and reference_error_bound. Compute once per matrix, not per solver."""
     Aa = _f64(A)
     frac: Fraction = parse_exponent(p)
@@ -415,12 +371,16 @@ def matrix_metrics(
     }
 
 
-def dtype_metrics(A: Any, p: Any, kappa: float, dtype: Any) -> dict[str, float]:
-    """The metrics of the working format: kappa_u_line ((kappa/p) u) and representation_error of A."""
-    return {
+def dtype_metrics(A: Any, p: Any, kappa: float, dtype: Any, *, cond: float | None = None) -> dict[str, float]:
+    """The metrics of the working format: kappa_u_line ((kappa/p) u), representation_error of A and,
+    when ``cond`` (cond(f, A), e.g. ``matrix_metrics(...)["cond_rel"]``) is given, cond_u_line = cond u."""
+    out = {
         "kappa_u_line": kappa_u_line(kappa, parse_exponent(p), dtype),
         "representation_error": representation_error(_f64(A), dtype),
     }
+    if cond is not None:
+        out["cond_u_line"] = cond_u_line(cond, dtype)
+    return out
 
 
 def root_metrics(
@@ -466,14 +426,82 @@ def all_metrics(
     return {
         **root_metrics(X, A, p, ref=ref, eps=eps, eps_mode=eps_mode),
         **mat,
-        **dtype_metrics(A, p, mat["condition_number"], dtype),
+        **dtype_metrics(A, p, mat["condition_number"], dtype, cond=mat["cond_rel"]),
     }
+
+
+def _per_element(value: Any, b: int) -> np.ndarray:
+    """A per-batch-element info value (tensor, list, float or None) as a float64 array of length b."""
+    if value is None:
+        return np.zeros(b)
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().double().numpy()
+    arr = np.asarray(value, dtype=np.float64).reshape(-1)
+    return np.broadcast_to(arr, (b,)) if arr.size == 1 else arr
+
+
+def solved_metrics(
+    res: Any, A: Any, p: Any, *, inverse: bool = True, backend: str = "auto", cache: bool = True
+) -> dict[str, float]:
+    """Accuracy of a :class:`~matroots.RootResult` against the reference of the matrix it actually solved.
+
+    Every solver reports the absolute shift it applied, ``res.info["eps_abs"]`` (per batch element, in the
+    user's units). The root is compared with the high-precision reference of **A + eps_abs I** (so an
+    estimated lambda_max behind a relative eps is not mistaken for inaccuracy), and the cost of the shift
+    is reported separately, against the reference of A itself. ``A`` is the caller's matrix (..., n, n),
+    ``inverse`` says which root ``res`` holds. Returns the worst value over the batch of:
+
+    * ``forward_error``: ||X - (A + eps_abs I)^{-+1/p}||_F / ||.||_F, the solver's accuracy;
+    * ``eps_abs``: the shift applied; ``eps_bias``: ||f(A + eps_abs I) - f(A)||_F / ||f(A)||_F (NaN when A
+      itself has no principal root); ``forward_error_total``: the error against f(A) (NaN likewise);
+    * ``cond_root``: cond(f, A + eps_abs I) (:func:`cond_root`) and ``cond_u_line`` = cond_root u(res.dtype),
+      the error a stable method can be expected to reach;
+    * ``reference_error_bound``: the reference's own error bound.
+    """
+    from . import reference
+    from .errors import NotPositiveDefiniteError
+
+    fn = reference.inverse_root if inverse else reference.root
+    Ab, Xb = _batch(_f64(A)), _batch(_f64(res.root))
+    if Ab.shape != Xb.shape:
+        raise MatrootsError(f"shapes differ: root {Xb.shape} vs A {Ab.shape}")
+    eps_abs = _per_element(res.info.get("eps_abs"), Ab.shape[0])
+    out = dict.fromkeys(
+        ("forward_error", "eps_abs", "eps_bias", "forward_error_total", "cond_root", "reference_error_bound"),
+        0.0,
+    )
+    for Ai, Xi, e in zip(Ab, Xb, eps_abs, strict=True):
+        r_e = fn(Ai, p, float(e), backend=backend, cache=cache)
+        eig = r_e.eigenvalues if r_e.symmetric and np.isrealobj(r_e.eigenvalues) else None
+        vals = {
+            "forward_error": relative_forward_error(Xi, r_e.root),
+            "eps_abs": float(e),
+            "cond_root": cond_root(Ai, p, inverse=inverse, eps=float(e), eigenvalues=eig),
+            "reference_error_bound": float(r_e.error_bound),
+            "eps_bias": 0.0,
+            "forward_error_total": math.nan,
+        }
+        if e > 0:
+            try:
+                r_0 = fn(Ai, p, 0.0, backend=backend, cache=cache)
+                vals["eps_bias"] = relative_forward_error(r_e.root, r_0.root)
+                vals["forward_error_total"] = relative_forward_error(Xi, r_0.root)
+            except (NegativeRealEigenvalueError, NotPositiveDefiniteError):
+                vals["eps_bias"] = math.nan
+        else:
+            vals["forward_error_total"] = vals["forward_error"]
+        for k, v in vals.items():  # the worst element; NaN (undefined for some element) wins
+            out[k] = math.nan if math.isnan(v) or math.isnan(out[k]) else max(out[k], v)
+    out["cond_u_line"] = cond_u_line(out["cond_root"], res.dtype)
+    return out
 
 
 __all__ = [
     "all_metrics",
     "backward_error",
     "cond_rel",
+    "cond_root",
+    "cond_u_line",
     "condition_number",
     "dtype_metrics",
     "eps_bias",
@@ -483,5 +511,6 @@ __all__ = [
     "representation_error",
     "residual",
     "root_metrics",
+    "solved_metrics",
     "symmetry_defect",
 ]

@@ -178,6 +178,7 @@ def test_all_metrics_keys_and_values():
         "condition_number",
         "cond_rel",
         "kappa_u_line",
+        "cond_u_line",
         "representation_error",
         "symmetry_defect",
         "input_symmetry_defect",
@@ -185,6 +186,7 @@ def test_all_metrics_keys_and_values():
         "reference_error_bound",
     }
     assert set(out) == expected_keys
+    assert out["cond_u_line"] == pytest.approx(out["cond_rel"] * 2.0**-24)
     assert all(isinstance(v, float) for v in out.values())
     assert out["relative_forward_error"] <= 2.0**-24
     assert out["condition_number"] == pytest.approx((1 + eps) / (1e-6 + eps), rel=1e-9)
@@ -216,7 +218,7 @@ def test_metric_parts_on_a_diagonal_closed_form() -> None:
     assert metrics.matrix_metrics(A, p, ref=ref, eps=e)["eps_bias"] == pytest.approx(
         float(mp_bias), rel=1e-10
     )
-    dm = metrics.dtype_metrics(A, p, mm["condition_number"], torch.float32)
+    dm = metrics.dtype_metrics(A, p, mm["condition_number"], torch.float32, cond=mm["cond_rel"])
     assert dm["kappa_u_line"] == pytest.approx(mm["condition_number"] / 2 * 2.0**-24)
     assert dm["representation_error"] > 0  # 1e-3 and 1e-6 are not fp32 numbers
     union = {**rm, **mm, **dm}
