@@ -1,0 +1,104 @@
+"""Hypothesis fuzz: no silent wrong root and no exception outside MatrootsError, for every solver.
+
+Each example draws a problem (shape n <= 6, batch (), (2,) or (2, 1); working dtype fp64/fp32/bf16/fp16;
+input as fp64 or already in the working dtype, contiguous, transposed view, strided view or numpy;
+scale 1e-300 .. 1e300; SPD, clustered, rank-deficient, indefinite, diagonal, fp32 Gram (baddbmm),
+nearly symmetric, or non-symmetric with real, complex or negative eigenvalues; eps none, absolute
+(scaled to the matrix or a fixed 1e-4 .. 1 in the user's units) or relative; p in {1, 2, 3, 4, 5, 8} or
+rational; forward or inverse) and runs eigh, coupled_newton and schur_newton on it.
+:func:`matroots.robustness.classify` judges each call: a typed refusal or ``converged=False`` is fine; a
+root flagged converged must lie within C n (1 + cond(f, A)) u (C = 10) of the mpmath root of the
+matrix actually solved (the input rounded to the working format, after the reported power-of-two
+prescale, plus the reported shift ``info["eps_abs"]``), where cond(f, A) is the relative condition
+number of the root asked for; the caller's tensor must be bitwise unchanged.
+
+Default: a fixed (derandomized) set of examples, well under a minute. ``MATROOTS_FUZZ_EXAMPLES=N``
+runs N random examples instead (e.g. 2000 for a long run).
+"""
+
+from __future__ import annotations
+
+import os
+from fractions import Fraction
+from types import SimpleNamespace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from matroots import robustness
+
+_LONG = int(os.environ.get("MATROOTS_FUZZ_EXAMPLES", "0"))
+settings.register_profile(
+    "matroots-fuzz",
+    max_examples=_LONG or 120,
+    derandomize=not _LONG,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@st.composite
+def cases(draw) -> robustness.Case:
+    mode = draw(st.sampled_from(["none", "absolute", "relative", "absolute_raw"]))
+    log10_scale = draw(st.one_of(st.just(0.0), st.floats(-300, 300), st.floats(-40, 40)))
+    eps_mode, eps = "absolute", 0.0
+    if mode == "relative":
+        eps_mode, eps = "relative", 10.0 ** draw(st.floats(-16, 0))
+    elif mode == "absolute":
+        eps = 10.0 ** (draw(st.floats(-16, 1)) + log10_scale)
+    elif mode == "absolute_raw":
+        eps = 10.0 ** draw(st.floats(-4, 0))
+    p = draw(
+        st.one_of(
+            st.sampled_from([1, 2, 3, 4, 5, 8]),
+            st.builds(Fraction, st.integers(1, 6), st.integers(2, 3)),
+        )
+    )
+    return robustness.Case(
+        kind=draw(st.sampled_from(robustness.KINDS)),
+        n=draw(st.integers(1, 6)),
+        batch=draw(st.sampled_from([(), (2,), (2, 1)])),
+        log10_kappa=draw(st.floats(0, 18)),
+        log10_scale=log10_scale,
+        dtype=draw(st.sampled_from(robustness.DTYPES)),
+        input_dtype=draw(st.sampled_from(["fp64", "working"])),
+        layout=draw(st.sampled_from(robustness.LAYOUTS)),
+        eps=eps,
+        eps_mode=eps_mode,
+        p=p,
+        inverse=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+@settings(settings.get_profile("matroots-fuzz"))
+@given(cases())
+def test_no_silent_wrong_and_no_untyped_exception(case):
+    for out in robustness.check_all(case):
+        assert out.outcome not in ("silent_wrong", "crash", "mutated"), (
+            f"{out.method}: {out.outcome}: {out.detail} {out.exception}\n{case}"
+        )
+
+
+def test_the_oracle_catches_a_wrong_root_and_a_missing_one():
+    """The classifier itself: a perturbed root is a silent wrong, a root of an indefinite matrix too."""
+    import numpy as np
+    import torch
+
+    A = torch.diag(torch.tensor([4.0, 1.0], dtype=torch.float64))
+    good = robustness.reference_root(A.numpy(), 0, 0.0, Fraction(-1, 2), True)
+    assert good["exists"] and abs(float(good["X"][0, 0]) - 0.5) < 1e-15
+    # x^{-1/2} on {4, 1}: max |f[.,.]| = |f'(1)| = 1/2, ||A||_F = sqrt(17), ||f(A)||_F = sqrt(1.25)
+    assert abs(good["cond"] - 0.5 * (17 / 1.25) ** 0.5) < 1e-12
+    bad = robustness.reference_root(np.diag([1.0, -1.0]), 0, 0.0, Fraction(-1, 2), True, 2.0**-53)
+    assert not bad["exists"] and not bad["ill_posed"]
+    near = robustness.reference_root(np.diag([1.0, -1e-17]), 0, 0.0, Fraction(-1, 2), True, 2.0**-53)
+    assert not near["exists"] and near["ill_posed"]  # within fp64's backward error of a positive one
+    # a converged result 1e-10 off is a silent wrong in fp64; the exact one is correct
+    case = robustness.Case(
+        "diagonal", 2, (), 0.6, 0.0, "fp64", "fp64", "contiguous", 0.0, "absolute", 2, True, 0
+    )
+    X = torch.diag(torch.tensor([0.5, 1.0], dtype=torch.float64))
+    for root, expected in ((X, "correct"), (X * (1 + 1e-10), "silent_wrong")):
+        res = SimpleNamespace(root=root, converged=True, info={"eps_abs": torch.zeros(1)})
+        assert robustness._judge(case, "eigh", A, res).outcome == expected
