@@ -110,10 +110,8 @@ class EighConfig(SolverConfig):
         if psd_shift is not None:
             w = w + psd_shift.to(device=w.device, dtype=w.dtype).unsqueeze(-1)
         if prob.eps > 0:
-            # the shift actually applied: rounded to the compute format (it can underflow to 0 there)
-            shift = working_shift(prob.eps, prob.eps_mode, lmax, s).to(w.dtype)
-            wr = w + shift.unsqueeze(-1)
-            shift = shift.double()
+            shift = working_shift(prob.eps, prob.eps_mode, lmax, s)
+            wr = w + shift.to(w.dtype).unsqueeze(-1)
         else:
             shift, wr = torch.zeros_like(lmax), w
         if s != 1.0:
