@@ -265,7 +265,7 @@ class AutoConfig(SolverConfig):
         groups = []
         for d, idx, cells in decisions.values():
             res, used, note = self._solve_group(
-                d, flat, idx, frac, eps, eps_mode, dtype, inverse, warm_start, kwargs
+                d, A, flat, idx, frac, eps, eps_mode, dtype, inverse, warm_start, kwargs
             )
             groups.append((d, idx, res, used, note, list(cells.values())))
         unattainable = [g for g in groups if g[0].status == "unattainable"]
@@ -352,6 +352,7 @@ class AutoConfig(SolverConfig):
     def _solve_group(
         self,
         d: Decision,
+        whole: object,
         flat: torch.Tensor,
         idx: list[int],
         p: Any,
@@ -362,14 +363,17 @@ class AutoConfig(SolverConfig):
         warm_start: Any,
         kwargs: dict[str, Any],
     ) -> tuple[RootResult, str, str]:
-        sub = flat if len(idx) == flat.shape[0] else flat[idx]
+        # One group for the whole batch: the chosen solver gets exactly the caller's input (shape,
+        # layout, autograd); otherwise the group's elements as a (k, n, n) batch.
+        everything = len(idx) == flat.shape[0]
+        sub = whole if everything else flat[idx]
         kw = {**d.solve_options, **kwargs}
         if getattr(self, "psd", "none") != "none" and "psd" not in kw:
             kw["psd"] = self.psd  # the caller's rank-deficiency policy goes to the chosen solver
         pp = int(p) if p.denominator == 1 else p
         warm = self._previous_root(warm_start, flat.shape[0], flat.shape[-1])
         if warm is not None and getattr(d.config, "supports_warm_start", d.config.name == "coupled_newton"):
-            kw["warm_start"] = warm if len(idx) == flat.shape[0] else warm[idx]
+            kw["warm_start"] = warm_start if everything else warm[idx]
         try:
             res = d.config.solve(sub, pp, eps=eps, eps_mode=eps_mode, dtype=dtype, inverse=inverse, **kw)
             return res, d.label, ""

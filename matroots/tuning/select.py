@@ -110,7 +110,9 @@ def _band_label(lo: float, hi: float) -> str:
 
 def select(rows: pd.DataFrame, spec: TuneSpec) -> tuple[pd.DataFrame, dict[str, Any]]:
     """The selection table of a tune run's rows, and a summary of what was left out."""
-    d = rows.copy()
+    # A case run by two sweeps of the config (same unit key) counts once.
+    keys = [c for c in ("unit", "dtype", "solver") if c in rows]
+    d = rows.drop_duplicates(subset=keys, keep="first").copy()
     d["_kappa"] = case_kappa(d)
     has_ref = d["relative_forward_error"].notna() | (d["failure"].fillna("").astype(str) != "")
     if "reference_error" in d:

@@ -61,8 +61,8 @@ class SelectionTable:
         df = pd.read_csv(p, keep_default_na=True, na_values=["NA"], dtype={"options": str})
         for col in ("choice", "runner_up", "best_effort", "method"):
             if col in df:
-                df[col] = df[col].fillna("NA")
-        df["options"] = df["options"].fillna("")
+                df[col] = df[col].astype(object).where(df[col].notna(), "NA")
+        df["options"] = df["options"].astype(object).where(df["options"].notna(), "")
         jp = p.with_suffix(".json")
         prov = json.loads(jp.read_text()) if jp.exists() else {}
         return cls(df, prov, str(p))

@@ -1,0 +1,287 @@
+"""method="auto": lookup semantics on a hand-written table, the contract of info["auto"], grouping of
+batches, the fallbacks, and (on the shipped table) accuracy and cost on matrices held back from the
+tuning run: other families and seeds."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import matroots
+from matroots import matrices, reference
+from matroots.metrics import relative_forward_error
+from matroots.solvers.auto import AutoConfig, TargetWarning, default_target
+from matroots.tuning import cost, table
+from matroots.tuning.select import TABLE_COLUMNS
+
+
+def _entry(kappa_lo, kappa_hi, target, choice, method, options="{}", **kw):
+    row = dict.fromkeys(TABLE_COLUMNS, np.nan)
+    row.update(
+        device="cpu", dtype="fp64", p=2, n_lo=8, n_hi=64, kappa_lo=kappa_lo, kappa_hi=kappa_hi, target=target,
+        choice=choice, method=method, options=options, worst_error=target / 10, median_gemm_equivalents=10.0,
+        failure_rate=0.0, cases=3, families="randsvd", runner_up="NA", best_effort="eigh",
+        best_effort_error=1e-3, reason=f"test entry {choice}",
+    )  # fmt: skip
+    row.update(kw)
+    return row
+
+
+@pytest.fixture
+def toy_table(tmp_path: Path) -> str:
+    """fp64, p = 2, n in [8, 64): kappa < 1e2 -> coupled Newton (Frobenius), 1e2 <= kappa < 1e8 -> eigh,
+    targets 1e-4 and 1e-10; at kappa in [1e6, 1e8) no candidate meets 1e-10."""
+    cn = '{"scaling": "frobenius"}'
+    rows = [
+        _entry(1, 1e2, 1e-4, "coupled_newton[scaling=frobenius]", "coupled_newton", cn),
+        _entry(1, 1e2, 1e-10, "coupled_newton[scaling=frobenius]", "coupled_newton", cn),
+        _entry(1e2, 1e6, 1e-4, "eigh", "eigh"),
+        _entry(1e2, 1e6, 1e-10, "eigh", "eigh"),
+        _entry(1e6, 1e8, 1e-4, "eigh", "eigh"),
+        _entry(1e6, 1e8, 1e-10, "NA", "NA", "", reason="no candidate meets 1e-10 here; best is eigh at 1e-9"),
+    ]
+    path = tmp_path / "toy.csv"
+    pd.DataFrame(rows, columns=TABLE_COLUMNS).to_csv(path, index=False, na_rep="NA")
+    return str(path)
+
+
+def _spd(kappa: float, n: int = 16, seed: int = 5, family: str = "randsvd") -> np.ndarray:
+    return matrices.generate(family, n, kappa, np.random.default_rng(seed))[0]
+
+
+def test_lookup_semantics(toy_table: str) -> None:
+    t = table.load_table(toy_table)
+    look = lambda **kw: t.lookup(**({"device": "cpu", "dtype": "fp64", "n": 16, "p": 2} | kw))  # noqa: E731
+    assert look(kappa=10.0, target=1e-4).entry["choice"].startswith("coupled_newton")
+    # the loosest tuned target that is still <= the requested one
+    assert look(kappa=1e3, target=1e-6).target_used == 1e-10
+    assert look(kappa=1e3, target=0.5).target_used == 1e-4
+    assert look(kappa=1e7, target=1e-10).status == "unattainable"
+    for kw, why in [
+        ({"kappa": 1e3, "target": 1e-12}, "tighter than every tuned target"),
+        ({"kappa": 1e9, "target": 1e-4}, "outside the tuned kappa bands"),
+        ({"kappa": math.inf, "target": 1e-4}, "not finite"),
+        ({"kappa": 10.0, "target": 1e-4, "n": 100}, "outside the tuned n bands"),
+        ({"kappa": 10.0, "target": 1e-4, "p": 3}, "p=3 is not in the table"),
+        ({"kappa": 10.0, "target": 1e-4, "dtype": "bf16"}, "no rows for dtype bf16"),
+        ({"kappa": 10.0, "target": 1e-4, "device": "cuda"}, "no rows for device"),
+    ]:
+        lk = look(**kw)
+        assert lk.status == "outside" and why in lk.reason, (kw, lk.reason)
+
+
+def test_auto_chooses_per_kappa_and_reports_why(toy_table: str) -> None:
+    for kappa, expect in [(10.0, "coupled_newton"), (1e4, "eigh")]:
+        A = _spd(kappa)
+        res = matroots.inverse_root(A, 2, "auto", table=toy_table, target=1e-4)
+        a = res.info["auto"]
+        assert res.method == "auto" and a["chosen"][0].startswith(expect)
+        g = a["groups"][0]
+        assert g["status"] == "chosen" and g["cells"][0]["cell"]["choice"].startswith(expect)
+        assert a["target"] == 1e-4 and a["target_source"] == "argument"
+        assert a["kappa_estimate"][0] == pytest.approx(kappa, rel=0.6)
+        assert a["estimate_matmuls"] > 0 and res.matmuls >= a["estimate_matmuls"]
+        ref = reference.inverse_root(A, 2)
+        assert relative_forward_error(res.root.numpy(), ref.root) <= 1e-4
+
+
+def test_auto_batch_is_grouped_by_choice(toy_table: str) -> None:
+    A = np.stack([_spd(10.0, seed=1), _spd(1e4, seed=2), _spd(20.0, seed=3), _spd(1e5, seed=4)])
+    res = matroots.inverse_root(torch.from_numpy(A), 2, "auto", table=toy_table, target=1e-4)
+    chosen = res.info["auto"]["chosen"]
+    assert [c.split("[")[0] for c in chosen] == ["coupled_newton", "eigh", "coupled_newton", "eigh"]
+    groups = res.info["auto"]["groups"]
+    assert sorted(tuple(g["elements"]) for g in groups) == [(0, 2), (1, 3)]
+    assert res.root.shape == (4, 16, 16) and res.converged.shape == (4,) and bool(res.converged.all())
+    assert res.info["eps_abs"].shape == (4,)
+    for i in range(4):
+        ref = reference.inverse_root(A[i], 2)
+        assert relative_forward_error(res.root[i].numpy(), ref.root) <= 1e-4
+    # transposed view and a leading batch shape (2, 2) give the same roots
+    res2 = matroots.inverse_root(
+        torch.from_numpy(A).mT.reshape(2, 2, 16, 16), 2, "auto", table=toy_table, target=1e-4
+    )
+    assert torch.allclose(res2.root.reshape(4, 16, 16), res.root, rtol=1e-8, atol=1e-10)
+
+
+def test_unattainable_target_warns_and_uses_the_most_accurate(toy_table: str) -> None:
+    A = _spd(1e7)
+    with pytest.warns(TargetWarning, match="no candidate meets 1e-10"):
+        res = matroots.inverse_root(A, 2, "auto", table=toy_table, target=1e-10)
+    g = res.info["auto"]["groups"][0]
+    assert g["status"] == "unattainable" and g["config"] == "eigh"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TargetWarning)
+        AutoConfig(table=toy_table, target=1e-10, warn=False).solve(A, 2)
+
+
+def test_outside_the_table_uses_the_documented_safe_choice(toy_table: str) -> None:
+    big = _spd(10.0, n=80)
+    res = matroots.inverse_root(big, 2, "auto", table=toy_table, target=1e-4)
+    g = res.info["auto"]["groups"][0]
+    assert g["status"] == "outside" and g["config"] == "eigh" and "n=80" in g["cells"][0]["reason"]
+    assert res.info["auto"]["kappa_source"].startswith("not estimated")  # no estimate spent
+    # rational p: eigh; general (non-symmetric) input: Schur-Newton
+    assert matroots.inverse_root(_spd(10.0), 0.5, "auto", table=toy_table).info["auto"]["chosen"] == ["eigh"]
+    G = matrices.generate("nonsymmetric", 12, 10.0, np.random.default_rng(0))[0]
+    res = matroots.inverse_root(G, 2, "auto", table=toy_table)
+    assert res.info["auto"]["chosen"] == ["schur_newton"] and "not symmetric" in str(
+        res.info["auto"]["groups"]
+    )
+    ref = reference.inverse_root(G, 2)
+    assert relative_forward_error(res.root.numpy(), ref.root) < 1e-8
+    # a user-given safe choice
+    res = AutoConfig(table=toy_table, fallback=matroots.EighConfig(rank_policy="clamp")).solve(big, 2)
+    assert res.info["auto"]["chosen"] == ["eigh"] and res.info.get("clamped") is not None
+
+
+def test_chosen_solver_that_raises_is_resolved_by_the_safe_choice(toy_table: str) -> None:
+    # rank-deficient fp32 factor built by baddbmm: the table's eigh ("perturb") rejects its rounding-negative
+    # eigenvalues; the safe choice (eigh with clamping) solves it and info says so.
+    g = torch.Generator().manual_seed(0)
+    G = torch.randn(1, 32, 4, generator=g)
+    F = torch.baddbmm(torch.zeros(1, 32, 32), G, G.mT).double()
+    auto = AutoConfig(table=toy_table, target=1e-4, fallback=matroots.EighConfig(rank_policy="clamp"))
+    with pytest.raises(matroots.NotPositiveDefiniteError):
+        matroots.inverse_root(F, 2, "eigh")
+    res = auto.solve(F, 2, eps=0.0, kappa_hint=[1e3])
+    g0 = res.info["auto"]["groups"][0]
+    assert g0["status"] == "chosen" and "raised NotPositiveDefiniteError" in g0["note"]
+    assert res.info["auto"]["kappa_source"] == "kappa_hint"
+    assert bool(torch.isfinite(res.root).all())
+
+
+@pytest.mark.parametrize(
+    "bad", [{"target": 0.0}, {"target": 2.0}, {"kappa_safety": 0.5}, {"power_iters": 0}, {"typo": 1}]
+)
+def test_bad_auto_options_are_typed_errors(bad: dict) -> None:
+    with pytest.raises(matroots.MatrootsInputError):
+        matroots.inverse_root(np.eye(4), 2, "auto", **bad)
+
+
+def test_bad_inputs_keep_their_typed_errors(toy_table: str) -> None:
+    A = _spd(10.0)
+    A[0, 0] = np.nan
+    with pytest.raises(matroots.NonFiniteInputError):
+        matroots.inverse_root(A, 2, "auto", table=toy_table)
+    with pytest.raises(matroots.NotSquareError):
+        matroots.inverse_root(np.ones((3, 4)), 2, "auto", table=toy_table)
+    with pytest.raises(matroots.MatrootsInputError):
+        matroots.inverse_root(_spd(10.0), -1, "auto", table=toy_table)
+
+
+def test_default_targets_follow_the_dtype() -> None:
+    assert default_target(torch.float64) == 1e-8 and default_target("fp32") == 1e-3
+    assert default_target("bf16") == 1e-1
+    res = matroots.inverse_root(_spd(10.0).astype(np.float32), 2, "auto")
+    assert res.info["auto"]["target"] == 1e-3 and res.info["auto"]["target_source"] == "default for fp32"
+    assert res.dtype == torch.float32
+
+
+def test_forward_root_and_warm_start_path(toy_table: str) -> None:
+    A = _spd(1e3)
+    res = matroots.root(A, 2, "auto", table=toy_table, target=1e-4)
+    X = res.root.numpy()
+    assert np.allclose(X @ X, A, rtol=0, atol=1e-10)
+    prev = matroots.inverse_root(A, 2, "eigh")
+    res = AutoConfig(table=toy_table, target=1e-4).solve(A, 2, warm_start=prev)
+    assert res.info["auto"]["kappa_source"].startswith("previous root")
+    assert res.info["auto"]["kappa_estimate"][0] == pytest.approx(1e3, rel=0.6)
+
+
+# ------------------------------------------------------------------- shipped table, held-out matrices
+HELD_OUT = ("randsvd5", "correlation", "near_repeated", "randsvd4")
+
+
+def _held_out_cases():
+    for fam in HELD_OUT:
+        for n in (16, 40):
+            for kappa in (30.0, 3e3, 3e5):
+                yield fam, n, kappa, 1000 + n + int(math.log10(kappa))
+
+
+@pytest.mark.parametrize("dtype", ["fp64", "fp32"])
+def test_auto_meets_target_on_held_out_matrices(dtype: str) -> None:
+    """Wherever the shipped table says a target can be met, auto meets it on matrices of families and
+    seeds the tuning never saw, or says it could not (status/warning)."""
+    shipped = table.load_table()
+    checked = 0
+    for fam, n, kappa, seed in _held_out_cases():
+        A = matrices.generate(fam, n, kappa, np.random.default_rng(seed))[0]
+        for p in (2, 4):
+            ref = reference.inverse_root(A, p)
+            for target in sorted(set(shipped.df["target"])):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    res = matroots.inverse_root(A, p, "auto", dtype=dtype, target=float(target))
+                a = res.info["auto"]
+                status = a["groups"][0]["status"]
+                err = relative_forward_error(res.root.double().numpy(), ref.root)
+                if status == "chosen":
+                    checked += 1
+                    assert bool(res.converged), (fam, n, kappa, p, target)
+                    assert err <= target, (fam, n, kappa, p, dtype, target, err, a["chosen"])
+                elif status == "unattainable":
+                    assert any(issubclass(w.category, TargetWarning) for w in caught)
+                else:
+                    assert a["groups"][0]["cells"][0]["reason"]
+    assert checked >= 50
+
+
+COST_FACTOR = 3.0  # the stated bound: chosen <= 3 x the cheapest candidate meeting the target
+
+
+def _measured_cost(cfg, A, p, dtype, solve_kw) -> tuple[float, float, object]:
+    """GEMM-equivalents measured here: process CPU seconds of the solve / of one n x n GEMM."""
+    gemm = cost.gemm_seconds(A.shape[-1], dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res, cpu = cost.timed(lambda: cfg.solve(A, p, dtype=dtype, **solve_kw))
+    return cpu / gemm, cpu, res
+
+
+def test_auto_cost_within_factor_of_cheapest_meeting_candidate() -> None:
+    """On held-out matrices (small n), the configuration auto chooses costs at most COST_FACTOR times
+    the cheapest candidate of the table that meets the target on that very matrix, in GEMM-equivalents
+    measured in the test (CPU time / one GEMM of that n, one torch thread)."""
+    shipped = table.load_table()
+    candidates = shipped.provenance["candidates"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ratios = []
+    try:
+        for fam, n, kappa, seed in _held_out_cases():
+            if n != 16 or fam not in ("randsvd5", "correlation"):
+                continue
+            A = torch.from_numpy(matrices.generate(fam, n, kappa, np.random.default_rng(seed))[0])
+            ref = reference.inverse_root(A.numpy(), 2)
+            for dtype, target in (("fp64", 1e-8), ("fp32", 1e-2)):
+                res = matroots.inverse_root(A, 2, "auto", dtype=dtype, target=target)
+                g = res.info["auto"]["groups"][0]
+                if g["status"] != "chosen":
+                    continue
+                meeting = {}
+                for label in candidates:
+                    cfg, sopts = AutoConfig._candidate(shipped, label)
+                    try:
+                        c, _, r = _measured_cost(cfg, A, 2, dtype, sopts)
+                    except matroots.MatrootsError:
+                        continue
+                    if (
+                        r.all_converged
+                        and relative_forward_error(r.root.double().numpy(), ref.root) <= target
+                    ):
+                        meeting[label] = c
+                cfg, sopts = AutoConfig._candidate(shipped, res.info["auto"]["chosen"][0])
+                chosen_cost, _, _ = _measured_cost(cfg, A, 2, dtype, sopts)
+                assert meeting, (fam, kappa, dtype)
+                ratios.append(chosen_cost / min(meeting.values()))
+    finally:
+        torch.set_num_threads(threads)
+    assert ratios and max(ratios) <= COST_FACTOR, sorted(ratios)
