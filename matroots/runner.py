@@ -309,8 +309,15 @@ def read_provenance(out_dir: str | Path) -> dict[str, Any]:
 
 
 def _fault_injection(key: str) -> None:
-    """Test hook: with MATROOTS_SWEEP_CRASH_DIR set, the first worker to run each unit whose key starts
-    with MATROOTS_SWEEP_CRASH_PREFIX dies with os._exit (a simulated kill -9 of a worker)."""
+    """Test hooks. With MATROOTS_SWEEP_CRASH_DIR set, the first worker to run each unit whose key starts
+    with MATROOTS_SWEEP_CRASH_PREFIX dies with os._exit (a simulated kill -9 of a worker). With
+    MATROOTS_SWEEP_HOLD_DIR set, a unit waits (at most 120 s) while a file named by its key exists
+    there (to interrupt a run at a known point)."""
+    hold_dir = os.environ.get("MATROOTS_SWEEP_HOLD_DIR")
+    if hold_dir:
+        deadline = time.monotonic() + 120
+        while (Path(hold_dir) / key).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     crash_dir = os.environ.get("MATROOTS_SWEEP_CRASH_DIR")
     if not crash_dir or not key.startswith(os.environ.get("MATROOTS_SWEEP_CRASH_PREFIX", "")):
         return
