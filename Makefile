@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_CPU := torch==2.13.0
-EXTRAS := dev,flint,notebooks,train
+EXTRAS := dev,flint,notebooks,train,dask
 
 .PHONY: setup demo test bench figures lint clean
 

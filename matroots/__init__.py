@@ -31,6 +31,37 @@ from .solvers import CoupledNewtonConfig, EighConfig, SchurNewtonConfig, SolverC
 
 __version__ = "0.1.0"
 
+# Submodules reachable as attributes after `import matroots` (matroots.metrics, matroots.reference, ...),
+# imported on first use so that `import matroots` stays cheap (PEP 562).
+_LAZY_SUBMODULES = frozenset(
+    {
+        "conditioning",
+        "grid",
+        "matrices",
+        "metrics",
+        "plots",
+        "reference",
+        "regularize",
+        "report",
+        "runner",
+        "spectral",
+        "sweep",
+    }
+)
+
+
+def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'matroots' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _LAZY_SUBMODULES)
+
+
 __all__ = [
     "ConvergenceError",
     "ConvergenceWarning",
