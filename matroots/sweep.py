@@ -100,7 +100,7 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
     rows = []
     for dtype in grid.dtypes:
         u = precision.unit_roundoff(dtype)
-        fmt = metrics.dtype_metrics(A, unit.p, kappa, dtype)
+        fmt = metrics.dtype_metrics(A, unit.p, kappa, dtype, cond=base.get("cond_rel"))
         # Cost unit measured here, in this process: CPU seconds of one n x n GEMM in this dtype.
         gemm = gemm_seconds(unit.n, dtype)
         for spec in grid.solvers:
@@ -148,12 +148,38 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
                 row["failure"] = "NonFiniteRoot"
             elif not res.converged:
                 row["failure"] = "NotConverged"
-            if ref is not None and np.isfinite(X).all():
-                row.update(metrics.root_metrics(X, A, unit.p, ref=ref, eps=eps_abs))
+            # Measure against the matrix actually solved: A + the solver's own eps_abs (issue 9).
+            ref_s, eps_s = _solved_reference(A, unit.p, res, ref, eps_abs, grid.reference_backend, row)
+            if ref_s is not None and np.isfinite(X).all():
+                row.update(metrics.root_metrics(X, A, unit.p, ref=ref_s, eps=eps_s))
                 if ref0 is not None:
                     row["forward_error_total"] = metrics.relative_forward_error(X, ref0.root)
             rows.append(row)
     return rows
+
+
+def _solved_reference(
+    A: np.ndarray, p: Any, res: Any, ref: Any, eps_abs: float, backend: str, row: dict[str, Any]
+) -> tuple[Any, float]:
+    """The reference of A + eps_s I, eps_s the shift the solver reports (``info["eps_abs"]``), and eps_s.
+
+    The unit's reference is reused when the shifts agree to 1e-12 (relative); a solver that estimated
+    lambda_max for a relative eps differently gets the reference of its own matrix. Records
+    ``eps_abs_solved`` in ``row``.
+    """
+    from . import reference
+
+    solved = res.info.get("eps_abs")
+    eps_s = (
+        eps_abs if solved is None else float(np.max(np.asarray(getattr(solved, "tolist", lambda: solved)())))
+    )
+    row["eps_abs_solved"] = eps_s
+    if abs(eps_s - eps_abs) <= 1e-12 * max(abs(eps_abs), 1e-300):
+        return ref, eps_abs
+    try:
+        return reference.inverse_root(A, p, eps_s, backend=backend), eps_s
+    except MatrootsError:
+        return None, eps_s
 
 
 def _sweep_job(grid_json: str, unit: gridmod.Unit) -> list[dict[str, Any]]:
