@@ -3,6 +3,12 @@
 * ``eps_mode="absolute"``: eps_abs = eps.
 * ``eps_mode="relative"``: eps_abs = eps * lambda_max(A), per batch element (the spectral scale, so the
   same eps means the same relative shift for factors of any magnitude, as Shampoo implementations do).
+  lambda_max is that of A as rounded to the working format: its largest eigenvalue for symmetric input,
+  its largest eigenvalue modulus (spectral radius) for general input; identical in every solver up to
+  how it is computed (eigh and schur_newton: from their eigen/Schur decomposition; coupled_newton: the
+  top Lanczos Ritz value, or LAPACK eigenvalues for general input). Every solver reports the shift it
+  applied in ``info["eps_abs"]`` (user units, per element); measure against A + eps_abs I
+  (:func:`matroots.metrics.solved_metrics`).
 
 Where the shift is applied: in the working precision, after A has been rounded to it. For eigh the
 shift is added to the computed eigenvalues (exact for A + eps I = Q (Lambda + eps) Q^T); for the
