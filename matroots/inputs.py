@@ -334,6 +334,19 @@ _BAND_LOG2 = {torch.float64: 256, torch.float32: 32, torch.bfloat16: 32, torch.f
 _MIN_LOG2_SCALE, _MAX_LOG2_SCALE = -1022, 1023  # 2^k must be a normal float64
 
 
+def _log2_magnitude(amax: float, n: int, eps: float, eps_mode: str) -> float | None:
+    """log2 of m = max(max|A|, eps_abs) (eps_abs <= eps n max|A| when relative); None when m = 0."""
+    logs = []
+    if amax > 0:
+        logs.append(math.log2(amax))
+    if eps > 0:
+        if eps_mode == "absolute":
+            logs.append(math.log2(eps))
+        elif amax > 0:
+            logs.append(math.log2(eps) + math.log2(n) + math.log2(amax))
+    return max(logs) if logs else None
+
+
 def prescale_exponent(amax: float, n: int, eps: float, eps_mode: str, dtypes: tuple[torch.dtype, ...]) -> int:
     """k such that the matrix is solved as 2^k A (exact: a power of two), 0 when no scaling is needed.
 
@@ -344,17 +357,9 @@ def prescale_exponent(amax: float, n: int, eps: float, eps_mode: str, dtypes: tu
     2^+-B above. Including eps matters: scaling A = 1e-300 alone to 1 and then adding an absolute
     eps = 0.01 times the same factor (2^997) overflows any format.
     """
-    logs = []
-    if amax > 0:
-        logs.append(math.log2(amax))
-    if eps > 0:
-        if eps_mode == "absolute":
-            logs.append(math.log2(eps))
-        elif amax > 0:
-            logs.append(math.log2(eps) + math.log2(n) + math.log2(amax))
-    if not logs:
+    log2m = _log2_magnitude(amax, n, eps, eps_mode)
+    if log2m is None:
         return 0
-    log2m = max(logs)
     band = min(_BAND_LOG2[d] for d in dtypes)
     if band > 0 and abs(log2m) <= band:
         return 0
@@ -461,14 +466,13 @@ def prepare(
         check_finite(t)
     _check_rounding_range(amax, t.dtype, wdtype)
     k = prescale_exponent(amax, n, eps_f, eps_mode, (wdtype, cdtype))
-    if wdtype == torch.float16 and (amax > 0 or eps_f > 0):
-        # fp16 overflows at 65504 and is normal only above 6.1e-5: the scaled magnitude must be ~1
-        scaled = max(math.log2(amax) if amax > 0 else -math.inf, math.log2(eps_f) if eps_f > 0 else -math.inf)
-        if scaled + k < -14 or scaled + k > 15:
-            raise FormatRangeError(
-                f"input (max|A| = {amax:.3e}, eps = {eps_f:.3e}) cannot be pre-scaled into fp16's range by a "
-                "float64 power of two; use a wider dtype"
-            )
+    log2m = _log2_magnitude(amax, n, eps_f, eps_mode)
+    # fp16 overflows at 65504 and is normal only above 6.1e-5: the scaled magnitude must be ~1
+    if torch.float16 in (wdtype, cdtype) and log2m is not None and not -14 <= log2m + k <= 15:
+        raise FormatRangeError(
+            f"input (max|A| = {amax:.3e}, eps = {eps_f:.3e}) cannot be pre-scaled into fp16's range by a "
+            "float64 power of two; use a wider dtype"
+        )
     info: dict[str, Any] = {}
     prescale = 2.0**k
     if k != 0:
