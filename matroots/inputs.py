@@ -390,18 +390,28 @@ def _check_rounding_range(amax: float, source: torch.dtype, wdtype: torch.dtype)
         )
 
 
-def check_warm_start(warm_start: object) -> None:
-    """Refuse a warm start that is not None, a RootResult, a torch tensor or a float numpy array."""
-    if warm_start is None or isinstance(warm_start, torch.Tensor):
+def check_warm_start(warm_start: object, shape: tuple[int, ...] | None = None) -> None:
+    """Refuse a warm start that is not None, a RootResult, a torch tensor or a float numpy array, or
+    (given the input's ``shape``) whose root does not hold one n x n matrix per input matrix."""
+    if warm_start is None:
         return
-    if hasattr(warm_start, "root") and isinstance(getattr(warm_start, "root", None), torch.Tensor):
-        return  # a RootResult (duck-typed: matroots.result imports nothing from here)
-    if isinstance(warm_start, np.ndarray) and warm_start.dtype.kind == "f":
-        return
-    raise InvalidArgumentError(
-        f"warm_start must be None, a previous RootResult, or its root as a torch tensor or float numpy "
-        f"array; got {type(warm_start).__name__}"
-    )
+    root = warm_start
+    if not isinstance(warm_start, torch.Tensor | np.ndarray) and isinstance(
+        getattr(warm_start, "root", None), torch.Tensor
+    ):
+        root = warm_start.root  # a RootResult (duck-typed: matroots.result imports nothing from here)
+    ok = isinstance(root, torch.Tensor) or (isinstance(root, np.ndarray) and root.dtype.kind == "f")
+    if not ok:
+        raise InvalidArgumentError(
+            f"warm_start must be None, a previous RootResult, or its root as a torch tensor or float numpy "
+            f"array; got {type(warm_start).__name__}"
+        )
+    rs = tuple(root.shape)
+    if shape is not None and (rs[-2:] != tuple(shape[-2:]) or math.prod(rs) != math.prod(shape)):
+        raise InvalidArgumentError(
+            f"warm_start root has shape {rs}, but the input has shape {tuple(shape)}; pass the previous "
+            "result for the same (batch of) matrices"
+        )
 
 
 def prepare(
@@ -447,7 +457,7 @@ def prepare(
     max_iter_i = arguments.integer("max_iter", max_iter, minimum=1, allow_none=True)
     strict_b = arguments.flag("strict", strict)
     history_b = arguments.flag("record_history", record_history)
-    check_warm_start(warm_start)
+    check_warm_start(warm_start, tuple(t.shape))
     grad_source = None
     if isinstance(A, torch.Tensor) and A.requires_grad and torch.is_grad_enabled():
         if not differentiable:
