@@ -68,6 +68,7 @@ from ..spectral import SpectrumEstimate, lanczos_extremes, power_lambda_max
 from .base import RawResult, SolverConfig, eye_like
 from .newton_core import (
     NewtonOutcome,
+    capped_start,
     check_resolvable_exponent,
     coupled_newton_iterate,
     eigenvalue_backward_error,
@@ -211,33 +212,37 @@ class CoupledNewtonConfig(SolverConfig):
                 )
             info["warm_start_note"] = "||I - A Z||_F >= 1/2: previous inverse too far for Newton-Schulz"
         interval = None
-        # forward roots keep M_k's spectrum in (0, beta_p] (newton_core docstring)
-        top = None if inverse else forward_top(p)
-        fwd_fro = 1.0 if inverse else min((p + 1) / 2, forward_top(p))
+        # Forward roots, and inverse roots with p > GH_MAX_P, keep M_k's spectrum in (0, beta_p]
+        # (newton_core docstring: the rounding errors of a start near p+1 couple with weight ~kappa).
+        capped = capped_start(p, inverse)
+        top = forward_top(p) if capped else None
+        fwd_fro = min((p + 1) / 2, forward_top(p)) if capped else 1.0
         if Z is not None:
             cp, interval, mv, est = self._warm_scaling(A, shift, p, Z, inverse)
             matmuls += mv / n
             info["warm_start"] = "spectral interval from the previous root + dynamic scaling"
         elif scaling == "frobenius":
             fro = _shifted_fro(A, shift)
-            cp = 2.0 * fro / (p + 1) if inverse else fro / fwd_fro
+            cp = fro / fwd_fro if capped else 2.0 * fro / (p + 1)
         elif scaling == "power":
             lam_p, mv = power_lambda_max(A, self.power_iters)
             matmuls += mv / n
             lam_p = (lam_p + shift).clamp_min(torch.finfo(torch.float64).tiny)
-            cp = 2.0 * lam_p / (p + 1) if inverse else lam_p / fwd_fro
+            cp = lam_p / fwd_fro if capped else 2.0 * lam_p / (p + 1)
         else:
             assert est is not None
             lmax = (est.lmax_upper * (1 + 1e-6)).numpy()
             lmin = np.clip(est.lmin.numpy(), 0.0, None)
-            cpn = optimal_c_power(lmin, lmax, p) if inverse else lmax / forward_top(p)
+            cpn = lmax / forward_top(p) if capped else optimal_c_power(lmin, lmax, p)
             info.update(lambda_min_est=est.lmin / prob.prescale, lambda_max_est=est.lmax / prob.prescale)
             if scaling == "dynamic":
                 interval = (np.maximum(lmin, lmax * 1e-300) / cpn, lmax / cpn)
-            elif inverse:
+            elif not capped:
                 cpn, info["c_choice"] = self._choose_optimal_c(A, shift, est, cpn, p, tol, max_iter)
             else:
-                info["c_choice"] = ["lambda_max / beta_p (forward root: M_0's spectrum in (0, beta_p])"] * b
+                info["c_choice"] = [
+                    "lambda_max / beta_p (M_0's spectrum in (0, beta_p], see newton_core)"
+                ] * b
             cp = torch.as_tensor(cpn, dtype=torch.float64)
         if est is not None:
             self._refuse_indefinite(est, prob)
@@ -266,7 +271,7 @@ class CoupledNewtonConfig(SolverConfig):
             # A wrong spectral estimate: redo those problems with the always-safe Frobenius scaling.
             idx = [i for i, r in enumerate(out.reason) if r == "divergence"]
             fro = _shifted_fro(A[idx], shift[idx])
-            cp_f = 2.0 * fro / (p + 1) if inverse else fro / fwd_fro
+            cp_f = fro / fwd_fro if capped else 2.0 * fro / (p + 1)
             retry = coupled_newton_iterate(
                 A[idx],
                 p,
@@ -448,7 +453,7 @@ class CoupledNewtonConfig(SolverConfig):
             from_z = np.clip(zest.lmin.numpy(), 0.0, None) ** p
         lmin = np.minimum(np.minimum(ritz_min, from_z), lmax)
         lmin = np.maximum(lmin, lmax * 1e-300)
-        cpn = optimal_c_power(lmin, lmax, p) if inverse else lmax / forward_top(p)
+        cpn = lmax / forward_top(p) if capped_start(p, inverse) else optimal_c_power(lmin, lmax, p)
         return torch.as_tensor(cpn), (lmin / cpn, lmax / cpn), est.matvecs + zest.matvecs, est
 
 

@@ -68,6 +68,20 @@ def optimal_c_power(lmin: np.ndarray, lmax: np.ndarray, p: int) -> np.ndarray:
     return cp
 
 
+GH_MAX_P = 8
+"""Largest p for which inverse roots start from Guo & Higham's c (see :func:`capped_start`)."""
+
+
+def capped_start(p: int, inverse: bool) -> bool:
+    """True when M_0's spectrum must stay in (0, beta_p] (:func:`forward_top`) rather than reach ~p+1.
+
+    Always for forward roots. For inverse roots the coupling error of Guo & Higham's start is ~kappa u,
+    within the budget C cond(A^{-1/p}) u ~ C (kappa/p) u only while p is small; past ``GH_MAX_P`` it is
+    not (fp64, kappa 1e6, p = 1e10: 1800 u against cond ~ 1), and the capped start is used there too.
+    """
+    return (not inverse) or p > GH_MAX_P
+
+
 @functools.cache
 def forward_top(p: int) -> float:
     """beta_p >= 1 with f(beta_p) = 1/2: the largest eigenvalue of M a forward root lets M_0 (or a dynamic

@@ -200,7 +200,8 @@ class SchurNewtonConfig(SolverConfig):
                     torch.tensor([shift], dtype=torch.float64),
                     p,
                     out,
-                    self.stagnation_accept * tol,
+                    # a forward root with relative error d has backward error ~p d: scale with p, not q
+                    self.stagnation_accept * max(tol, precision.default_tol(cdt, prob.n, p)),
                     bwd,
                 )
                 info.setdefault("backward_error", []).append(float(bwd["backward_error"][0]))
