@@ -412,3 +412,28 @@ def test_reference_power_helper_agrees_for_forward_roots():
     A = spd_matrix(3, 10.0, seed=2) * 1e-280
     res = matroots.root(torch.from_numpy(A), 3)
     assert rel_err(res.root, ref_power(A, Fraction(1, 3))) < 50 * U64
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_eigh_gradient_through_low_precision_and_prescale(dtype):
+    # fp16 input is pre-scaled by 2^k before rounding; the gradient must carry that factor
+    A0 = _spd(4, 20.0) * 1e-3
+    G = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+    def grad(**kw):
+        M = A0.clone().requires_grad_(True)
+        (matroots.inverse_root(M, 2, **kw).root.double() * G).sum().backward()
+        return M.grad
+
+    g, g64 = grad(dtype=dtype), grad()
+    u = 2.0**-11 if dtype == "fp16" else 2.0**-8
+    assert float(torch.linalg.matrix_norm(g - g64) / torch.linalg.matrix_norm(g64)) < 20 * 20 * u
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_fp16_compute_dtype_with_entries_beyond_fp16_range(method):
+    A = _spd(8, 100.0) * 1e6  # entries ~1e6 > 65504: pre-scaled into fp16's range, root rescaled
+    res = matroots.inverse_root(A, 2, method=method, compute_dtype="fp16")
+    assert res.converged and "prescale" in res.info
+    ref = ref_inverse_root(A.numpy(), 2)
+    assert rel_err(res.root, ref) < 10 * 8 * (1 + 100 / 2) * 2.0**-11
