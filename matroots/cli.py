@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 #: Modules defining ``register(subparsers)`` for further subcommands (see the module docstring).
-COMMAND_MODULES: tuple[str, ...] = ("matroots.tuning.cli",)
+COMMAND_MODULES: tuple[str, ...] = ("matroots.tuning.cli", "matroots.validation.cli")
 
 DTYPE_CHOICES = ("fp64", "fp32", "bf16", "fp16")
 
@@ -237,6 +237,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_validation_run(run_dir: Path) -> bool:
+    """A ``matroots validate`` run folder: report and plot hand it to the validation report."""
+    from .validation.run import is_validation_run
+
+    return is_validation_run(run_dir)
+
+
 def _rows(run_dir: Path, *, need_metrics: bool = True) -> pd.DataFrame:
     """The run's rows; a one-line UsageError when there are none (or no forward-error metrics)."""
     from . import sweep
@@ -265,6 +272,10 @@ def _rows(run_dir: Path, *, need_metrics: bool = True) -> pd.DataFrame:
 def cmd_report(args: argparse.Namespace) -> int:
     from . import report
 
+    if _is_validation_run(args.run_dir):
+        from .validation.cli import report_run
+
+        return report_run(Path(args.run_dir))
     df = _rows(args.run_dir)
     acc = args.accuracy if args.accuracy is not None else report.DEFAULT_ACCURACY
     text = report.format_report(df, acc)
@@ -277,6 +288,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from . import plots
 
+    if _is_validation_run(args.run_dir):
+        from .validation.cli import report_run
+
+        return report_run(Path(args.run_dir))
     df = _rows(args.run_dir)
     for p in plots.plot_all(df, args.run_dir):
         print(p)

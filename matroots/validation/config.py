@@ -17,7 +17,8 @@ A config looks like (see ``experiments/configs/validate_demo.toml``)::
     [tasks.digits]           # one table per task; all keys optional
     steps = 300
     eval_every = 20
-    size = { hidden = 128 }
+    size = { hidden = 128 }  # keyword arguments of get_task
+    seeds = [0]              # this task's seeds (default: the grid's)
 
     [[optimizers]]
     name = "adamw"           # "adamw", "sgd" (momentum) or "shampoo"
@@ -41,6 +42,7 @@ seeds, hence the same initial weights and data order.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -64,6 +66,7 @@ class TaskSpec:
     steps: int
     eval_every: int
     size: dict[str, Any] = field(default_factory=dict)
+    seeds: tuple[int, ...] = ()  # empty: the grid's seeds
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,7 +138,7 @@ class ValidationGrid:
         out: list[Unit] = []
         rank = {n: i for i, n in enumerate((BASELINE, "sgd", "shampoo"))}
         for task in self.tasks:
-            for seed in self.seeds:
+            for seed in task.seeds or self.seeds:
                 entries = sorted(self.entries, key=lambda e: rank[e[0].name])
                 for spec, lrs, only in entries:
                     if only and task.name not in only:
@@ -192,8 +195,8 @@ def _solvers(value: Any, where: str) -> list[tuple[str, dict[str, Any], str]]:
     items = value if isinstance(value, list) else [value]
     out: list[tuple[str, dict[str, Any], str]] = []
     for it in items:
-        if it == "all":
-            out.extend((n, {}, n) for n in registry.available())
+        if it == "all":  # every registered solver; "auto" only selects one of them
+            out.extend((n, {}, n) for n in registry.available() if n != "auto")
             continue
         if isinstance(it, str):
             it = {"name": it}
@@ -224,9 +227,9 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
         if tname not in TASKS:
             raise _bad(f"unknown task {tname!r}; available: {sorted(TASKS)}")
         t = t or {}
-        bad = set(t) - {"steps", "eval_every", "size"}
+        bad = set(t) - {"steps", "eval_every", "size", "seeds"}
         if bad:
-            raise _bad(f"tasks.{tname}: unknown keys {sorted(bad)}; allowed: steps, eval_every, size")
+            raise _bad(f"tasks.{tname}: unknown keys {sorted(bad)}; allowed: steps, eval_every, size, seeds")
         cls = TASKS[tname]
         steps, every = (
             int(t.get("steps", cls.default_steps)),
@@ -234,7 +237,10 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
         )
         if steps < 1 or every < 1:
             raise _bad(f"tasks.{tname}: steps and eval_every must be >= 1")
-        tasks.append(TaskSpec(name=tname, steps=steps, eval_every=every, size=dict(t.get("size", {}))))
+        tseeds = tuple(int(x) for x in t.get("seeds", ()))
+        tasks.append(
+            TaskSpec(name=tname, steps=steps, eval_every=every, size=dict(t.get("size", {})), seeds=tseeds)
+        )
     if not tasks:
         raise _bad(f"no [tasks.NAME] tables; available tasks: {sorted(TASKS)}")
     entries = []
@@ -284,6 +290,8 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
                 eps_mode=e.get("mode", "absolute"),
                 precondition_frequency=f,
             )
+            if o.get("label"):  # a name for the entry: it replaces "shampoo" in each config's label
+                spec = dataclasses.replace(spec, label=o["label"] + spec.default_label()[len("shampoo") :])
             entries.append((spec, lrs, only))
     if not any(e[0].name == BASELINE for e in entries):
         raise _bad("the grid needs an 'adamw' entry: its best final validation loss is the target")

@@ -4,10 +4,13 @@
 :func:`matroots.runner.run_units` -- the same process pool, dead-worker recovery, atomic per-unit
 parts, resume and dask support as ``matroots sweep`` -- then :func:`collect` writes
 
-* ``curves.parquet``: one row per (unit, eval step): train/val loss, the task metric, wall and CPU time;
+* ``curves.parquet``: one row per (unit, eval step, step 0 included): ``train_loss`` (mean minibatch
+  loss since the previous evaluation), ``val_loss``, ``metric`` (the task's metric, named in the run
+  row's ``metric_name``), ``wall_s`` / ``cpu_s`` (cumulative training time, evaluations excluded);
 * ``runs.parquet``: one row per unit: final/best validation loss, failure, timing against AdamW,
-  Shampoo's root totals;
-* ``roots.parquet``: one row per (unit, root round, factor): ``opt.diagnostics()`` and forward errors;
+  Shampoo's root totals (:data:`RUN_COLUMNS`, :data:`SHAMPOO_RUN_COLUMNS`);
+* ``roots.parquet``: one row per (unit, root round, factor): every field of ``opt.diagnostics()``
+  and the forward errors of the sampled factors (:data:`ROOT_COLUMNS`);
 * ``summary.parquet``, ``accuracy.parquet``: see :mod:`matroots.validation.summary`;
 
 with ``provenance.json`` (kind ``"validation"``, config, hash, one record per start/resume).
@@ -16,6 +19,7 @@ with ``provenance.json`` (kind ``"validation"``, config, hash, one record per st
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -23,12 +27,76 @@ from typing import Any
 import pandas as pd
 
 from .. import runner
-from .config import Unit, ValidationGrid
+from .config import OptimizerSpec, Unit, ValidationGrid
 from .training import crash_rows, run_unit
 
 log = logging.getLogger("matroots.validation")
 
 KIND = "validation"
+
+#: Columns every row of a table has (``identity`` columns name the unit in all three).
+IDENTITY_COLUMNS = ("unit", "task", "optimizer", "config", "lr", "seed")
+CURVE_COLUMNS = (*IDENTITY_COLUMNS, "step", "train_loss", "val_loss", "metric", "wall_s", "cpu_s")
+RUN_COLUMNS = (
+    *IDENTITY_COLUMNS,
+    "steps",
+    "steps_done",
+    "failure",
+    "final_val_loss",
+    "final_metric",
+    "metric_name",
+    "best_val_loss",
+    "train_wall_s",
+    "train_cpu_s",
+    "step_s",
+    "adamw_step_s",
+    "time_ratio",
+    "step_cpu_s",
+    "adamw_step_cpu_s",
+    "time_ratio_cpu",
+    "opt_time_ratio",
+    "versions",
+    "machine",
+)
+#: Run columns of Shampoo units only.
+SHAMPOO_RUN_COLUMNS = (
+    "root_solver",
+    "root_dtype",
+    "eps",
+    "eps_mode",
+    "precondition_frequency",
+    "root_rounds",
+    "root_failures",
+    "primary_failures",
+    "fallback_uses",
+    "forward_error_median",
+    "forward_error_total_median",
+)
+ROOT_COLUMNS = (
+    *IDENTITY_COLUMNS,
+    "step",
+    "param",
+    "block",
+    "dim",
+    "n",
+    "solver",
+    "iterations",
+    "converged",
+    "failures",
+    "primary_failures",
+    "fallback_uses",
+    "kappa",
+    "sampled",
+    "forward_error",
+    "forward_error_total",
+    "forward_error_solved",
+)
+#: Columns measured with a clock (differ between otherwise identical runs).
+TIMING_COLUMNS = (
+    "wall_s", "cpu_s", "train_wall_s", "train_cpu_s", "step_s", "adamw_step_s", "time_ratio", "step_cpu_s",
+    "adamw_step_cpu_s", "time_ratio_cpu", "opt_step_s", "adamw_opt_step_s", "opt_time_ratio", "root_seconds",
+    "seconds",
+)  # fmt: skip
 TABLES = ("curves", "runs", "roots")
 _TAG = {"curve": "curves", "run": "runs", "root": "roots"}
 ORDER = ("task", "optimizer", "config", "lr", "seed", "step")
@@ -134,51 +202,106 @@ def _probe(unit: Unit) -> dict[str, float]:
     t0 = time.perf_counter()
     task.evaluate(model)
     ev = time.perf_counter() - t0
+    c0 = time.process_time()
+    task.evaluate(model)
+    ev_cpu = time.process_time() - c0
+    from shampoo.errors import RootComputationError
+
+    from ..errors import MatrootsError
+
     batches = task.batches(unit.seed)
-    for _ in range(max(unit.optimizer.precondition_frequency, 2)):  # past Shampoo's first root round
-        opt.zero_grad(set_to_none=True)
-        task.loss(model, next(batches)).backward()
-        opt.step()
     probe = Unit(**{**unit.__dict__, "timing_rounds": 1})
-    t = interleaved_timing(task, model, opt, probe)
-    return {"build_s": build, "eval_s": ev, "step_s": t["step_s"], "adamw_step_s": t["adamw_step_s"]}
+    try:
+        for _ in range(max(unit.optimizer.precondition_frequency, 2)):  # past Shampoo's first root round
+            opt.zero_grad(set_to_none=True)
+            task.loss(model, next(batches)).backward()
+            opt.step()
+        t = interleaved_timing(task, model, opt, probe)
+    except (RootComputationError, MatrootsError):
+        # The config fails in training (recorded as a failure then): cost it like AdamW.
+        adam = Unit(**{**unit.__dict__, "timing_rounds": 1, "optimizer": OptimizerSpec(name="adamw")})
+        model = task.build_model(unit.seed)
+        t = interleaved_timing(task, model, make_optimizer(adam, model), adam)
+    return {
+        "build_s": build,
+        "eval_s": ev,
+        "step_s": t["step_s"],
+        "adamw_step_s": t["adamw_step_s"],
+        "eval_cpu_s": ev_cpu,
+        "step_cpu_s": t["step_cpu_s"],
+        "adamw_step_cpu_s": t["adamw_step_cpu_s"],
+    }
 
 
 def estimate(grid: ValidationGrid, *, cores: int = 2) -> dict[str, Any]:
     """Estimated cost of a grid, from short timed probes of each distinct (task, optimizer cost class).
 
     Per unit: build + steps x step time (Shampoo's including its root rounds, amortised) + evaluations
-    + the interleaved timing (2 x rounds x chunk steps). Wall time assumes ``cores`` workers kept busy
-    (the total divided by ``cores``, never less than the longest unit). Measured with one thread on this
-    machine as loaded now: a busier machine makes it pessimistic, a quieter one optimistic.
+    + the interleaved timing (2 x rounds x chunk steps), from the probes' process CPU time (one thread),
+    so the estimate does not depend on how loaded the machine is while probing. Wall time assumes
+    ``cores`` workers kept busy (the total divided by ``cores``, never less than the longest unit);
+    ``wall_seconds_at_current_load`` repeats the sum with the probes' wall clocks instead.
     """
     units = grid.units()
     probes: dict[tuple[Any, ...], dict[str, float]] = {}
     per_task: dict[str, float] = {}
-    total, longest = 0.0, 0.0
+    total = {"cpu": 0.0, "wall": 0.0}
+    longest = 0.0
     for u in units:
         k = _cost_key(u)
         if k not in probes:
             probes[k] = _probe(u)
         p = probes[k]
         evals = u.task.steps // u.task.eval_every + 2
-        secs = (
-            p["build_s"]
-            + u.task.steps * p["step_s"]
-            + evals * p["eval_s"]
-            + u.timing_rounds * u.timing_chunk * (p["step_s"] + p["adamw_step_s"])
-        )
-        total += secs
-        longest = max(longest, secs)
-        per_task[u.task.name] = per_task.get(u.task.name, 0.0) + secs
+        for clock, sfx in (("cpu", "_cpu_s"), ("wall", "_s")):
+            secs = (
+                p["build_s"]
+                + u.task.steps * p["step" + sfx]
+                + evals * p["eval" + sfx]
+                + u.timing_rounds * u.timing_chunk * (p["step" + sfx] + p["adamw_step" + sfx])
+            )
+            total[clock] += secs
+            if clock == "cpu":
+                longest = max(longest, secs)
+                per_task[u.task.name] = per_task.get(u.task.name, 0.0) + secs
     return {
         "units": len(units),
-        "core_seconds": total,
+        "core_seconds": total["cpu"],
         "cores": cores,
-        "wall_seconds": max(total / cores, longest),
+        "wall_seconds": max(total["cpu"] / cores, longest),
+        "wall_seconds_at_current_load": max(total["wall"] / cores, longest),
+        "load_average": os.getloadavg()[0],
         "per_task_core_seconds": per_task,
         "probes": len(probes),
     }
 
 
-__all__ = ["KIND", "collect", "estimate", "is_validation_run", "load", "run_validation", "split_tables"]
+def format_estimate(grid: ValidationGrid, est: dict[str, Any]) -> str:
+    def hm(s: float) -> str:
+        return f"{s / 3600:.2f} h" if s >= 3600 else f"{s / 60:.1f} min"
+
+    per = ", ".join(f"{t} {hm(s)}" for t, s in est["per_task_core_seconds"].items())
+    return (
+        f"{grid.name}: {est['units']} units (task x optimizer config x lr x seed); estimated "
+        f"{hm(est['core_seconds'])} of compute on one core ({per}), {hm(est['wall_seconds'])} wall on "
+        f"{est['cores']} idle cores; {hm(est['wall_seconds_at_current_load'])} at the current load "
+        f"(load average {est['load_average']:.1f}; {est['probes']} timed probes, one thread each)"
+    )
+
+
+__all__ = [
+    "CURVE_COLUMNS",
+    "IDENTITY_COLUMNS",
+    "KIND",
+    "ROOT_COLUMNS",
+    "RUN_COLUMNS",
+    "SHAMPOO_RUN_COLUMNS",
+    "TIMING_COLUMNS",
+    "collect",
+    "estimate",
+    "format_estimate",
+    "is_validation_run",
+    "load",
+    "run_validation",
+    "split_tables",
+]

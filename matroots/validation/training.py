@@ -4,7 +4,9 @@
 (``"curve"``, ``"run"`` or ``"root"``; :mod:`matroots.validation.run` splits them into
 ``curves.parquet``, ``runs.parquet`` and ``roots.parquet``). It never raises for a training failure:
 divergence (a non-finite loss) and Shampoo's ``RootComputationError`` end the run early and are
-recorded in the ``failure`` column.
+recorded in the ``failure`` column, as is a solver that rejects the configuration outright (a
+``MatrootsError`` such as ``UnsupportedExponentError`` for a Newton iteration in a format too narrow
+for the factor size).
 
 Timing: after training, the unit times its own optimizer against AdamW on the same (trained) model in
 the same process, interleaved: ``rounds`` x (a chunk of this optimizer, a chunk of AdamW), the order
@@ -18,7 +20,8 @@ bias-corrected as Shampoo does, projected onto the PSD cone (rounding-negative e
 shifted by an eps (absolute, or eps * lambda_max for ``eps_mode="relative"``) and rooted by eigh.
 ``forward_error = ||X - R||_F / ||R||_F`` uses the configured eps (what the solver was asked for);
 ``forward_error_total`` uses the grid's common ``reference_eps`` (the same target for every
-configuration, so a large eps shows up as error too).
+configuration, so a large eps shows up as error too); ``forward_error_solved`` is against the matrix
+actually solved, with the whole shift Shampoo reports (``regularisation``: rank-policy shift + eps).
 """
 
 from __future__ import annotations
@@ -47,7 +50,14 @@ log = logging.getLogger("matroots.validation")
 
 
 def make_optimizer(unit: Unit, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """The unit's optimizer on ``model`` (AdamW, SGD with momentum, or Shampoo with the unit's root config)."""
+    """The unit's optimizer on ``model`` (AdamW, SGD with momentum, or Shampoo with the unit's root config).
+
+    ``options`` are keyword arguments of the optimizer. For Shampoo, the defaults here are
+    ``grafting="adam"``, ``max_preconditioner_dim=256`` and ``start_preconditioning_step`` = the
+    precondition frequency; ``fallback`` (a solver name or ``"none"``), ``fallback_dtype`` and
+    ``max_consecutive_failures`` build its :class:`shampoo.FailurePolicy` (a deliberately degraded
+    configuration can switch the fp64 fallback off, so that its inaccurate roots are what trains).
+    """
     spec, lr = unit.optimizer, unit.lr
     opts = dict(spec.options)
     if spec.name == "adamw":
@@ -71,6 +81,15 @@ def make_optimizer(unit: Unit, model: torch.nn.Module) -> torch.optim.Optimizer:
             opts[k] = precision.as_dtype(opts[k])
     opts.setdefault("max_preconditioner_dim", 256)
     opts.setdefault("grafting", "adam")
+    failure = {
+        k: opts.pop(k) for k in ("fallback", "fallback_dtype", "max_consecutive_failures") if k in opts
+    }
+    if failure:
+        fb = failure.get("fallback", "eigh")
+        failure["fallback"] = None if fb in ("none", None) else default_root_solver(fb)
+        if "fallback_dtype" in failure:
+            failure["fallback_dtype"] = precision.as_dtype(failure["fallback_dtype"])
+        opts["failure"] = shampoo.FailurePolicy(**failure)
     return shampoo.Shampoo(
         model.named_parameters(),
         lr=lr,
@@ -114,6 +133,11 @@ def _eps_abs(w: np.ndarray, eps: float, mode: str) -> float:
     return eps * float(w[-1]) if mode == "relative" else eps
 
 
+def _inverse_root(w: np.ndarray, V: np.ndarray, shift: float, p: float) -> np.ndarray | None:
+    lam = w + shift
+    return (V * lam ** (-1.0 / p)) @ V.T if lam[0] > 0 else None
+
+
 def reference_roots(
     A: np.ndarray, p: float, shifts: list[tuple[float, str]]
 ) -> list[tuple[np.ndarray | None, float]]:
@@ -121,39 +145,57 @@ def reference_roots(
     of sym(A). An element is (None, eps_abs) when the shifted matrix is singular."""
     w, V = np.linalg.eigh(0.5 * (A + A.T))
     w = np.clip(w, 0.0, None)
-    out: list[tuple[np.ndarray | None, float]] = []
-    for eps, mode in shifts:
-        e = _eps_abs(w, eps, mode)
-        lam = w + e
-        out.append(((V * lam ** (-1.0 / p)) @ V.T, e) if lam[0] > 0 else (None, e))
-    return out
+    return [(_inverse_root(w, V, e, p), e) for e in (_eps_abs(w, eps, mode) for eps, mode in shifts)]
 
 
-def root_forward_errors(f: Any, opts: Any, reference_eps: float, reference_mode: str) -> dict[str, float]:
-    """Relative Frobenius forward errors of a factor's current root X:
+def root_forward_errors(
+    f: Any, opts: Any, reference_eps: float, reference_mode: str, regularisation: float = math.nan
+) -> dict[str, float]:
+    """Relative Frobenius forward errors of a factor's current root X against float64 eigh roots of
+    the same (bias-corrected) factor A:
 
-    * ``forward_error``: against the root of the factor regularised as configured (the solver's and
-      the format's error);
-    * ``forward_error_total``: against the common reference root with ``reference_eps`` (the same
-      matrix for every configuration, so the eps bias counts too).
+    * ``forward_error``: against (A_psd + eps_abs I)^{-1/p}, the factor regularised as configured:
+      what the user asked for (the solver's, the format's and the rank policy's deviation);
+    * ``forward_error_total``: against (A_psd + reference_eps I)^{-1/p}, one target for every
+      configuration of the grid, so the eps bias counts too;
+    * ``forward_error_solved``: against (sym(A) + r I)^{-1/p}, r = ``regularisation`` as Shampoo
+      reports it (rank-policy shift + eps): the matrix actually solved, so only the solver's and the
+      format's error remain (NaN when r is not reported).
     """
     t = int(f.root_step)
     bc = 1.0 - opts.beta2**t if opts.use_bias_correction and opts.beta2 < 1.0 and t > 0 else 1.0
     A = f.matrix.detach().double().cpu().numpy() / bc
     X = f.root.detach().double().cpu().numpy()
-    out = {"forward_error": math.nan, "forward_error_total": math.nan, "eps_abs_reference": math.nan}
+    p = float(f.root_p)
+    out = {"forward_error": math.nan, "forward_error_total": math.nan, "forward_error_solved": math.nan,
+           "eps_abs_reference": math.nan}  # fmt: skip
     try:
-        (R, e), (R0, _) = reference_roots(
-            A, float(f.root_p), [(opts.eps, opts.eps_mode), (reference_eps, reference_mode)]
-        )
+        w, V = np.linalg.eigh(0.5 * (A + A.T))
     except np.linalg.LinAlgError:
         return out
+    wp = np.clip(w, 0.0, None)
+    e = _eps_abs(wp, opts.eps, opts.eps_mode)
     out["eps_abs_reference"] = e
+    refs = {
+        "forward_error": _inverse_root(wp, V, e, p),
+        "forward_error_total": _inverse_root(wp, V, _eps_abs(wp, reference_eps, reference_mode), p),
+        "forward_error_solved": _inverse_root(w, V, regularisation, p)
+        if math.isfinite(regularisation)
+        else None,
+    }
     finite = bool(np.isfinite(X).all())
-    for name, ref in (("forward_error", R), ("forward_error_total", R0)):
+    for name, ref in refs.items():
         if ref is not None:
             out[name] = float(np.linalg.norm(X - ref) / np.linalg.norm(ref)) if finite else math.inf
     return out
+
+
+def _reported(row: dict[str, Any], key: str) -> float:
+    v = row.get(key)
+    try:
+        return float(v) if v is not None else math.nan
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def _scalar(v: Any) -> Any:
@@ -178,10 +220,12 @@ def root_rows(opt: Any, unit: Unit, step: int) -> list[dict[str, Any]]:
     for i, r in enumerate(diag_rows):
         row = {k: _scalar(v) for k, v in r.items()}
         row.update(step=step, fresh=bool(r.get("root_step") == r.get("step")), sampled=i in picks)
-        row.update(forward_error=math.nan, forward_error_total=math.nan, eps_abs_reference=math.nan)
+        row.update(forward_error=math.nan, forward_error_total=math.nan, forward_error_solved=math.nan)
+        row["eps_abs_reference"] = math.nan
         if i in picks and i < len(states) and states[i][2].has_root:
             f, opts = states[i][2], states[i][3]
-            row.update(root_forward_errors(f, opts, unit.reference_eps, unit.reference_eps_mode))
+            reg = _reported(r, "regularisation")
+            row.update(root_forward_errors(f, opts, unit.reference_eps, unit.reference_eps_mode, reg))
         rows.append(row)
     return rows
 
@@ -262,6 +306,8 @@ def run_unit(unit: Unit) -> list[dict[str, Any]]:
     torch.set_num_threads(1)
     from shampoo.errors import RootComputationError
 
+    from ..errors import MatrootsError
+
     task = get_task(unit.task.name, **unit.task.size)
     model = task.build_model(unit.seed)
     opt = make_optimizer(unit, model)
@@ -300,8 +346,10 @@ def run_unit(unit: Unit) -> list[dict[str, Any]]:
             w0, c0 = time.perf_counter(), time.process_time()
             try:
                 lv, _ = _one_step(task, model, opt, batch)
-            except RootComputationError as exc:
-                failure, message = "RootComputationError", str(exc)[:300]
+            except (RootComputationError, MatrootsError) as exc:
+                # Shampoo gave up (N consecutive failures), or the solver rejected the config's input
+                # (e.g. a Newton iteration in a format too narrow for the factor size): an outcome.
+                failure, message = type(exc).__name__, str(exc)[:300]
                 break
             wall += time.perf_counter() - w0
             cpu += time.process_time() - c0
@@ -320,6 +368,7 @@ def run_unit(unit: Unit) -> list[dict[str, Any]]:
                     break
     if losses:
         record(done)
+    totals = _shampoo_totals(opt, roots) if shampoo_opt else {}  # before the timing steps
     timing = {}
     if not failure:
         timing = interleaved_timing(task, model, opt, unit)
@@ -346,8 +395,7 @@ def run_unit(unit: Unit) -> list[dict[str, Any]]:
         "machine": provenance.machine_string(),
         **timing,
     }
-    if shampoo_opt:
-        run.update(_shampoo_totals(opt, roots))
+    run.update(totals)
     return [*curves, run, *roots]
 
 
@@ -370,6 +418,7 @@ def _shampoo_totals(opt: Any, roots: list[dict[str, Any]]) -> dict[str, Any]:
         "fallback_uses": int(sum(r.get("fallback_uses", 0) for r in last)),
         **stats("forward_error"),
         **stats("forward_error_total"),
+        **stats("forward_error_solved"),
     }
 
 

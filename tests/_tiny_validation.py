@@ -1,0 +1,67 @@
+"""Tiny validation grids shared by the validation tests and the notebook test."""
+
+#: Sizes that make every task build and step in well under a second.
+TINY_SIZES = {
+    "digits": "{ hidden = 16, batch_size = 32 }",
+    "lsq": "{ batch_size = 64 }",
+    "bytes_lm": "{ d_model = 16, heads = 2, ff = 32, layers = 1, seq = 16, batch_size = 4, val_windows = 4, "
+    "max_train_bytes = 200000, max_val_bytes = 50000 }",
+    "w1": "{ seq = 16, batch_size = 2, val_windows = 2, max_train_bytes = 200000, max_val_bytes = 50000 }",
+}
+
+
+def tiny_config(
+    tasks: list[str],
+    *,
+    steps: int = 2,
+    eval_every: int = 1,
+    seeds: str = "[0]",
+    freq: int = 1,
+    name: str = "tiny",
+) -> str:
+    """AdamW + Shampoo (eigh, eps 1e-2 relative: every factor's kappa <= 100, root every ``freq`` steps)
+    on ``tasks``, a one-chunk timing."""
+    lines = [f'name = "{name}"', f"seeds = {seeds}", "[timing]", "rounds = 1", "chunk_steps = 2"]
+    for t in tasks:
+        lines += [f"[tasks.{t}]", f"steps = {steps}", f"eval_every = {eval_every}", f"size = {TINY_SIZES[t]}"]
+    lines += [
+        "[[optimizers]]",
+        'name = "adamw"',
+        "lr = [3e-3, 1e-2]",
+        "[[optimizers]]",
+        'name = "shampoo"',
+        "lr = [3e-3, 1e-2]",
+        'root_solver = ["eigh"]',
+        f"precondition_frequency = [{freq}]",
+        'eps = [{ value = 1e-2, mode = "relative" }]',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+#: The notebook's default small grid: digits and lsq, three optimizers, two solvers, one degraded dtype.
+NOTEBOOK = """
+name = "nb_tiny"
+seeds = [0, 1]
+[timing]
+rounds = 1
+chunk_steps = 5
+[tasks.digits]
+steps = 30
+eval_every = 5
+size = { hidden = 16 }
+[tasks.lsq]
+steps = 30
+eval_every = 5
+[[optimizers]]
+name = "adamw"
+lr = [3e-3, 1e-2]
+[[optimizers]]
+name = "sgd"
+lr = [1e-1]
+[[optimizers]]
+name = "shampoo"
+lr = [3e-3, 1e-2]
+root_solver = ["eigh", "coupled_newton"]
+root_dtype = ["fp32", "fp16"]
+precondition_frequency = [5]
+"""
