@@ -4,6 +4,7 @@ from .auto import AutoConfig
 from .base import SolverConfig
 from .coupled_newton import CoupledNewtonConfig
 from .eigh import EighConfig
+from .eigh_warm import EighWarmConfig
 from .registry import available, get, register
 from .schur_newton import SchurNewtonConfig
 
@@ -11,6 +12,7 @@ __all__ = [
     "AutoConfig",
     "CoupledNewtonConfig",
     "EighConfig",
+    "EighWarmConfig",
     "SchurNewtonConfig",
     "SolverConfig",
     "available",

@@ -1,0 +1,619 @@
+"""Warm-started eigendecomposition for matrix roots: Rayleigh-Ritz refinement of a previous eigenbasis.
+
+Shampoo's Kronecker factors change slowly between root rounds, so the previous eigenbasis Q of a factor
+is close to the eigenbasis of the new one. ``eigh_warm`` refines Q instead of recomputing it, and
+returns a root only when a computable estimate of its error is within the error of a cold ``eigh``.
+
+Algorithm (per matrix; a batch is processed as a batch, each element deciding for itself). With
+A the matrix solved (after the psd policy, :mod:`matroots.psd`) and f the root's eigenvalue function
+(x + eps)^(-+1/p) under the rank policy (as :class:`~matroots.solvers.eigh.EighConfig` defines it):
+
+1. Rayleigh-Ritz: B = Q^T A Q (two GEMMs), d = diag(B) (the Ritz values), O = offdiag(B).
+2. Estimate the error of X = Q f(diag d) Q^T. By the Daleckii-Krein theorem (Daleckii & Krein 1965;
+   Higham, *Functions of Matrices*, 2008, Thm. 3.11 and Cor. 3.12, with the Taylor expansion of
+   Bhatia, *Matrix Analysis*, 1997, §V.3) the Frechet expansion of f at the diagonal D = diag(d) is
+
+       f(D + O) = f(D) + F1 o O + T2 + ...,   (F1)_ij = f[d_i, d_j],
+       (T2)_ij = sum_k f[d_i, d_k, d_j] O_ik O_kj,
+
+   with f[.,.] and f[.,.,.] the first and second divided differences and o the entrywise product.
+   For f(x) = x^e, |e| <= 1, one checks case by case that |f[x, y, z]| sqrt(x z) y <= max(f(x), f(y),
+   f(z)) <= f(x) + f(y) + f(z) (equality cases: x = y = z gives |e(e - 1)|/2 f(x); widely spread
+   arguments give |e| f(min) or (1 - e) f(max) (y/x)). With the scaled off-diagonal
+   Ohat_ij = O_ij / sqrt(z_i z_j) (z = the shifted Ritz values, floored at the rank-policy threshold)
+   this gives |T2_ij| <= sum_k (f_i + f_j + f_k) |Ohat_ik| |Ohat_kj|, hence
+
+       ||T2||_F <= 3 ||Ohat||_F ||diag(f) Ohat||_F,
+
+   and the higher-order terms form a geometric tail of ratio <= ||Ohat||_2 (B = D^(1/2) (I + Ohat)
+   D^(1/2): relative perturbation theory, Demmel & Veselic 1992, needs ||Ohat||_2 < 1). The estimate of
+   the relative forward error of X is therefore
+
+       est = ||F1 o O||_F / ||f(d)||_2 + 3 r ||diag(f) Ohat||_F / ((1 - r) ||f(d)||_2) + 2 delta,
+
+   r = ||Ohat||_F, where delta bounds ||Q^T Q - I||_F (a non-orthonormal Q perturbs both B and the
+   product Q f Q^T by at most ~delta relative). The first term is the exact first-order error; the
+   other two are bounds.
+3. Accept when est <= tol. The default tol is the cold eigh's own error level
+
+       tol = safety (1 + cond(f, A)) u sqrt(n),   cond(f, A) = max_i |f'(z_i)| ||z||_2 / ||f(z)||_2
+
+   (Higham 2008, Cor. 3.16: the relative condition number of the root, with max |f[.,.]| = |f'(z_min)|
+   for a power function), u the unit roundoff of the working dtype, safety = 4 by default: B itself is
+   formed in working precision, so even an exact eigenbasis shows an off-diagonal of ~u ||A|| whose
+   estimate is ~(1 + cond) u sqrt(n), the cold eigh's own error. A ``tol`` passed to ``solve`` is the
+   relative forward-error tolerance the caller asks for instead.
+4. Otherwise refine. Pairs with |O_ij| < max_angle |d_j - d_i| are well separated: the first-order
+   rotation E_ij = O_ij / (d_j - d_i) (antisymmetric; E = first-order eigenvector correction, as in
+   Ogita & Aishima 2018, *Iterative refinement for symmetric eigenvalue decomposition*, Japan J.
+   Indust. Appl. Math. 35, Alg. 1) removes their coupling to second order. V = I + E + E^2/2 (the
+   exponential to second order) has V^T V = I + E^4/4, so delta grows by ||E^2||_F^2 / 4. Pairs that are
+   not separated form clusters (contiguous runs of the sorted Ritz values); each cluster block of B is
+   diagonalised exactly by a small eigh (Ogita & Aishima 2019, part II: clustered eigenvalues). Then Q
+   <- Q V (columns of a cluster rotated by its block's eigenvectors) and back to step 1: the off-diagonal
+   converges quadratically. When no pair is clustered and the second-order estimate of the rotated basis,
+   (T2 + 2 ||E||_F ||E diag(f)||_F) / ||f||_2 + 2 delta (the second bound is ||[E, [E, f(D)]]||_F / 2),
+   is already within tol, the root is formed from the rotated basis without another Rayleigh-Ritz step.
+5. Fall back to a full eigh (and say why in ``info["warm"]``) when the basis is too far (r >= 1), a
+   cluster is larger than ``max_cluster`` n, the estimate stops decreasing, or ``max_iter`` refinement
+   steps (default 3) did not reach tol. With ``fallback=False`` such elements return the refined root
+   with ``converged=False`` instead.
+
+Cost in GEMMs (n x n products) per matrix: accepted 3 (B and the root W W^T, W = Q f^(1/2)); one
+rotation then the root 5; one rotation and a second Rayleigh-Ritz 7; each further step 4 more; a
+fallback adds one eigh. A cold call (no ``warm_start``) is a plain eigh, identical to ``method="eigh"``.
+
+The result's ``info`` holds ``eigenvectors`` (the new basis, batch shape x n x n, columns in ascending
+order of ``eigenvalues``), ``eigenvalues`` (the Ritz values used for the root, in the user's units,
+of the matrix solved before eps), ``basis_defect`` (a bound on ||Q^T Q - I||_F), ``warm`` ("cold",
+"accepted", "refined" or "fallback: <why>"; a list for a batch), ``warm_counts``, ``warm_tol``,
+``warm_estimate`` (also ``res.residual``: the estimated relative forward error, NaN where eigh ran) and
+``warm_gemms``. Pass the result back as ``warm_start`` for the next matrix of the sequence (or the
+eigenvector tensor; its orthogonality is then checked by a randomized estimate, 16/n GEMM).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from .. import arguments, precision
+from .. import psd as psd_policy
+from ..errors import InvalidArgumentError
+from ..inputs import Problem
+from .base import RawResult
+from .eigh import EighConfig
+from .registry import register
+
+log = logging.getLogger("matroots")
+
+_PROBES = 8  # random vectors of the orthogonality estimate
+_CLOSE = 1e-3  # |z_i - z_j| <= _CLOSE max(z_i, z_j): divided difference from the derivatives
+_MAX_DEFECT = 1e-2  # a warm basis further from orthonormal than this is refused (fallback)
+_MAX_ITER = 3  # default refinement steps before the fallback
+_TRUSTED = 4.0  # a basis with ||Q^T Q - I||_F <= 4 n u is used without forming Q^T Q
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EighWarmConfig(EighConfig):
+    """Warm-started eigh (module docstring). Inherits ``rank_policy``, ``atol``, ``rtol``,
+    ``symmetry_tol`` and ``psd`` from :class:`~matroots.solvers.eigh.EighConfig`, with their meaning.
+
+    Args:
+        max_angle: pairs with |O_ij| < max_angle |d_i - d_j| are rotated by first-order perturbation
+            theory; the others are clustered and their blocks diagonalised exactly. In (0, 1).
+        max_cluster: largest cluster, as a fraction of n, worth a block eigh; a larger one falls back to
+            the full eigh. In (0, 1].
+        safety: multiplies the default acceptance tolerance (1 + cond) u sqrt(n) (default 4). > 0.
+        fallback: run the full eigh on elements whose warm estimate misses the tolerance (default); with
+            False they return the refined root with ``converged=False``.
+
+    ``solve(tol=...)`` sets the accepted relative forward error instead of the default, ``max_iter`` the
+    number of refinement steps before falling back (default 3).
+    """
+
+    name = "eigh_warm"
+    warm_start_kind: ClassVar[str] = "eigenbasis"  # what ``warm_start`` must carry (for Shampoo)
+    max_angle: float = 0.1
+    max_cluster: float = 0.5
+    safety: float = 4.0
+    fallback: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        arguments.store(
+            self,
+            max_angle=arguments.real(
+                "max_angle", self.max_angle, minimum=0.0, exclusive_minimum=True, maximum=1.0,
+                exclusive_maximum=True, what="first-order rotation limit |O_ij / (d_j - d_i)|",
+            ),
+            max_cluster=arguments.real(
+                "max_cluster", self.max_cluster, minimum=0.0, exclusive_minimum=True, maximum=1.0,
+                what="largest cluster as a fraction of n",
+            ),
+            safety=arguments.real(
+                "safety", self.safety, minimum=0.0, exclusive_minimum=True, what="tolerance factor"
+            ),
+            fallback=arguments.flag("fallback", self.fallback),
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------------------------------ run
+    def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
+        if prob.grad_source is not None:  # only the cold eigh carries autograd
+            raw = super()._run(prob, inverse=inverse, warm_start=None)
+            raw.info["warm"] = _per_batch(prob, ["cold (autograd: the eigh path)"] * prob.A.shape[0])
+            return raw
+        A, base_info = self._working_matrix(prob)
+        run = _Run(self, prob, A, base_info, inverse)
+        basis = _warm_basis(warm_start, prob, A)
+        if basis is None:
+            run.cold(torch.arange(A.shape[0]), "cold")
+        else:
+            run.warm(*basis)
+        return run.result()
+
+
+def _per_batch(prob: Problem, values: list[Any]) -> Any:
+    return values if prob.batched else values[0]
+
+
+def _norm2(x: torch.Tensor) -> torch.Tensor:
+    """Frobenius norm over the last two dims (float64 for the host-side decisions)."""
+    return torch.linalg.matrix_norm(x).double()
+
+
+class _Run:
+    """State of one batched eigh_warm call: per-element outputs filled in as elements finish."""
+
+    def __init__(self, cfg: EighWarmConfig, prob: Problem, A: torch.Tensor, info: dict, inverse: bool):
+        self.cfg, self.prob, self.A, self.inverse = cfg, prob, A, inverse
+        b, n = A.shape[0], A.shape[-1]
+        self.info = info
+        self.defer_meta = bool(prob.info.pop(psd_policy._DEFER_KEY, False))
+        self.X = torch.empty_like(A)
+        self.Q = torch.empty_like(A)
+        self.w = torch.empty(b, n, dtype=A.dtype, device=A.device)
+        self.status = [""] * b
+        self.est = torch.full((b,), math.nan, dtype=torch.float64)
+        self.tol = torch.full((b,), math.nan, dtype=torch.float64)
+        self.defect = torch.full((b,), math.nan, dtype=torch.float64)
+        self.iters = torch.zeros(b, dtype=torch.int64)
+        self.gemms = torch.zeros(b, dtype=torch.float64)
+        self.converged = torch.ones(b, dtype=torch.bool)
+        self.per_elem: dict[str, torch.Tensor] = {}
+        self.eigh_calls = 0
+        self.u = precision.unit_roundoff(prob.dtype)
+
+    # --------------------------------------------------------------------------- spectral function
+    def spectrum(
+        self, idx: torch.Tensor, d: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        """(wr, f, active, e) for Ritz values d (m, n) of the elements ``idx``, any order.
+
+        Delegates to eigh's eps / psd / rank-policy rules on the sorted values; records the per-element
+        info (lambda_min/max, eps_abs, clamp counts, psd shift) for ``idx``.
+        """
+        ds, perm = torch.sort(d, dim=-1)
+        sub = dataclasses.replace(self.prob, A=self.A[idx], info={})
+        if self.defer_meta:
+            sub.info[psd_policy._DEFER_KEY] = True
+        wr_s, f_s, e, _, act_s = self.cfg._root_eigenvalues(sub, ds, sub.info, inverse=self.inverse)
+        self._record(idx, sub.info)
+        wr = torch.empty_like(wr_s).scatter_(-1, perm, wr_s)
+        f = torch.empty_like(f_s).scatter_(-1, perm, f_s)
+        active = (
+            torch.ones_like(d, dtype=torch.bool)
+            if act_s is None
+            else torch.empty_like(act_s).scatter_(-1, perm, act_s)
+        )
+        return wr, f, active, e
+
+    def _record(self, idx: torch.Tensor, info: dict) -> None:
+        m = idx.numel()
+        for key, val in info.items():
+            if isinstance(val, torch.Tensor) and val.ndim == 1 and val.numel() == m:
+                if key not in self.per_elem:
+                    fill = 0 if not val.is_floating_point() else math.nan
+                    self.per_elem[key] = torch.full((self.A.shape[0],), fill, dtype=val.dtype)
+                self.per_elem[key][idx] = val.cpu()
+            elif key not in ("psd_shift",):
+                self.info.setdefault(key, val)
+
+    # ------------------------------------------------------------------------------------- cold eigh
+    def cold(self, idx: torch.Tensor, why: str | list[str]) -> None:
+        """Full eigh for the elements ``idx`` (the cold path and the fallback)."""
+        if idx.numel() == 0:
+            return
+        A = self.A[idx]
+        w, Q = self.cfg._eigh(A, self.info)
+        self.eigh_calls += 1
+        _, f, _, _ = self.spectrum(idx, w)
+        W = Q * f.sqrt().unsqueeze(-2)
+        self.X[idx] = W @ W.mT
+        self.Q[idx], self.w[idx] = Q, w
+        n = A.shape[-1]
+        self.defect[idx] = n * precision.unit_roundoff(A.dtype)  # LAPACK's orthogonality, O(n u)
+        self.gemms[idx] += 1.0
+        reasons = why if isinstance(why, list) else [why] * idx.numel()
+        for i, r in zip(idx.tolist(), reasons, strict=True):
+            self.status[i] = r
+
+    # ------------------------------------------------------------------------------------- warm path
+    def warm(self, Q0: torch.Tensor, defect0: torch.Tensor, bad: list[str]) -> None:
+        """Refine the warm bases of the elements that have a usable one; eigh for the rest."""
+        b, n = self.A.shape[0], self.A.shape[-1]
+        fb_idx = [i for i in range(b) if bad[i]]
+        fb_why = [f"fallback: {bad[i]}" for i in fb_idx]
+        idx = torch.tensor([i for i in range(b) if not bad[i]], dtype=torch.int64)
+        max_iter = self.prob.max_iter if self.prob.max_iter is not None else _MAX_ITER
+        Q, delta, A = Q0[idx], defect0[idx].clone(), self.A[idx]
+        # Q^T Q is formed (one GEMM) unless the basis is known orthonormal to LAPACK's level
+        gram = bool((delta > _TRUSTED * n * precision.unit_roundoff(self.A.dtype)).any())
+        prev = torch.full((idx.numel(),), math.inf, dtype=torch.float64)
+        k = 0
+        while idx.numel():
+            st = _Step(self, idx, A, Q, delta if not gram else None)
+            self.gemms[idx] += 3.0 if gram else 2.0
+            est, tol = st.estimate()
+            done = (est <= tol).nonzero().flatten()
+            if done.numel():
+                self._finish(idx[done], st, done, est[done], tol[done], k)
+            rest = (est > tol).nonzero().flatten()
+            if rest.numel() == 0:
+                break
+            why = st.plan(rest, est, tol, prev, k, max_iter)
+            go = torch.tensor(
+                [j for j, w in zip(rest.tolist(), why, strict=True) if not w], dtype=torch.int64
+            )
+            for j, reason in zip(rest.tolist(), why, strict=True):
+                if not reason:
+                    continue
+                if self.cfg.fallback:
+                    fb_idx.append(int(idx[j]))
+                    fb_why.append(f"fallback: {reason}")
+                    self.iters[idx[j]] = k
+                else:
+                    sel = torch.tensor([j])
+                    self._finish(idx[sel], st, sel, est[sel], tol[sel], k, why=reason)
+            if go.numel() == 0:
+                break
+            Qn = st.update(go)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "eigh_warm update k=%d: ||E||_F %s clusters %s", k, _norm2(st.E[go]).tolist(),
+                    [sorted(st.sizes[j], reverse=True)[:6] for j in go.tolist()],
+                )  # fmt: skip
+            idx, A, Q, prev = idx[go], A[go], Qn, est[go]
+            delta = torch.full((idx.numel(),), math.nan, dtype=torch.float64)
+            gram = True
+            k += 1
+        if fb_idx:
+            self.cold(torch.tensor(fb_idx, dtype=torch.int64), fb_why)
+
+    def _finish(
+        self,
+        idx: torch.Tensor,
+        st: _Step,
+        sel: torch.Tensor,
+        est: torch.Tensor,
+        tol: torch.Tensor,
+        k: int,
+        why: str = "",
+    ) -> None:
+        """Form the root W W^T (W = Q N^(-1/2) f^(1/2), N = diag(Q^T Q)) of finished elements."""
+        Qs, f, d = st.Q[sel], st.f[sel], st.d[sel]
+        if st.R is not None:  # unit columns: the diagonal of Q^T Q - I does not enter the root
+            Qs = Qs * (1.0 - st.R[sel].diagonal(dim1=-2, dim2=-1)).rsqrt().unsqueeze(-2)
+        W = Qs * f.sqrt().unsqueeze(-2)
+        self.X[idx] = W @ W.mT
+        self.gemms[idx] += 1.0
+        d, perm = torch.sort(d, dim=-1)
+        n = d.shape[-1]
+        self.Q[idx] = Qs.gather(-1, perm.unsqueeze(-2).expand(-1, n, -1))
+        self.w[idx] = d
+        self.est[idx] = est.double().cpu()
+        self.tol[idx] = tol.double().cpu()
+        self.defect[idx] = st.defect[sel].double().cpu()
+        self.iters[idx] = k
+        label = "accepted" if k == 0 else "refined"
+        if why:  # fallback=False: the refined root, honestly flagged
+            label = f"not converged: {why}"
+            self.converged[idx] = False
+        for i in idx.tolist():
+            self.status[i] = label
+
+    # ---------------------------------------------------------------------------------------- result
+    def result(self) -> RawResult:
+        prob = self.prob
+        info = self.info
+        s = prob.prescale
+        for key, val in self.per_elem.items():
+            info[key] = val
+        if "psd_shift" in self.per_elem:
+            info["psd_shift"] = self.per_elem["psd_shift"]
+        bs = prob.batch_shape
+        n = prob.n
+        info["eigenvectors"] = self.Q.reshape(*bs, n, n)
+        info["eigenvalues"] = (self.w / s if s != 1.0 else self.w).reshape(*bs, n)
+        info["basis_defect"] = self.defect.reshape(bs)
+        info["warm"] = _per_batch(prob, self.status)
+        counts = {"accepted": 0, "refined": 0, "fallback": 0, "cold": 0, "not converged": 0}
+        for st in self.status:
+            key = next(k for k in counts if st.startswith(k))
+            counts[key] += 1
+        info["warm_counts"] = counts
+        info["warm_tol"] = self.tol.reshape(bs)
+        info["warm_estimate"] = self.est.reshape(bs)
+        info["warm_gemms"] = self.gemms.reshape(bs)
+        info["eigh_calls"] = self.eigh_calls
+        info["residual_note"] = (
+            "residual = estimated relative forward error of the warm root (Daleckii-Krein, module "
+            "docstring); NaN where eigh ran"
+        )
+        return RawResult(
+            root=self.X,
+            converged=self.converged,
+            iterations=self.iters,
+            residual=self.est,
+            matmuls=float(self.gemms.mean()),
+            info=info,
+        )
+
+
+class _Step:
+    """One Rayleigh-Ritz step on the elements ``idx``: S = Q^T A Q (and R = I - Q^T Q), the error
+    estimate, and the refinement of Q (Ogita & Aishima 2018, Alg. 1, with cluster blocks)."""
+
+    def __init__(
+        self, run: _Run, idx: torch.Tensor, A: torch.Tensor, Q: torch.Tensor, delta: torch.Tensor | None
+    ):
+        self.run, self.idx, self.Q = run, idx, Q
+        B = Q.mT @ (A @ Q)
+        S = B.add_(B.mT.contiguous()).mul_(0.5)  # symmetric part
+        self.R: torch.Tensor | None = None
+        dS = S.diagonal(dim1=-2, dim2=-1)
+        if delta is None:  # measure the orthogonality: R = I - Q^T Q (symmetrised)
+            G = Q.mT @ Q
+            R = G.add_(G.mT.contiguous()).mul_(-0.5)
+            R.diagonal(dim1=-2, dim2=-1).add_(1.0)
+            self.R = R
+            rd = R.diagonal(dim1=-2, dim2=-1)
+            self.d = dS / (1.0 - rd)  # Rayleigh quotients of the columns
+            R_off = R.clone()
+            R_off.diagonal(dim1=-2, dim2=-1).zero_()
+            self.defect = _norm2(R_off).cpu()  # of the unit-column basis that is returned
+            self.delta = torch.zeros_like(self.defect)
+        else:
+            self.d = dS.clone()
+            self.defect = self.delta = delta
+        wr, f, active, e = run.spectrum(idx, self.d)
+        self.wr, self.f, self.active, self.e = wr, f, active, e
+        self.S = S
+        O = S.clone()
+        O.diagonal(dim1=-2, dim2=-1).zero_()
+        if self.R is not None:  # off-diagonal of U^T A U for the orthonormal U = Q (Q^T Q)^(-1/2)
+            O.addcmul_(R_off, 0.5 * (self.d.unsqueeze(-1) + self.d.unsqueeze(-2)))
+            self.R_off = R_off
+        inactive = ~active
+        if bool(inactive.any()):
+            # f is constant (clamp) or zero (pseudo-inverse) below the rank threshold: the couplings
+            # among sub-threshold directions do not change the root
+            both = inactive.unsqueeze(-1) & inactive.unsqueeze(-2)
+            O.masked_fill_(both, 0.0)
+            if self.R is not None:
+                self.R_off = self.R_off.masked_fill(both, 0.0)
+            zfloor = torch.where(active, wr, torch.full_like(wr, math.inf)).amin(-1, keepdim=True)
+            self.z = torch.where(active, wr, zfloor.expand_as(wr))
+        else:
+            self.z = wr
+        self.O = O
+        self.dx = wr.unsqueeze(-1) - wr.unsqueeze(-2)
+        self.gn = torch.linalg.vector_norm(f, dim=-1).double()
+
+    def estimate(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(est, tol) per element (float64, CPU): the estimated relative error of the root from Q."""
+        e, f, z, O, dx = self.e, self.f, self.z, self.O, self.dx
+        g1 = torch.where(self.active, e * f / z, torch.zeros_like(f))  # f'(z)
+        zmax = torch.maximum(z.unsqueeze(-1), z.unsqueeze(-2))
+        close = dx.abs() <= _CLOSE * zmax
+        quot = (f.unsqueeze(-1) - f.unsqueeze(-2)) / torch.where(close, torch.ones_like(dx), dx)
+        P = torch.where(close, 0.5 * (g1.unsqueeze(-1) + g1.unsqueeze(-2)), quot).mul_(O)
+        if self.R is not None:  # the non-orthonormal basis in Q f Q^T (first order)
+            P.addcmul_(self.R_off, 0.5 * (f.unsqueeze(-1) + f.unsqueeze(-2)))
+        first = _norm2(P)
+        rz = z.rsqrt()
+        Oh = O * rz.unsqueeze(-1) * rz.unsqueeze(-2)
+        r = _norm2(Oh)
+        fOh = _norm2(Oh.mul_(f.unsqueeze(-1)))
+        t2 = torch.where(r < 1, 3.0 * r * fOh / (1.0 - r).clamp_min(1e-300), torch.full_like(r, math.inf))
+        self.r = r.cpu()
+        est = (first + t2) / self.gn + 2.0 * self.delta.to(first.device).double()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "eigh_warm step: first-order %s second-order %s ||Ohat||_F %s basis defect %s",
+                (first / self.gn).tolist(), (t2 / self.gn).tolist(), r.tolist(), self.defect.tolist(),
+            )  # fmt: skip
+        cond = g1.abs().amax(-1).double() * torch.linalg.vector_norm(z, dim=-1).double() / self.gn
+        run = self.run
+        if run.prob.tol is not None:
+            tol = torch.full_like(cond, float(run.prob.tol))
+        else:
+            tol = run.cfg.safety * (1.0 + cond) * run.u * math.sqrt(z.shape[-1])
+        return est.cpu(), tol.cpu()
+
+    def plan(
+        self,
+        rest: torch.Tensor,
+        est: torch.Tensor,
+        tol: torch.Tensor,
+        prev: torch.Tensor,
+        k: int,
+        max_iter: int,
+    ) -> list[str]:
+        """For the elements ``rest``: the rotation (E, clusters) and, per element, "" to rotate or why not."""
+        why = []
+        for j in rest.tolist():
+            r, ej, tj = float(self.r[j]), float(est[j]), float(tol[j])
+            if r >= 1:
+                why.append(f"basis too far (scaled off-diagonal ||Ohat||_F = {r:.2g} >= 1)")
+            elif k >= max_iter:
+                why.append(f"{k} refinement steps left the estimate {ej:.2e} > tol {tj:.2e}")
+            elif k > 0 and ej > 0.25 * float(prev[j]):
+                why.append(f"not converging (estimate {float(prev[j]):.2e} -> {ej:.2e}, tol {tj:.2e})")
+            else:
+                why.append("")
+        self._clusters(rest)
+        limit = self.run.cfg.max_cluster * self.d.shape[-1]
+        for pos, j in enumerate(rest.tolist()):
+            big = max(self.sizes[j]) if self.sizes[j] else 1
+            if not why[pos] and big > limit:
+                why[pos] = f"an eigenvalue cluster of {big} > max_cluster n = {limit:.0f}"
+        return why
+
+    def _clusters(self, rest: torch.Tensor) -> None:
+        """First-order rotation E on separated pairs; clusters = contiguous runs of sorted Ritz values
+        joined by pairs that are not separated (|O_ij| >= max_angle |d_i - d_j|)."""
+        O, dx = self.O[rest], self.dx[rest]
+        m, n = O.shape[0], O.shape[-1]
+        # O is already the off-diagonal of U^T A U for the orthonormalised basis (first order in R)
+        sep = O.abs() < self.run.cfg.max_angle * dx.abs()  # strict: the diagonal is never "separated"
+        clustered = ~sep & (O != 0)
+        perm = torch.sort(self.wr[rest], dim=-1).indices
+        ar = torch.arange(n).expand(m, n)
+        rank = torch.empty_like(perm).scatter_(-1, perm, ar.contiguous())
+        reach = torch.where(
+            clustered, rank.unsqueeze(-2).expand(m, n, n), torch.full_like(perm, -1).unsqueeze(-2)
+        )
+        reach_sorted = torch.maximum(reach.amax(-1).gather(-1, perm), ar)
+        ends = torch.cummax(reach_sorted, dim=-1).values == ar  # a cluster ends at sorted position r
+        cid_sorted = torch.cumsum(ends.long(), dim=-1) - ends.long()
+        cid = torch.empty_like(cid_sorted).scatter_(-1, perm, cid_sorted)
+        same = cid.unsqueeze(-1) == cid.unsqueeze(-2)
+        E = torch.where(sep & ~same, -O / torch.where(sep, dx, torch.ones_like(dx)), torch.zeros_like(O))
+        n_el = self.d.shape[0]
+        self.E = torch.zeros_like(self.O) if not hasattr(self, "E") else self.E
+        self.E[rest] = E
+        self.sizes: dict[int, list[int]] = getattr(self, "sizes", {})
+        self.cluster_cols: dict[int, list[torch.Tensor]] = getattr(self, "cluster_cols", {})
+        self.has_cluster = torch.zeros(n_el, dtype=torch.bool)
+        ends_cpu, perm_cpu = ends.cpu(), perm.cpu()
+        for pos, j in enumerate(rest.tolist()):
+            stops = ends_cpu[pos].nonzero().flatten().tolist()
+            starts = [0] + [e + 1 for e in stops[:-1]]
+            blocks = [(a, e - a + 1) for a, e in zip(starts, stops, strict=True) if e > a]
+            self.sizes[j] = [s for _, s in blocks]
+            self.cluster_cols[j] = [perm_cpu[pos, a : a + s] for a, s in blocks]
+            self.has_cluster[j] = bool(blocks)
+
+    def update(self, sel: torch.Tensor) -> torch.Tensor:
+        """Q V for the elements ``sel``, V = I + E + E^2/2 + R/2: the rotation exp(E) to second order
+        (V^T V = I + E^4/4 for R = 0) and the first-order orthogonalisation (I - R)^(-1/2) ~ I + R/2;
+        then each cluster's columns rotated by the eigenvectors of its block of S."""
+        run = self.run
+        E, Q = self.E[sel], self.Q[sel]
+        n = Q.shape[-1]
+        En = _norm2(E)
+        if bool((En * En > run.u).any()):
+            V = torch.bmm(E, E).mul_(0.5).add_(E)
+            run.gemms[self.idx[sel]] += 1.0
+        else:  # E^2 below the rounding level
+            V = E.clone()
+        if self.R is not None:
+            V.add_(self.R[sel], alpha=0.5)
+        V.diagonal(dim1=-2, dim2=-1).add_(1.0)
+        Qn = Q @ V
+        run.gemms[self.idx[sel]] += 1.0
+        groups: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        for pos, j in enumerate(sel.tolist()):
+            for cols in self.cluster_cols.get(j, []):
+                groups.setdefault(cols.numel(), []).append((pos, cols))
+        rows = torch.arange(n, device=Q.device).view(1, n, 1)
+        for size, items in groups.items():
+            pos = torch.tensor([p for p, _ in items], device=Q.device)
+            cols = torch.stack([c for _, c in items]).to(Q.device)  # (K, size)
+            jj = sel.to(Q.device)[pos]
+            blk = self.S[jj.view(-1, 1, 1), cols.unsqueeze(-1), cols.unsqueeze(-2)]
+            _, Vb = torch.linalg.eigh(blk)
+            at = (pos.view(-1, 1, 1), rows, cols.unsqueeze(-2))
+            Qn[at] = Qn[at] @ Vb
+            share = torch.full((pos.numel(),), (size / n) ** 2, dtype=torch.float64)
+            run.gemms.index_add_(0, self.idx[sel[pos.cpu()]], share)
+        return Qn
+
+
+def _orthogonality_defect(Q: torch.Tensor) -> torch.Tensor:
+    """Randomized estimate of ||Q^T Q - I||_F per element (float64, CPU), times a safety factor of 3.
+
+    Hutchinson's identity E ||M z||^2 = ||M||_F^2 for z ~ N(0, I) with 8 probes (two thin products,
+    16/n of a GEMM); for the worst case (M of rank one) it underestimates by 3x with probability ~1e-3.
+    """
+    b, n = Q.shape[0], Q.shape[-1]
+    g = torch.Generator(device=Q.device).manual_seed(0x5EED)
+    Z = torch.randn(b, n, _PROBES, generator=g, device=Q.device, dtype=torch.float64).to(Q.dtype)
+    R = Q.mT @ (Q @ Z) - Z
+    est = 3.0 * _norm2(R) / math.sqrt(_PROBES)
+    return torch.maximum(est.cpu(), torch.full_like(est.cpu(), n * precision.unit_roundoff(Q.dtype)))
+
+
+def _warm_basis(
+    ws: object, prob: Problem, A: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, list[str]] | None:
+    """(Q, defect bound, per-element reason not to use it) from ``warm_start``; None for a cold call."""
+    if ws is None:
+        return None
+    b, n = A.shape[0], A.shape[-1]
+    defect = None
+    if hasattr(ws, "root") and hasattr(ws, "info"):  # a RootResult
+        info = ws.info if isinstance(ws.info, dict) else {}
+        Q = info.get("eigenvectors")
+        if Q is None:
+            raise InvalidArgumentError(
+                f"warm_start is a result of method {getattr(ws, 'method', '?')!r} without "
+                "info['eigenvectors']; eigh_warm starts from an eigenbasis: pass a previous eigh_warm "
+                "result or an eigenvector tensor of shape (..., n, n)"
+            )
+        defect = info.get("basis_defect")
+    else:
+        Q = ws
+    if isinstance(Q, np.ndarray):
+        Q = torch.from_numpy(Q)
+    if not isinstance(Q, torch.Tensor) or Q.ndim < 2 or tuple(Q.shape[-2:]) != (n, n):
+        shape = tuple(Q.shape) if isinstance(Q, torch.Tensor) else type(Q).__name__
+        raise InvalidArgumentError(
+            f"warm_start eigenbasis must have shape (..., {n}, {n}) like A, got {shape}"
+        )
+    Q = Q.detach().reshape(-1, n, n)
+    if Q.shape[0] not in (1, b):
+        raise InvalidArgumentError(
+            f"warm_start holds {Q.shape[0]} eigenbases for a batch of {b} matrices; pass one per matrix "
+            "(same batch shape as A) or a single (n, n) basis for all"
+        )
+    Q = Q.to(device=A.device, dtype=A.dtype).expand(b, n, n)
+    finite = torch.isfinite(Q).flatten(1).all(-1).cpu()
+    if defect is not None:
+        dv = torch.as_tensor(defect, dtype=torch.float64).reshape(-1).cpu()
+        defect = dv.expand(b).clone() if dv.numel() in (1, b) else None
+    if defect is None:
+        defect = _orthogonality_defect(
+            torch.where(finite.to(Q.device).view(-1, 1, 1), Q, torch.zeros_like(Q))
+        )
+    bad = []
+    for i in range(b):
+        if not bool(finite[i]):
+            bad.append("warm basis has non-finite entries")
+        elif float(defect[i]) > _MAX_DEFECT:
+            bad.append(
+                f"warm basis is not orthonormal (||Q^T Q - I||_F ~ {float(defect[i]):.2e} > {_MAX_DEFECT:g})"
+            )
+        else:
+            bad.append("")
+    return Q, defect, bad
+
+
+__all__ = ["EighWarmConfig"]
