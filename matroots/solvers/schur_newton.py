@@ -200,8 +200,11 @@ class SchurNewtonConfig(SolverConfig):
                     torch.tensor([shift], dtype=torch.float64),
                     p,
                     out,
-                    # a forward root with relative error d has backward error ~p d: scale with p, not q
-                    self.stagnation_accept * max(tol, precision.default_tol(cdt, prob.n, p)),
+                    # A forward root with relative error d has backward error ~p d (scale with p, not q),
+                    # and squaring back k1 - k0 times multiplies the error of U^{1/q} by up to 2^(k1-k0).
+                    self.stagnation_accept
+                    * 2.0 ** (k1 - k0)
+                    * max(tol, precision.default_tol(cdt, prob.n, p)),
                     bwd,
                 )
                 info.setdefault("backward_error", []).append(float(bwd["backward_error"][0]))
