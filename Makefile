@@ -33,8 +33,9 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) experiments/bench_solvers.py --quick
 
+# Small default (about a minute); `make figures FULL=1` regenerates the set from the full study (hours).
 figures: $(STAMP)
-	$(PY) paper_figs/make_figures.py
+	$(PY) paper_figs/figures.py $(if $(FULL),--full,)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -20,6 +20,18 @@ A TOML config looks like::
     label = "cn-frobenius"
     options = { scaling = "frobenius" }
 
+Axes can be replaced for one family or one order n (real factors come in fixed orders; larger n
+on a budget)::
+
+    [per_family.shampoo]
+    n = [32, 64]
+    kappa = [1.0]          # a real factor's kappa is its own; seeds draw different factors
+    seeds = [0, 1, 2, 3]
+
+    [per_n.256]
+    seeds = [0]
+    p = [2, 4]
+
 One *unit* of work is a (matrix, p, eps) triple: its reference is computed once, then every
 (solver, dtype) pair runs on it and yields one row.
 """
@@ -129,7 +141,8 @@ class EpsSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class GridSpec:
-    """The whole grid. Every list is one axis of the cartesian product."""
+    """The whole grid. Every list is one axis of the cartesian product; ``per_family`` and ``per_n``
+    replace axes for one family or one order n (see :meth:`axes`)."""
 
     name: str = "sweep"
     solvers: tuple[SolverSpec, ...]
@@ -142,6 +155,20 @@ class GridSpec:
     seeds: tuple[int, ...] = (0,)
     reference_backend: str = "auto"
     family_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Axis overrides for one family (``[per_family.shampoo]`` with n/kappa/p/eps/seeds), e.g. the orders
+    #: real factors come in; and for one order n (``[per_n.256]`` with kappa/p/eps/seeds: larger n on
+    #: a budget). Where both set an axis, the family's value wins (it is a property of the data).
+    per_family: dict[str, dict[str, tuple[Any, ...]]] = field(default_factory=dict)
+    per_n: dict[int, dict[str, tuple[Any, ...]]] = field(default_factory=dict)
+
+    def axes(self, family: str | None = None, n: int | None = None) -> dict[str, tuple[Any, ...]]:
+        """The effective axes (n, kappa, p, eps, seeds) for one family and one order n."""
+        ax: dict[str, tuple[Any, ...]] = {a: getattr(self, a) for a in ("n", "kappa", "p", "eps", "seeds")}
+        if n is not None:
+            ax.update(self.per_n.get(n, {}))
+        if family is not None:  # the family's own constraints win over the per-n budget
+            ax.update(self.per_family.get(family, {}))
+        return ax
 
     def __post_init__(self) -> None:
         if not self.solvers:
@@ -176,15 +203,20 @@ class GridSpec:
                 f"unknown reference_backend {self.reference_backend!r}"
                 f"{_suggest(self.reference_backend, REFERENCE_BACKENDS)}; use one of {', '.join(REFERENCE_BACKENDS)}"
             )
-        for axis, typ, ok, rule in (
-            ("n", int, lambda v: v >= 1, "integers >= 1"),
-            ("p", int, lambda v: v >= 1, "integers >= 1"),
-            ("seeds", int, lambda v: v >= 0, "integers >= 0"),
-            ("kappa", float, lambda v: v >= 1, "numbers >= 1"),
-        ):
-            for v in getattr(self, axis):
-                if isinstance(v, bool) or not isinstance(v, typ) or not ok(v):
-                    raise ConfigError(f"{axis} = {v!r} is not allowed; {axis} values must be {rule}")
+        _check_axes(self.axes(), "")
+        for fam, ov in self.per_family.items():
+            if fam not in self.families:
+                raise ConfigError(
+                    f"[per_family.{fam}] names a family that is not in families = {list(self.families)}; "
+                    "add it there or remove the table"
+                )
+            _check_override(ov, _FAMILY_AXES, f"[per_family.{fam}] ")
+        for n, ov in self.per_n.items():
+            if not any(n in self.axes(f)["n"] for f in self.families):
+                raise ConfigError(
+                    f"[per_n.{n}] names an order n that no family uses; add it to n or remove it"
+                )
+            _check_override(ov, _N_AXES, f"[per_n.{n}] ")
         labels = [s.label for s in self.solvers]
         dup = sorted({lab for lab in labels if labels.count(lab) > 1})
         if dup:
@@ -199,6 +231,83 @@ class GridSpec:
         """Stable hash of the grid (sorted JSON), recorded in every row."""
         blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+_FAMILY_AXES = ("n", "kappa", "p", "eps", "seeds")
+_N_AXES = ("kappa", "p", "eps", "seeds")
+
+
+def _check_axes(ax: dict[str, tuple[Any, ...]], where: str) -> None:
+    for axis, typ, ok, rule in (
+        ("n", int, lambda v: v >= 1, "integers >= 1"),
+        ("p", int, lambda v: v >= 1, "integers >= 1"),
+        ("seeds", int, lambda v: v >= 0, "integers >= 0"),
+        ("kappa", float, lambda v: v >= 1, "numbers >= 1"),
+    ):
+        for v in ax.get(axis, ()):
+            if isinstance(v, bool) or not isinstance(v, typ) or not ok(v):
+                raise ConfigError(f"{where}{axis} = {v!r} is not allowed; {axis} values must be {rule}")
+    for e in ax.get("eps", ()):
+        if not isinstance(e, EpsSpec):
+            raise ConfigError(f"{where}eps entry {e!r} must be {{ value = ..., mode = ... }}")
+
+
+def _check_override(ov: dict[str, tuple[Any, ...]], allowed: tuple[str, ...], where: str) -> None:
+    bad = sorted(set(ov) - set(allowed))
+    if bad:
+        raise ConfigError(
+            f"{where}unknown axis {bad[0]!r}{_suggest(bad[0], allowed)}; it may set {', '.join(allowed)}"
+        )
+    for axis, vals in ov.items():
+        if not vals:
+            raise ConfigError(f"{where}{axis} is empty; give it at least one value or remove it")
+    _check_axes(ov, where)
+
+
+def _parse_eps(entries: Any) -> tuple[EpsSpec, ...]:
+    if not isinstance(entries, list | tuple):
+        raise ConfigError(
+            f'eps must be a list, e.g. eps = [{{ value = 1e-12, mode = "relative" }}], got {entries!r}'
+        )
+    eps = []
+    for e in entries:
+        if isinstance(e, EpsSpec):
+            eps.append(e)
+        elif isinstance(e, dict):
+            bad = sorted(set(e) - {"value", "mode"})
+            if bad:
+                raise ConfigError(
+                    f'eps entry {e}: unknown key {bad[0]!r}; use {{ value = 1e-12, mode = "relative" }}'
+                )
+            eps.append(EpsSpec(**e))
+        elif isinstance(e, int | float) and not isinstance(e, bool):
+            eps.append(EpsSpec(value=float(e)))
+        else:
+            raise ConfigError(f"eps entry {e!r} must be a number or {{ value = ..., mode = ... }}")
+    return tuple(eps)
+
+
+def _parse_axis(axis: str, v: Any) -> tuple[Any, ...]:
+    if axis == "eps":
+        return _parse_eps(v)
+    if not isinstance(v, list | tuple):
+        raise ConfigError(f"{axis} must be a list, e.g. {axis} = [{v!r}]")
+    if axis == "kappa":
+        return tuple(float(k) if isinstance(k, int | float) and not isinstance(k, bool) else k for k in v)
+    return tuple(v)
+
+
+def _parse_overrides(table: Any, name: str, key_type: type) -> dict[Any, dict[str, tuple[Any, ...]]]:
+    if not isinstance(table, dict) or not all(isinstance(t, dict) for t in table.values()):
+        raise ConfigError(f"{name} must be a table of tables, e.g. [{name}.KEY] with axis lists")
+    out: dict[Any, dict[str, tuple[Any, ...]]] = {}
+    for key, ov in table.items():
+        try:
+            k = key_type(key)
+        except ValueError:
+            raise ConfigError(f"[{name}.{key}]: {key!r} is not a valid {key_type.__name__}") from None
+        out[k] = {axis: _parse_axis(axis, v) for axis, v in ov.items()}
+    return out
 
 
 @dataclass(frozen=True)
@@ -264,19 +373,9 @@ def from_dict(raw: dict[str, Any]) -> GridSpec:
                 f"[[solvers]] {s['name']!r}: unknown key {bad[0]!r}; use name, label and options = {{ ... }}"
             )
         solvers.append(SolverSpec(**s))
-    eps = []
-    for e in raw.pop("eps", [{}]):
-        if isinstance(e, dict):
-            bad = sorted(set(e) - {"value", "mode"})
-            if bad:
-                raise ConfigError(
-                    f'eps entry {e}: unknown key {bad[0]!r}; use {{ value = 1e-12, mode = "relative" }}'
-                )
-            eps.append(EpsSpec(**e))
-        elif isinstance(e, int | float) and not isinstance(e, bool):
-            eps.append(EpsSpec(value=float(e)))
-        else:
-            raise ConfigError(f"eps entry {e!r} must be a number or {{ value = ..., mode = ... }}")
+    eps = _parse_eps(raw.pop("eps", [{}]))
+    per_family = _parse_overrides(raw.pop("per_family", {}), "per_family", str)
+    per_n = _parse_overrides(raw.pop("per_n", {}), "per_n", int)
     kw: dict[str, Any] = {}
     for k, v in raw.items():
         kw[k] = tuple(v) if isinstance(v, list) else v
@@ -289,7 +388,7 @@ def from_dict(raw: dict[str, Any]) -> GridSpec:
         )
     if not isinstance(kw.get("family_options", {}), dict):
         raise ConfigError("family_options must be a table of tables, e.g. [family_options.lowrank]")
-    return GridSpec(solvers=tuple(solvers), eps=tuple(eps), **kw)
+    return GridSpec(solvers=tuple(solvers), eps=eps, per_family=per_family, per_n=per_n, **kw)
 
 
 def check_families(grid: GridSpec) -> None:
@@ -301,25 +400,30 @@ def check_families(grid: GridSpec) -> None:
 
     for fam in grid.families:
         opts = grid.family_options.get(fam, {})
-        try:
-            matrices.generate(fam, min(grid.n), min(grid.kappa), np.random.default_rng(0), **opts)
-        except TypeError as exc:
-            raise ConfigError(
-                f"[family_options.{fam}]: {exc}; see matroots.matrices.{matrices._ALIASES.get(fam, fam)} for its options"
-            ) from None
-        except (ValueError, MatrootsError) as exc:
-            raise ConfigError(
-                f"family {fam!r} with n={min(grid.n)}, kappa={min(grid.kappa):g}: {exc}"
-            ) from None
+        for n in grid.axes(fam)["n"]:
+            kappa = min(grid.axes(fam, n)["kappa"])
+            try:
+                matrices.generate(fam, n, kappa, np.random.default_rng(0), **opts)
+            except TypeError as exc:
+                raise ConfigError(
+                    f"[family_options.{fam}]: {exc}; see matroots.matrices.{matrices._ALIASES.get(fam, fam)} "
+                    "for its options"
+                ) from None
+            except (ValueError, MatrootsError) as exc:
+                raise ConfigError(
+                    f"family {fam!r} with n={n}, kappa={kappa:g}: {exc}; restrict its orders with "
+                    f"[per_family.{fam}] n = [...]"
+                ) from None
 
 
 def units(grid: GridSpec) -> list[Unit]:
     """The work units of a grid, in a deterministic order."""
     out = []
-    for fam, n, kappa, seed, p, e in itertools.product(
-        grid.families, grid.n, grid.kappa, grid.seeds, grid.p, grid.eps
-    ):
-        out.append(Unit(family=fam, n=n, kappa=kappa, seed=seed, p=p, eps=e.value, eps_mode=e.mode))
+    for fam in grid.families:
+        for n in grid.axes(fam)["n"]:
+            ax = grid.axes(fam, n)
+            for kappa, seed, p, e in itertools.product(ax["kappa"], ax["seeds"], ax["p"], ax["eps"]):
+                out.append(Unit(family=fam, n=n, kappa=kappa, seed=seed, p=p, eps=e.value, eps_mode=e.mode))
     return out
 
 

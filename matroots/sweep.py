@@ -144,6 +144,11 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
                 residual_own=float(res.residual),
                 stop_reason=stop[0] if isinstance(stop, list) else (stop or ""),
             )
+            # Schur-Newton's square-root stage (k1 real Schur square roots before the Newton iteration)
+            # is work the Newton count leaves out; iterations_total counts both.
+            k1 = res.info.get("k1")
+            sqrt_stages = int(k1[0] if isinstance(k1, list | tuple) else k1) if k1 is not None else 0
+            row.update(sqrt_stages=sqrt_stages, iterations_total=int(res.iterations) + sqrt_stages)
             if not np.isfinite(X).all():
                 row["failure"] = "NonFiniteRoot"
             elif not res.converged:

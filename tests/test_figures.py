@@ -1,0 +1,89 @@
+"""`make figures` (paper_figs/figures.py:build) on a tiny grid writes every figure of the set, PNG and
+PDF, marks failures instead of dropping them, and notes the validation figures it had to skip."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # the test writes files; the library itself never forces a backend
+
+import pytest
+from _tiny_sweep import TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The tiny grid plus real Shampoo factors of order 10 (3 ship) and a fixed-kappa gallery family.
+TINY_FIGS = (
+    TINY.replace('families = ["randsvd"]', 'families = ["randsvd", "shampoo"]')
+    + """
+[per_family.shampoo]
+n = [10]
+kappa = [1.0]
+"""
+)
+
+
+def _figures_module():
+    spec = importlib.util.spec_from_file_location("paper_figures", ROOT / "paper_figs" / "figures.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_make_figures_writes_every_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MATROOTS_CACHE_DIR", str(tmp_path / "cache"))
+    figs = _figures_module()
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY_FIGS)
+    out = tmp_path / "out"
+    written = figs.build([cfg], out_dir=out, runs_dir=tmp_path / "runs", workers=2, progress=False)
+    assert set(written) == set(figs.FIGURES)
+    for name in figs.FIGURES:
+        png, pdf = out / f"{name}.png", out / f"{name}.pdf"
+        assert png.stat().st_size > 5000, name
+        assert pdf.read_bytes()[:5] == b"%PDF-", name
+    index = (out / "index.md").read_text()
+    assert "skipped optimizer_curves, accuracy_vs_training" in index and "matroots validate" in index
+    assert "failure = " in index
+
+
+def test_figures_are_reproducible_and_mark_failures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from matroots import grid, plots, sweep
+
+    monkeypatch.setenv("MATROOTS_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY)
+    df = sweep.run_sweep(grid.load_config(cfg), tmp_path / "run", workers=2, progress=False)
+    assert plots.failed(df).any()  # bf16 at kappa 1e8 fails: the figures must show it
+    fig = plots.fig_error_vs_kappa(df)
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    n_fail = int(plots.failed(df).sum())
+    marked = sum(int(t.split("/")[0]) for t in texts if "/" in t and t.split("/")[0].isdigit())
+    assert marked == n_fail
+    plt.close(fig)
+    # same rows -> byte-identical PNG (seeded bootstrap, fixed metadata)
+    a = plots.save(plots.fig_cond_error_ratio(df), tmp_path / "a", "r")[0].read_bytes()
+    b = plots.save(plots.fig_cond_error_ratio(pd.DataFrame(df)), tmp_path / "b", "r")[0].read_bytes()
+    assert a == b
+    # one colour per solver, whatever else is in the run
+    assert plots.solver_color("eigh") == plots.solver_color("eigh")
+    assert plots.solver_color("my_solver[x=1]") == plots.solver_color("my_solver[x=1]")
+    assert plots.solver_color("eigh") != plots.solver_color("schur_newton")
+
+
+def test_importing_plots_does_not_force_a_backend() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import matplotlib; matplotlib.use('svg'); import matroots.plots; "
+        "assert matplotlib.get_backend() == 'svg', matplotlib.get_backend()"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
