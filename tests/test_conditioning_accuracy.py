@@ -34,7 +34,7 @@ import scipy.linalg
 import torch
 
 import matroots
-from matroots import conditioning, matrices, reference
+from matroots import conditioning, matrices, metrics, reference
 
 C = 5.0
 PS = (2, 3, 4, 5, 8)
@@ -111,9 +111,9 @@ def test_divided_differences_are_accurate_for_close_eigenvalues():
 
 def test_metrics_expose_cond_root_and_its_u_line():
     A, _ = matrices.generate("hilbert", 6, None, None)
-    m = matroots.metrics.matrix_metrics(A, 2, ref=reference.inverse_root(A, 2))
-    assert m["cond_rel"] == pytest.approx(matroots.metrics.cond_root(A, 2), rel=1e-8)  # hp vs fp64 eigs
-    d = matroots.metrics.dtype_metrics(A, 2, m["condition_number"], "fp32", cond=m["cond_rel"])
+    m = metrics.matrix_metrics(A, 2, ref=reference.inverse_root(A, 2))
+    assert m["cond_rel"] == pytest.approx(metrics.cond_root(A, 2), rel=1e-8)  # hp vs fp64 eigs
+    d = metrics.dtype_metrics(A, 2, m["condition_number"], "fp32", cond=m["cond_rel"])
     assert d["cond_u_line"] == pytest.approx(m["cond_rel"] * 2.0**-24)
 
 
@@ -186,7 +186,7 @@ def _check(label: str, A: np.ndarray, dtype: torch.dtype, well_posed: bool) -> l
                             f"{what}: did not converge on a well-posed problem ({res.info.get('stop_reason')})"
                         )
                     continue
-                err = matroots.metrics.relative_forward_error(res.root, ref.root)
+                err = metrics.relative_forward_error(res.root, ref.root)
                 if not err <= bound:
                     bad.append(
                         f"{what}: SILENTLY WRONG: error {err:.2e} > bound {bound:.2e} (cond {cond:.2e}, "

@@ -19,7 +19,7 @@ import torch
 from _refs import spd_matrix
 
 import matroots
-from matroots import cli, conditioning, matrices, reference
+from matroots import cli, conditioning, matrices, metrics, reference
 from matroots.solvers.schur_newton import choose_k1
 
 C = 5.0
@@ -57,7 +57,7 @@ def test_forward_root_of_ill_conditioned_spd_tracks_its_own_condition_number(n, 
     for method in ("coupled_newton", "schur_newton"):
         res = _solve(H, p, method, inverse=False, dtype=dtype)
         if res.converged:
-            err = matroots.metrics.relative_forward_error(res.root, ref.root)
+            err = metrics.relative_forward_error(res.root, ref.root)
             assert err <= _bound(Hw, p, False, U[dtype]), (method, err)
             assert res.info["backward_error"] <= 1e-3
         else:
@@ -148,7 +148,7 @@ def test_well_separated_nonnormal_matrix_is_still_solved():
         for method in ("schur_newton", "coupled_newton"):
             res = _solve(A, 2, method, dtype=dtype)
             assert res.converged
-            err = matroots.metrics.relative_forward_error(res.root, ref.root)
+            err = metrics.relative_forward_error(res.root, ref.root)
             assert err <= _bound(Aw, 2, True, U[dtype])
 
 
@@ -164,7 +164,7 @@ def test_forward_roots_in_16_bit_formats(method, dtype):
     res = _solve(A, 2, method, inverse=False, dtype=dtype)
     assert res.root.dtype == dtype and res.converged
     assert "fp32" in res.info["solve_dtype"]
-    err = matroots.metrics.relative_forward_error(res.root, ref.root)
+    err = metrics.relative_forward_error(res.root, ref.root)
     assert err <= _bound(Aw, 2, False, U[dtype])
 
 
@@ -182,7 +182,7 @@ def test_compute_dtype_fp16_is_correct_or_a_typed_error(scale, inverse):
             except matroots.MatrootsNumericalError:
                 continue
             assert res.converged
-            err = matroots.metrics.relative_forward_error(res.root, ref.root)
+            err = metrics.relative_forward_error(res.root, ref.root)
             # the fp16 input rounding adds kappa u to the error; bound in the format's u
             assert err <= _bound(A, 2, inverse, U[torch.float16]), (method, kw, err)
 
@@ -196,9 +196,7 @@ def test_huge_p_is_a_typed_refusal_or_correct():
     res = _solve(A, 2**63, "schur_newton")  # q = 1: 63 square roots, exact to rounding
     ref = reference.inverse_root(A, 2**63)
     assert res.converged
-    assert matroots.metrics.relative_forward_error(res.root, ref.root) <= _bound(
-        A, 2**63, True, U[torch.float64]
-    )
+    assert metrics.relative_forward_error(res.root, ref.root) <= _bound(A, 2**63, True, U[torch.float64])
 
 
 @pytest.mark.parametrize(
@@ -212,7 +210,7 @@ def test_large_p_inverse_root_is_within_its_condition_number(p, dtype):
     ref = reference.inverse_root(Aw, p)
     res = _solve(A, p, "coupled_newton", dtype=dtype)
     assert res.converged
-    assert matroots.metrics.relative_forward_error(res.root, ref.root) <= _bound(Aw, p, True, U[dtype])
+    assert metrics.relative_forward_error(res.root, ref.root) <= _bound(Aw, p, True, U[dtype])
 
 
 # ------------------------------------------------------------------- eps means the same matrix everywhere
@@ -232,7 +230,7 @@ def test_relative_eps_is_the_same_shift_in_every_solver(eps):
         res = _solve(A, 2, method, eps=eps, eps_mode="relative")
         eps_abs = torch.as_tensor(res.info["eps_abs"]).reshape(-1)
         assert eps_abs.shape == (1,) and float(eps_abs[0]) == pytest.approx(e, rel=1e-12), method
-        assert matroots.metrics.relative_forward_error(res.root, ref.root) <= bound, method
+        assert metrics.relative_forward_error(res.root, ref.root) <= bound, method
 
 
 def test_eps_abs_is_per_element_in_user_units():
@@ -250,7 +248,7 @@ def test_eps_abs_is_per_element_in_user_units():
             assert got.shape == (2,) and np.allclose(
                 got, expect, rtol=1e-3 if dtype == torch.float16 else 1e-12
             )
-            m = matroots.metrics.solved_metrics(res, A, 2)
+            m = metrics.solved_metrics(res, A, 2)
             assert (
                 m["forward_error"] <= C * math.sqrt(8) * (m["cond_root"] + 1) * U[dtype] * 1e2
             )  # fp16 input
