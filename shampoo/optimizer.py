@@ -450,34 +450,59 @@ class Shampoo(torch.optim.Optimizer):
         position. Hyperparameters are restored; config objects (grafting, root solver, blocking,
         dtypes, failure policy) stay as configured now, and the blocking must match the saved state.
         """
-        saved_groups = state_dict["param_groups"]
-        if len(saved_groups) != len(self.param_groups):
-            raise StateDictError(
-                f"state dict has {len(saved_groups)} param groups, the optimizer {len(self.param_groups)}"
-            )
+        saved_groups, saved = _check_state_dict(state_dict, len(self.param_groups))
         keys = self._param_keys()
-        for gi, (g, sg, ks) in enumerate(zip(self.param_groups, saved_groups, keys, strict=True)):
+        for gi, (sg, ks) in enumerate(zip(saved_groups, keys, strict=True)):
             if sorted(map(str, sg["params"])) != sorted(map(str, ks)):
                 missing = set(map(str, ks)) ^ set(map(str, sg["params"]))
                 raise StateDictError(
                     f"param group {gi}: parameters differ from the saved ones: {sorted(missing)[:5]}"
                 )
-            for k, v in sg.items():
-                if k not in CONFIG_KEYS and k != "params":
-                    g[k] = copy.deepcopy(v)
-        saved = state_dict["state"]
         known = {k for ks in keys for k in ks}
         unknown = [k for k in saved if k not in known]
         if unknown:
             raise StateDictError(f"state dict has state for unknown parameters: {unknown[:5]}")
+        for g, sg in zip(self.param_groups, saved_groups, strict=True):
+            for k, v in sg.items():
+                if k not in CONFIG_KEYS and k != "params":
+                    g[k] = copy.deepcopy(v)
         for gi, group in enumerate(self.param_groups):
             if not any(k in saved for k in keys[gi]):
                 continue
             eng = self._engine(gi, GroupOptions.from_group(group))
             for st in eng.states:
                 if st.key in saved:
-                    restore(st, saved[st.key])
-        self._global_step = int(state_dict.get("shampoo", {}).get("global_step", 0))
+                    try:
+                        restore(st, saved[st.key])
+                    except (KeyError, IndexError, TypeError, RuntimeError) as exc:  # malformed entries
+                        raise StateDictError(
+                            f"parameter {st.key!r}: malformed saved state ({exc!r})"
+                        ) from exc
+        meta = state_dict.get("shampoo", {})
+        step = meta.get("global_step", 0) if isinstance(meta, dict) else None
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise StateDictError(f"state dict 'shampoo.global_step' must be an int, got {step!r}")
+        self._global_step = step
+
+
+def _check_state_dict(state_dict: Any, n_groups: int) -> tuple[list[dict[str, Any]], dict[Any, Any]]:
+    """The (param_groups, state) of a state dict, after checking its structure (StateDictError)."""
+    if not isinstance(state_dict, dict):
+        raise StateDictError(f"a Shampoo state dict is a dict, got {type(state_dict).__name__}")
+    missing = [k for k in ("state", "param_groups") if k not in state_dict]
+    if missing:
+        raise StateDictError(f"state dict lacks {missing}; expected the dict Shampoo.state_dict() returns")
+    groups, state = state_dict["param_groups"], state_dict["state"]
+    if not isinstance(groups, list | tuple) or not all(isinstance(g, dict) for g in groups):
+        raise StateDictError("state dict 'param_groups' must be a list of dicts")
+    if len(groups) != n_groups:
+        raise StateDictError(f"state dict has {len(groups)} param groups, the optimizer {n_groups}")
+    for gi, g in enumerate(groups):
+        if not isinstance(g.get("params"), list | tuple):
+            raise StateDictError(f"param group {gi} of the state dict has no 'params' list")
+    if not isinstance(state, dict):
+        raise StateDictError(f"state dict 'state' must be a dict, got {type(state).__name__}")
+    return list(groups), state
 
 
 __all__ = ["Shampoo", "StepTiming"]
