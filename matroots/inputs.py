@@ -327,10 +327,13 @@ class Problem:
         return len(self.batch_shape) > 0
 
 
-# Outside fp16, the working matrix is pre-scaled only when its magnitude m leaves [2^-B, 2^B], with
-# B a quarter of the format's exponent range (fp64: 2^+-256, fp32/bf16: 2^+-32): there, squares and
-# norms (||A||_F, Lanczos' beta^2, the symmetry defect) cannot overflow or underflow.
-_BAND_LOG2 = {torch.float64: 256, torch.float32: 32, torch.bfloat16: 32, torch.float16: 0}
+# Outside fp16, the working matrix is pre-scaled unless its magnitude m is already in [2^-B, 2^B]
+# (B = 2). That keeps squares and norms (||A||_F, Lanczos' beta^2, the symmetry defect) in range, and
+# it keeps |ln lambda| small, which accuracy needs at any scale: an exponent e = -1/p is not a binary
+# float, and its rounding error (~u) is amplified by |e ln x| in x^e -- 22 u at x = 1e-60 for p = 3, in
+# every method (eigh's lambda^e, the Newton methods' c = (c^p)^(1/p)). The power-of-two scaling is
+# exact and is undone with an exact rational exponent (:func:`scale_by_power_of_two`).
+_BAND_LOG2 = {torch.float64: 2, torch.float32: 2, torch.bfloat16: 2, torch.float16: 0}
 _MIN_LOG2_SCALE, _MAX_LOG2_SCALE = -1022, 1023  # 2^k must be a normal float64
 
 
@@ -354,7 +357,7 @@ def prescale_exponent(amax: float, n: int, eps: float, eps_mode: str, dtypes: tu
     narrowest of ``dtypes`` (working and compute format); an absolute eps is in the user's units and
     a relative one is bounded by eps * n * max|A| (>= eps * lambda_max, Gershgorin). In fp16 (range
     6e-5 .. 65504) m is always brought to [1, 2); in the other formats only when it leaves the band
-    2^+-B above. Including eps matters: scaling A = 1e-300 alone to 1 and then adding an absolute
+    [2^-2, 2^2] (see ``_BAND_LOG2``). Including eps matters: scaling A = 1e-300 alone to 1 and then adding an absolute
     eps = 0.01 times the same factor (2^997) overflows any format.
     """
     log2m = _log2_magnitude(amax, n, eps, eps_mode)
@@ -487,7 +490,10 @@ def prepare(
     prescale = 2.0**k
     if k != 0:
         info["prescale"] = prescale
-        work = _ldexp(flat.double(), torch.tensor(k)).to(wdtype)
+        if flat.dtype == wdtype and abs(k) < 100:  # one pass, exact (barring subnormals, ~2^-126 max|A|)
+            work = flat * prescale
+        else:
+            work = _ldexp(flat.double(), torch.tensor(k)).to(wdtype)
     else:
         work = flat.to(wdtype)
     if work.dtype != flat.dtype or k != 0:  # rounding can overflow; otherwise checked above

@@ -12,8 +12,10 @@ matrix actually solved (the input rounded to the working format, after the repor
 prescale, plus the reported shift ``info["eps_abs"]``), where cond(f, A) is the relative condition
 number of the root asked for; the caller's tensor must be bitwise unchanged.
 
-Default: a fixed (derandomized) set of examples, well under a minute. ``MATROOTS_FUZZ_EXAMPLES=N``
-runs N random examples instead (e.g. 2000 for a long run).
+Default: a fixed (derandomized, no example database) set of 120 examples, well under a minute.
+``MATROOTS_FUZZ_EXAMPLES=N`` runs N random examples instead (e.g. 2000 for a long run); what such runs
+have found in the Newton methods is listed with exact inputs in the issue-9 notes (schur_newton's
+forward roots lose 2^(k1-k0) u in the squaring phase).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import os
 from fractions import Fraction
 from types import SimpleNamespace
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from matroots import robustness
@@ -32,6 +34,7 @@ settings.register_profile(
     "matroots-fuzz",
     max_examples=_LONG or 120,
     derandomize=not _LONG,
+    database=None if not _LONG else settings.default.database,  # the default run: always the same examples
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -72,6 +75,7 @@ def cases(draw) -> robustness.Case:
 
 
 @settings(settings.get_profile("matroots-fuzz"))
+@seed(None if _LONG else 20261201)
 @given(cases())
 def test_no_silent_wrong_and_no_untyped_exception(case):
     for out in robustness.check_all(case):
