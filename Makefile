@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TORCH_CPU := torch==2.13.0
 EXTRAS := dev,flint,notebooks,train,dask
 
-.PHONY: setup demo test bench figures lint clean
+.PHONY: setup demo test bench figures tune lint clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,11 @@ bench: $(STAMP)
 # Small default (about a minute); `make figures FULL=1` regenerates the set from the full study (hours).
 figures: $(STAMP)
 	$(PY) paper_figs/figures.py $(if $(FULL),--full,)
+
+# Regenerate the shipped CPU selection table of method="auto" (matroots/data/selection_cpu.csv + .json)
+# from its config; resumable (runs/tune_default), about 15 minutes of CPU on 2 cores.
+tune: $(STAMP)
+	$(VENV)/bin/matroots tune experiments/configs/tune_default.toml --out runs/tune_default --resume --install
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
