@@ -38,6 +38,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from .. import precision
@@ -252,10 +253,16 @@ class AutoConfig(SolverConfig):
         # Elements that chose the same configuration (with the same status) are solved as one batch;
         # the cells (and reasons) behind the choice are kept per element group.
         decisions: dict[tuple[str, str], tuple[Decision, list[int], dict[str, dict[str, Any]]]] = {}
+        edges = self._kappa_edges(device, wdtype, n, frac) if sym else np.empty(0)
+        memo: dict[object, Decision] = {}  # the decision depends on kappa only through its band
         for i in range(b):
-            d = self.decide(
-                device=device, dtype=wdtype, n=n, kappa=looked[i], p=frac, target=target, symmetric=sym
-            )
+            k = looked[i]
+            key = int(np.searchsorted(edges, k, side="right")) if math.isfinite(k) else "inf"
+            if key not in memo:
+                memo[key] = self.decide(
+                    device=device, dtype=wdtype, n=n, kappa=k, p=frac, target=target, symmetric=sym
+                )
+            d = memo[key]
             _, idx, cells = decisions.setdefault((d.label, d.status), (d, [], {}))
             idx.append(i)
             rec = cells.setdefault(
@@ -325,6 +332,14 @@ class AutoConfig(SolverConfig):
             return load_table(self.table, device=device).coverage(device=device, dtype=dtype, n=n, p=p)
         except (InvalidArgumentError, FileNotFoundError) as exc:
             return str(exc)
+
+    def _kappa_edges(self, device: str, dtype: Any, n: int, p: Any) -> np.ndarray:
+        from ..tuning.table import load_table
+
+        try:
+            return load_table(self.table, device=device).kappa_edges(device=device, dtype=dtype, n=n, p=p)
+        except (InvalidArgumentError, FileNotFoundError):
+            return np.empty(0)
 
     @staticmethod
     def _symmetric(f64: torch.Tensor, source: torch.dtype) -> bool:

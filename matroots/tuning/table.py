@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from .. import precision
@@ -50,6 +51,7 @@ class SelectionTable:
         self.df = df.reset_index(drop=True)
         self.provenance = provenance or {}
         self.source = source
+        self._memo: dict[tuple, tuple[pd.DataFrame | None, str]] = {}
         self.targets = sorted(float(t) for t in df["target"].unique()) if len(df) else []
 
     @classmethod
@@ -76,7 +78,21 @@ class SelectionTable:
         )
 
     def _rows_for(self, device: str, dtype: Any, n: int, p: Any) -> tuple[pd.DataFrame | None, str]:
-        """The rows of the (device, dtype, p, n band) or (None, why there are none)."""
+        """The rows of the (device, dtype, p, n band) or (None, why there are none); memoised."""
+        key = (device, precision.info(dtype).name, int(n), float(p))
+        if key not in self._memo:
+            self._memo[key] = self._find_rows(device, dtype, n, p)
+        return self._memo[key]
+
+    def kappa_edges(self, *, device: str, dtype: Any, n: int, p: Any) -> np.ndarray:
+        """Sorted kappa band edges of the cells of (device, dtype, n, p) (empty outside the table):
+        problems whose kappa falls between the same two edges get the same lookup."""
+        dn, _ = self._rows_for(device, dtype, n, p)
+        if dn is None:
+            return np.empty(0)
+        return np.unique(np.concatenate([dn["kappa_lo"].to_numpy(float), dn["kappa_hi"].to_numpy(float)]))
+
+    def _find_rows(self, device: str, dtype: Any, n: int, p: Any) -> tuple[pd.DataFrame | None, str]:
         name = precision.info(dtype).name
         t = self.df
         if not len(t):
