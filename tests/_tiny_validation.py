@@ -61,7 +61,18 @@ lr = [1e-1]
 [[optimizers]]
 name = "shampoo"
 lr = [3e-3, 1e-2]
-root_solver = ["eigh", "coupled_newton"]
-root_dtype = ["fp32", "fp16"]
 precondition_frequency = [5]
+[[optimizers]]
+name = "shampoo"
+lr = [1e-2]
+root_solver = ["coupled_newton"]
+precondition_frequency = [5]
+[[optimizers]]
+name = "shampoo"
+label = "lowprec"
+lr = [1e-2]
+root_dtype = ["fp16"]
+eps = [{ value = 1e-6, mode = "relative" }]
+precondition_frequency = [5]
+options = { fallback = "none" }
 """

@@ -95,7 +95,7 @@ ROOT_COLUMNS = (
 TIMING_COLUMNS = (
     "wall_s", "cpu_s", "train_wall_s", "train_cpu_s", "step_s", "adamw_step_s", "time_ratio", "step_cpu_s",
     "adamw_step_cpu_s", "time_ratio_cpu", "opt_step_s", "adamw_opt_step_s", "opt_time_ratio", "root_seconds",
-    "seconds",
+    "seconds", "unit_wall_seconds", "unit_cpu_seconds",
 )  # fmt: skip
 TABLES = ("curves", "runs", "roots")
 _TAG = {"curve": "curves", "run": "runs", "root": "roots"}
