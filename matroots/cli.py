@@ -281,7 +281,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     text = report.format_report(df, acc)
     print(text)
     (Path(args.run_dir) / "report.txt").write_text(text)
-    report.best_solver_table(df, acc).to_csv(Path(args.run_dir) / "best_solver.csv", index=False)
+    report.best_solver_table(df, acc).to_csv(Path(args.run_dir) / "best_solver.csv", index=False, na_rep="NA")
     return 0
 
 
