@@ -14,7 +14,27 @@ Scalings (the choice of c in X_0 = I/c, M_0 = A/c^p):
   (see :mod:`matroots.solvers.newton_core`).
 * ``"auto"`` (default): ``"optimal"`` for symmetric input, ``"frobenius"`` otherwise.
 
-The spectral estimates' matrix-vector products are counted in ``matmuls`` (n of them = one GEMM).
+Forward roots A^{1/p} (Y_k = X_k^{-1}), and inverse roots with p > 8, use a *capped* start instead: the
+spectrum of M_0 stays in (0, beta_p] with f(beta_p) = 1/2 (c^p = lambda_max/beta_p for "optimal"/"auto",
+||A||_F / min((p+1)/2, beta_p) for "frobenius"; the dynamic scaling keeps its top below beta_p).
+Guo & Higham's start puts lambda_max(M_0) near p+1, where one step makes the largest and the smallest
+eigen-directions both small and their rounding errors couple with weight ~kappa: harmless for A^{-1/p}
+at small p (cond ~ kappa/p), but the forward root's condition number is only ~kappa^{1-1/p}/p, and that
+start made it ~kappa u instead (hilb(10), p = 2, fp64: 1e-5 flagged converged; now 3e-12; details in
+:mod:`matroots.solvers.newton_core`). Every forward root is then checked a posteriori: eta =
+||Y^p - (A + eps_abs I)||_F / ||A + eps_abs I||_F (float64, ``info["backward_error"]``) above
+``stagnation_accept * tol`` marks it not converged (stop reason ``"backward_error"``); Y is the exact
+root of a matrix within eta of A, so its error is at most ~cond(A^{1/p}) eta.
+
+The spectral estimates' matrix-vector products are counted in ``matmuls`` (n of them = one GEMM), and so
+are the forward root's solves (4/3 each) and its backward-error check.
+
+Regularisation: M_0 = (A + eps_abs I)/c^p is formed before rounding to the compute format, so neither the
+shift nor c has to fit it (fp16). A relative eps is eps times lambda_max of the rounded matrix: the top
+Lanczos Ritz value (symmetric; the same Lanczos run serves the scaling) or the largest LAPACK eigenvalue
+modulus (general input), see :mod:`matroots.regularize`; ``info["eps_abs"]`` is the shift applied (user
+units, per element). p so large that 4 p sqrt(n) u >= 1 is refused (UnsupportedExponentError): the
+residual M_k - I can then not be resolved and X_0 itself would pass the stopping test.
 
 Warm start (``warm_start=`` a previous RootResult or a previous root tensor, symmetric input): starting
 the coupled iteration at X_0 = previous root Z is wrong, because M_k = X_k^p A holds only while X_0
@@ -37,14 +57,17 @@ which exceeds 1 in modulus as soon as s > 3 (p = 2), i.e. kappa(A) > 9. So:
 Failure is never silent: symmetric input that is not positive definite raises NotPositiveDefiniteError
 (from the Lanczos estimate when it proves it, or after a diverged run by a Cholesky test); general input
 is checked for eigenvalues on the closed negative real axis (NegativeRealEigenvalueError, from LAPACK's
-eigenvalues) and, after the run, for convergence to a non-principal root (complex eigenvalues far from
+eigenvalues of the matrix actually solved, with their condition numbers: an eigenvalue whose rounding
+uncertainty reaches the axis is decided by the distance sigma_min(A - zI) to a matrix with an eigenvalue
+z <= 0, :func:`~matroots.solvers.newton_core.refuse_near_negative_axis`) and, after the run, for convergence to a non-principal root (complex eigenvalues far from
 the positive axis can be drawn to another p-th root): the eigenvalues of X_k are the scalar iteration
 applied to those of A (:func:`~matroots.solvers.newton_core.scalar_limits`), and a non-principal limit
 is reported as ``converged=False`` with stop reason ``"non_principal_root"``.
 
 ``info`` holds: ``scaling``, ``c_power`` (c^p used, per element), ``c_choice`` ("optimal"), ``tol``,
-``stop_reason`` (per element: tol, stagnation, divergence, max_iter, non_principal_root), the Lanczos
-estimates, ``warm_start`` / ``retried_frobenius`` (indices rerun) when they apply, ``eigvals_calls``
+``stop_reason`` (per element: tol, stagnation, divergence, max_iter, non_principal_root, backward_error),
+``eps_abs`` (and ``eps_lambda_max`` for a relative eps), ``backward_error`` (forward roots),
+``solve_dtype`` / ``compute_dtype_note`` (16-bit formats), the Lanczos estimates, ``warm_start`` / ``retried_frobenius`` (indices rerun) when they apply, ``eigvals_calls``
 (general input: one LAPACK eigenvalue computation, not counted in ``matmuls``) and
 ``iteration_seconds`` / ``iteration_cpu_seconds`` (wall / process CPU time of the Newton loop alone). For symmetric input the returned root is
 symmetrised, (X + X^T)/2: X_k is a polynomial in A, symmetric in exact arithmetic.
@@ -65,7 +88,7 @@ from ..inputs import Problem, symmetric_part
 from ..regularize import working_shift
 from ..result import RootResult
 from ..spectral import SpectrumEstimate, lanczos_extremes, power_lambda_max
-from .base import RawResult, SolverConfig, eye_like
+from .base import RawResult, SolverConfig
 from .newton_core import (
     NewtonOutcome,
     capped_start,
@@ -80,6 +103,7 @@ from .newton_core import (
     refuse_near_negative_axis,
     scalar_limits,
 )
+from .newton_schulz import newton_schulz_inverse
 from .registry import register
 
 SCALINGS = ("auto", "frobenius", "power", "optimal", "dynamic")
@@ -516,70 +540,4 @@ def _merge(out: NewtonOutcome, sub: NewtonOutcome, idx: list[int]) -> NewtonOutc
         matmuls=out.matmuls + sub.matmuls,
         history=history,
         notes={**out.notes, **sub.notes},
-    )
-
-
-def newton_schulz_inverse(
-    A: torch.Tensor,
-    Z: torch.Tensor,
-    *,
-    tol: float,
-    max_iter: int,
-    stagnation_accept: float,
-    record_history: bool = False,
-) -> NewtonOutcome | None:
-    """A^{-1} by the Newton-Schulz iteration X <- X + X R, R = I - A X, from X_0 = Z (a warm start).
-
-    R_{k+1} = R_k^2 exactly, so it converges quadratically for any Z with ||I - A Z|| < 1; None is
-    returned when ||I - A Z||_F >= 1/2 for some batch element (the caller then starts cold). The
-    residual is the true one, whose rounding floor is about kappa(A) sqrt(n) u, so a stagnating run is
-    accepted when its residual is below ``stagnation_accept`` times kappa_F = ||A||_F ||X||_F (and < 1/2).
-    """
-    I = eye_like(A)
-    b = A.shape[0]
-    X = Z
-    R = I - A @ X
-    res = torch.linalg.matrix_norm(R.double() if R.dtype != torch.float64 else R)
-    if bool((res >= 0.5).any()):
-        return None
-    kappa_f = torch.linalg.matrix_norm(A.double()) * torch.linalg.matrix_norm(Z.double())
-    accept = torch.clamp(stagnation_accept * torch.clamp(kappa_f, min=1.0), max=0.5)
-    matmuls = 1.0
-    active = res > tol
-    converged = ~active
-    iters = torch.zeros(b, dtype=torch.int64)
-    reason = ["tol" if bool(c) else "max_iter" for c in converged]
-    history = [res.clone()] if record_history else []
-    for _k in range(max_iter):
-        if not bool(active.any()):
-            break
-        X_new = X + X @ R
-        R_new = I - A @ X_new
-        matmuls += 2
-        res_new = torch.linalg.matrix_norm(R_new.double() if R_new.dtype != torch.float64 else R_new)
-        res_new = torch.where(torch.isfinite(res_new), res_new, torch.full_like(res_new, float("inf")))
-        hit_tol = active & (res_new <= tol)
-        stagnated = active & ~hit_tol & (res_new > 0.5 * res)
-        take = active & ~(stagnated & (res_new >= res))
-        m = take[:, None, None]
-        X = torch.where(m, X_new, X)
-        R = torch.where(m, R_new, R)
-        res = torch.where(take, res_new, res)
-        iters = iters + active.long()
-        if record_history:
-            history.append(res.clone())
-        for i in torch.nonzero(hit_tol).flatten().tolist():
-            reason[i] = "tol"
-        for i in torch.nonzero(stagnated).flatten().tolist():
-            reason[i] = "stagnation"
-        converged |= hit_tol | (stagnated & (res <= accept))
-        active &= ~(hit_tol | stagnated)
-    return NewtonOutcome(
-        X=0.5 * (X + X.mT),
-        converged=converged,
-        iterations=iters,
-        residual=res,
-        reason=reason,
-        matmuls=matmuls,
-        history=history,
     )

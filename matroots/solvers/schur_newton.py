@@ -163,6 +163,20 @@ class SchurNewtonConfig(SolverConfig):
                 w_c, kap = eigenvalue_conditions(R)
                 eta = eigenvalue_backward_error(float(np.linalg.norm(R.astype(np.float64))), prob.n, u_l)
                 refuse_near_negative_axis(R, w_c, kap, eta, self.name, prob.prescale)
+            if p == 1 and not inverse:
+                # A^{1/1} = A + eps_abs I itself: no square roots, whose squaring back would cost 2^k1 u.
+                X = torch.from_numpy(np.ascontiguousarray(a)).to(cdt)
+                if shift:
+                    X = X + torch.as_tensor(shift, dtype=cdt) * torch.eye(prob.n, dtype=cdt)
+                roots.append(X)
+                conv.append(True)
+                iters.append(0)
+                resid.append(0.0)
+                hist.append([torch.zeros(1, dtype=torch.float64)] if prob.record_history else [])
+                info["k1"].append(0)
+                info["stop_reason"].append("identity_root")
+                info["symmetric"].append(sym)
+                continue
             k1 = choose_k1(eigs, k0)
             U = R
             for _ in range(k1):
