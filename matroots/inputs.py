@@ -518,29 +518,34 @@ def prepare(
     )
 
 
-def check_root_range(root: torch.Tensor, dtype: torch.dtype, what: str = "root") -> None:
-    """Raise FormatRangeError when a float64 batch ``root`` (b, n, n) does not fit ``dtype``.
+def check_root_range(
+    root: torch.Tensor, dtype: torch.dtype, what: str = "root", log2_factor: Fraction | int = 0
+) -> None:
+    """Raise FormatRangeError when the batch ``root * 2^log2_factor`` (b, n, n) does not fit ``dtype``.
 
-    Per matrix with a finite root: overflow (an entry beyond the format's max) or underflow (a non-zero
-    root whose largest entry is below the smallest normal number, so every entry would become a
-    subnormal or zero) would turn a correct root into inf or into garbage on the final rounding.
-    Non-finite roots are left to the caller (reported as not converged).
+    Judged in the log domain before the scaling is applied (an underflow to 0 in float64 itself, e.g.
+    a true root of 1e-362, would otherwise look like a legitimate zero root). Per matrix with a
+    finite root: overflow (an entry beyond the format's max) or underflow (a non-zero root whose
+    largest entry is below the smallest normal number, so every entry would become a subnormal or
+    zero) would turn a correct root into inf or into garbage on the final rounding. Non-finite roots
+    are left to the caller (reported as not converged).
     """
     fmt = precision.info(dtype)
     amax = root.detach().double().abs().flatten(1).amax(-1)
-    finite = torch.isfinite(amax)
-    over = finite & (amax > fmt.max)
-    under = finite & (amax > 0) & (amax < fmt.tiny)
-    if bool(over.any()):
-        worst = float(amax[over].max())
+    usable = torch.isfinite(amax) & (amax > 0)
+    if not bool(usable.any()):
+        return
+    log2_amax = torch.log2(amax[usable]) + float(log2_factor)
+    if bool((log2_amax > math.log2(fmt.max)).any()):
+        worst = float(log2_amax.max()) * math.log10(2)
         raise FormatRangeError(
-            f"the {what} has entries up to {worst:.3e}, beyond {fmt.name}'s range (max {fmt.max:.3e}): "
+            f"the {what} has entries up to ~1e{worst:.1f}, beyond {fmt.name}'s range (max {fmt.max:.3e}): "
             "it cannot be returned in this dtype; use a wider dtype"
         )
-    if bool(under.any()):
-        worst = float(amax[under].min())
+    if bool((log2_amax < math.log2(fmt.tiny)).any()):
+        worst = float(log2_amax.min()) * math.log10(2)
         raise FormatRangeError(
-            f"the {what} has entries only up to {worst:.3e}, below {fmt.name}'s smallest normal number "
+            f"the {what} has entries only up to ~1e{worst:.1f}, below {fmt.name}'s smallest normal number "
             f"{fmt.tiny:.3e}: it would underflow to zeros and subnormals; use a wider dtype"
         )
 

@@ -106,10 +106,11 @@ class SolverConfig:
         if prob.prescale != 1.0:
             # root of (sA): (sA)^{-1/p} = s^{-1/p} A^{-1/p}; undo with the factor s^e in float64, formed
             # in steps (s^e alone can overflow float64, e.g. s = 2^997 with e = 100 for p = 0.01).
-            e = (1 / prob.p) * (1 if inverse else -1)  # exact: a Fraction
-            root = scale_by_power_of_two(root.double(), round(math.log2(prob.prescale)) * e)
-        if root.dtype != prob.dtype or prob.prescale != 1.0:
-            check_root_range(root, prob.dtype)  # FormatRangeError rather than inf or zeros on rounding
+            log2_factor = round(math.log2(prob.prescale)) * (1 / prob.p) * (1 if inverse else -1)  # exact
+            check_root_range(root, prob.dtype, log2_factor=log2_factor)  # FormatRangeError, not inf or 0
+            root = scale_by_power_of_two(root.double(), log2_factor)
+        elif root.dtype != prob.dtype:
+            check_root_range(root, prob.dtype)
         root = root.to(prob.dtype)
         if all_finite(root):
             finite = torch.ones(root.shape[0], dtype=torch.bool)
