@@ -88,7 +88,7 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
     """Counts per method and outcome (columns in :data:`matroots.robustness.OUTCOMES` order)."""
     t = df.groupby(["method", "outcome"]).size().unstack("outcome").reindex(columns=robustness.OUTCOMES)
     t = t.fillna(0).astype(int)
-    ill = df[df.detail == "ill-posed at working precision"].groupby("method").size()
+    ill = df[df.detail == robustness.ILL_POSED].groupby("method").size()
     t.insert(
         t.columns.get_loc("correct") + 1, "of_which_ill_posed", ill.reindex(t.index).fillna(0).astype(int)
     )

@@ -8,8 +8,10 @@ Every call a user can make ends in exactly one of these outcomes (:data:`OUTCOME
   definite after rounding and eps, a format that cannot hold a value, ...);
 * ``flagged`` -- a result with ``converged=False`` for some matrix of the batch (and a warning);
 * ``correct`` -- ``converged=True`` and every matrix's root within the conditioning bound below (or
-  the problem is ill-posed in the working format: an eigenvalue <= 0 within its backward error of a
-  positive one, ``detail="ill-posed at working precision"``, where any answer is as good as another);
+  the problem is ill-posed in the working format, ``detail=ILL_POSED``: the bound is >= 1, so no
+  correct digit can be promised and the first-order bound no longer describes the error -- e.g. a
+  PSD matrix whose eps is far below u ||A||, where a backward-stable root may be off by 1e15 -- or an
+  eigenvalue <= 0 lies within the format's backward error of a positive one);
 * ``silent_wrong`` -- ``converged=True`` but some root outside the bound, or no principal root exists;
 * ``crash`` -- any other exception (a raw ``TypeError``, ``RuntimeError``, ``OverflowError``, ...);
 * ``mutated`` -- the call wrote into the caller's tensor or array.
@@ -52,7 +54,7 @@ import torch
 
 from . import precision
 from .api import inverse_root, root
-from .errors import MatrootsError, MatrootsInputError, MatrootsNumericalError
+from .errors import MatrootsInputError, MatrootsNumericalError
 
 OUTCOMES = ("refused_input", "refused_numerical", "flagged", "correct", "silent_wrong", "crash", "mutated")
 KINDS = (
@@ -71,6 +73,7 @@ DTYPES = ("fp64", "fp32", "bf16", "fp16")
 LAYOUTS = ("contiguous", "transposed", "strided", "numpy")
 METHODS = ("eigh", "coupled_newton", "schur_newton")
 C_BOUND = 10.0
+ILL_POSED = "ill-posed at working precision"
 REF_DPS = 60
 
 
@@ -437,7 +440,7 @@ def _judge(case: Case, method: str, A_in: object, res: Any) -> Outcome:
         ref = reference_root(work, k, shifts[i], e, sym[i], u)
         if not ref["exists"] and ref["ill_posed"]:
             if worst.outcome == "correct" and worst_ratio < 0:
-                worst = Outcome("correct", method, detail="ill-posed at working precision", cond=math.inf)
+                worst = Outcome("correct", method, detail=ILL_POSED, cond=math.inf)
             continue
         if not ref["exists"]:
             return Outcome(
@@ -449,6 +452,10 @@ def _judge(case: Case, method: str, A_in: object, res: Any) -> Outcome:
             )
         err = _rel_error(X[i], ref["X"])
         bound = C_BOUND * case.n * (1.0 + ref["cond"]) * u
+        if bound >= 1.0:  # no correct digit can be promised: the first-order bound says nothing
+            if worst.outcome == "correct" and worst_ratio < 0:
+                worst = Outcome("correct", method, detail=ILL_POSED, error=err, bound=bound, cond=ref["cond"])
+            continue
         ratio = err / bound
         if ratio > 1.0 or not math.isfinite(err):
             return Outcome(
@@ -473,12 +480,12 @@ def check_all(case: Case, methods: tuple[str, ...] = METHODS) -> list[Outcome]:
 __all__ = [
     "C_BOUND",
     "DTYPES",
+    "ILL_POSED",
     "KINDS",
     "LAYOUTS",
     "METHODS",
     "OUTCOMES",
     "Case",
-    "MatrootsError",
     "Outcome",
     "build_matrices",
     "check_all",
