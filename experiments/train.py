@@ -101,7 +101,9 @@ def make_optimizer(model: nn.Module, args: argparse.Namespace, distributed: bool
         model.named_parameters(),
         lr=args.lr,
         betas=(0.9, 0.999),
-        eps=1e-12,
+        eps=args.eps,
+        eps_mode=args.eps_mode,
+        psd=None if args.psd == "config" else args.psd,
         weight_decay=args.weight_decay,
         max_preconditioner_dim=args.max_preconditioner_dim,
         precondition_frequency=args.precondition_frequency,
@@ -109,6 +111,9 @@ def make_optimizer(model: nn.Module, args: argparse.Namespace, distributed: bool
         grafting="adam",
         root_solver=args.root_solver,
         distributed=ddp,
+        diagnostics=shampoo.DiagnosticsConfig(dump_every=args.dump_factors_every, dump_dir=args.dump_dir)
+        if args.dump_factors_every
+        else None,
     )
 
 
@@ -121,6 +126,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=None, help="default: 3e-3 digits, 1e-3 w1")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--root-solver", default="eigh")
+    p.add_argument("--eps", type=float, default=1e-12)
+    p.add_argument("--eps-mode", choices=["absolute", "relative"], default="absolute")
+    p.add_argument(
+        "--psd",
+        choices=["shift", "meta", "none", "config"],
+        default="shift",
+        help="rank-deficiency policy of the factors (matroots.psd); 'meta' = DistributedShampoo's rule",
+    )
+    p.add_argument("--dump-factors-every", type=int, default=0, help="dump Kronecker factors every N steps")
+    p.add_argument(
+        "--dump-dir", type=Path, default=Path("runs/factors"), help="where --dump-factors-every writes"
+    )
     p.add_argument("--precondition-frequency", type=int, default=10)
     p.add_argument("--max-preconditioner-dim", type=int, default=256)
     p.add_argument("--comm-dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
