@@ -164,7 +164,7 @@ def test_tune_cli_tiny_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert cli.main(args) == 0
     text = capsys.readouterr().out
     assert "Cells won per candidate" in text and "Accuracy limits" in text
-    tab = pd.read_csv(out / "selection.csv")
+    tab = table.SelectionTable.load(out / "selection.csv").df
     assert list(tab.columns) == select.TABLE_COLUMNS
     prov = json.loads((out / "selection.json").read_text())
     for key in ("config", "config_hash", "git", "machine", "versions", "date", "gemm_timings", "command"):
@@ -183,7 +183,7 @@ def test_tune_cli_tiny_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert (na["choice"] == "NA").all() and na["reason"].str.contains("best is").all()
     # resume: nothing reruns, same table; without --resume the folder is refused.
     assert cli.main([*args, "--resume"]) == 0
-    pd.testing.assert_frame_equal(pd.read_csv(out / "selection.csv"), tab)
+    pd.testing.assert_frame_equal(table.SelectionTable.load(out / "selection.csv").df, tab)
     capsys.readouterr()
     assert cli.main(args) == 2
     assert "resume" in capsys.readouterr().err
