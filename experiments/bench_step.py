@@ -22,11 +22,13 @@ every Shampoo run) divided by the frequency. Minima ("best") and plain means are
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,8 +63,14 @@ class Run:
     total: list[float] = field(default_factory=list)  # per step: zero_grad + forward + backward + step
     optim: list[float] = field(default_factory=list)  # per step: optimizer.step()
     roots: list[float] = field(default_factory=list)  # per step: root computations inside step()
+    symmetrisation: str = "lazy"  # see symmetrisation()
+    frequency: int | None = None  # precondition_frequency (None: AdamW)
 
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> None:
+        with symmetrisation(self.symmetrisation):
+            self._step(tokens, targets)
+
+    def _step(self, tokens: torch.Tensor, targets: torch.Tensor) -> None:
         r0 = self.opt.timing.root_seconds if isinstance(self.opt, shampoo.Shampoo) else 0.0
         t0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
@@ -92,6 +100,43 @@ class Run:
         return out
 
 
+@contextlib.contextmanager
+def symmetrisation(mode: str) -> Iterator[None]:
+    """How factor statistics are kept symmetric during one step (``--symmetrisation compare``).
+
+    * ``"lazy"``: as shipped: the upper triangle is accumulated and mirrored onto the lower one when a
+      factor is read (each root round; :func:`shampoo.state.mirror_upper_`);
+    * ``"none"``: no mirroring at all (the optimizer before symmetric statistics);
+    * ``"eager"``: mirrored after every statistics update (a bitwise-symmetric factor at every step).
+    """
+    if mode == "lazy":
+        yield
+        return
+    import shampoo.preconditioner as pre
+    import shampoo.roots as roots_mod
+    import shampoo.state as state_mod
+
+    saved = (roots_mod.mirror_upper_, state_mod.mirror_upper_, pre.BlockBucket.update_statistics)
+    if mode == "none":
+        roots_mod.mirror_upper_ = state_mod.mirror_upper_ = lambda F: F
+    elif mode == "eager":
+        orig = saved[2]
+
+        def update(self, sel, G, opts, steps):  # type: ignore[no-untyped-def]
+            m = orig(self, sel, G, opts, steps)
+            for F in self.factors:
+                saved[1](F)
+            return m
+
+        pre.BlockBucket.update_statistics = update  # type: ignore[method-assign]
+    else:
+        raise ValueError(f"unknown symmetrisation mode {mode!r}")
+    try:
+        yield
+    finally:
+        roots_mod.mirror_upper_, state_mod.mirror_upper_, pre.BlockBucket.update_statistics = saved
+
+
 def estimate(run: Run, chunk: int, frequency: int | None, rounds: list[float], pick) -> tuple[float, float]:
     """Per-step (total, optimizer) time: ``pick`` (median or min) over chunks of the time without root
     work, plus ``pick`` over all root rounds (the same work in every Shampoo run) / frequency."""
@@ -103,7 +148,9 @@ def estimate(run: Run, chunk: int, frequency: int | None, rounds: list[float], p
     return total, optim
 
 
-def make_runs(frequencies: list[int], root_solver: str, seed: int) -> list[Run]:
+def make_runs(
+    frequencies: list[int], root_solver: str, seed: int, modes: tuple[str, ...] = ("lazy",)
+) -> list[Run]:
     torch.manual_seed(seed)
     init = W1Model().state_dict()
     runs = []
@@ -116,19 +163,21 @@ def make_runs(frequencies: list[int], root_solver: str, seed: int) -> list[Run]:
     m = fresh()
     runs.append(Run("adamw", m, torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.01)))
     for f in frequencies:
-        m = fresh()
-        opt = shampoo.Shampoo(
-            m.named_parameters(),
-            lr=1e-3,
-            betas=(0.9, 0.999),
-            weight_decay=0.01,
-            max_preconditioner_dim=256,
-            precondition_frequency=f,
-            start_preconditioning_step=1,
-            grafting="adam",
-            root_solver=root_solver,
-        )
-        runs.append(Run(f"shampoo_f{f}", m, opt))
+        for mode in modes:
+            m = fresh()
+            opt = shampoo.Shampoo(
+                m.named_parameters(),
+                lr=1e-3,
+                betas=(0.9, 0.999),
+                weight_decay=0.01,
+                max_preconditioner_dim=256,
+                precondition_frequency=f,
+                start_preconditioning_step=1,
+                grafting="adam",
+                root_solver=root_solver,
+            )
+            name = f"shampoo_f{f}" + ("" if mode == "lazy" else f"_{mode}sym")
+            runs.append(Run(name, m, opt, symmetrisation=mode, frequency=f))
     return runs
 
 
@@ -138,6 +187,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--chunk", type=int, default=10, help="steps per configuration per round (default 10)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per configuration (default 3)")
     ap.add_argument("--frequencies", type=int, nargs="+", default=[10, 100])
+    ap.add_argument(
+        "--symmetrisation",
+        choices=["shipped", "compare"],
+        default="shipped",
+        help="compare: also run, interleaved, Shampoo without symmetric statistics (nosym) and with a "
+        "per-step mirror (eagersym)",
+    )
     ap.add_argument("--root-solver", default="eigh")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
@@ -153,8 +209,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     g = torch.Generator().manual_seed(args.seed)
     batches = [torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g) for _ in range(8)]
-    runs = make_runs(args.frequencies, args.root_solver, args.seed)
-    freq = {"adamw": None, **{f"shampoo_f{f}": f for f in args.frequencies}}
+    modes = ("none", "lazy", "eager") if args.symmetrisation == "compare" else ("lazy",)
+    runs = make_runs(args.frequencies, args.root_solver, args.seed, modes)
     load = [os.getloadavg()[0]]
     for run in runs:  # warm-up (includes Shampoo's first, cold, root computation)
         for i in range(args.warmup):
@@ -203,16 +259,18 @@ def main(argv: list[str] | None = None) -> dict:
         "best: the same with minima; mean: all timed steps as they came"
     )
     header = (
-        f"{'config':<14}{'total s':>9}{'optim s':>9}{'roots s':>9}{'root share':>11}"
+        f"{'config':<22}{'total s':>9}{'optim s':>9}{'roots s':>9}{'root share':>11}"
         f"{'total/AdamW':>12}{'optim/AdamW':>12}{'best':>8}{'mean':>8}"
     )
     print(header)
     print("-" * len(header))
     for run in runs:
-        f = freq[run.name]
-        rob = estimate(run, args.chunk, f, rounds, statistics.median)
-        best = estimate(run, args.chunk, f, rounds, min)
-        root = statistics.median(rounds) / f if f and rounds else 0.0
+        f = run.frequency
+        # compare: each variant's own root rounds (the lazy mirror runs inside them); else pooled
+        own = [r for r in run.roots if r > 0] if args.symmetrisation == "compare" else rounds
+        rob = estimate(run, args.chunk, f, own, statistics.median)
+        best = estimate(run, args.chunk, f, own, min)
+        root = statistics.median(own) / f if f and own else 0.0
         entry = {
             "total_s": rob[0],
             "optimizer_s": rob[1],
@@ -230,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
         }
         results["configs"][run.name] = entry
         print(
-            f"{run.name:<14}{rob[0]:>9.4f}{rob[1]:>9.4f}{root:>9.4f}{100 * entry['root_share_of_total']:>10.1f}%"
+            f"{run.name:<22}{rob[0]:>9.4f}{rob[1]:>9.4f}{root:>9.4f}{100 * entry['root_share_of_total']:>10.1f}%"
             f"{entry['total_ratio']:>11.3f}x{entry['optimizer_ratio']:>11.2f}x"
             f"{entry['best_total_ratio']:>7.3f}x{entry['mean_total_ratio']:>7.3f}x"
         )
