@@ -255,7 +255,7 @@ class _PowerWorkspace:
 def _start_matrix(
     A: torch.Tensor, cp64: torch.Tensor, shift: torch.Tensor | None, dt: torch.dtype
 ) -> torch.Tensor:
-    """M_0 = A/c^p + (shift/c^p) I in the compute dtype ``dt`` (b, n, n), formed before the rounding to dt.
+    """M_0 = (A + shift I)/c^p in the compute dtype ``dt`` (b, n, n), formed before the rounding to dt.
 
     A is scaled in its own format when that is float32/float64 and 1/c^p is comfortably inside its range;
     otherwise in float64 (a 16-bit compute format, or extreme magnitudes).
@@ -267,13 +267,18 @@ def _start_matrix(
         fi is not None
         and src == dt
         and bool(((inv > fi.tiny * 1e6) & (inv < fi.max / 1e6)).all())
-        and (shift is None or bool(((shift * inv).abs() < fi.max / 1e6).all()))
+        and (shift is None or bool((shift.abs() < fi.max / 1e6).all()))
     )
     work = A if safe else A.double()
-    M = work * inv.to(work.dtype)[:, None, None]
-    if shift is not None:
+    if shift is not None and bool((shift != 0).any()):
+        # the shift first, then the scaling: A + shift I cancels exactly where they nearly cancel
+        # (Sterbenz), whereas A/c^p + shift/c^p would cancel two large rounded numbers
+        M = work.clone()
         d = torch.diagonal(M, dim1=-2, dim2=-1)
-        d += (shift * inv).to(work.dtype)[:, None]
+        d += shift.to(work.dtype)[:, None]
+        M.mul_(inv.to(work.dtype)[:, None, None])
+    else:
+        M = work * inv.to(work.dtype)[:, None, None]
     return M.to(dt)
 
 
