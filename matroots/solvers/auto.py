@@ -171,7 +171,15 @@ class AutoConfig(SolverConfig):
 
     @staticmethod
     def _candidate(table: Any, label: str) -> tuple[SolverConfig, dict[str, Any]]:
-        """Config of a candidate by its label, from any row of the table that chose it; else parsed."""
+        """Config of a candidate by its label: from the table's provenance (``candidate_specs``), else
+        from a row of the table that chose it, else parsed from the label."""
+        for c in table.provenance.get("candidate_specs", []):
+            if c.get("label") == label:
+                opts = dict(c.get("options", {}))
+                cfg_opts = {k: v for k, v in opts.items() if k not in SOLVE_OPTIONS}
+                return registry.get(c["name"], **cfg_opts), {
+                    k: v for k, v in opts.items() if k in SOLVE_OPTIONS
+                }
         rows = table.df[table.df["choice"] == label]
         if len(rows):
             r = rows.iloc[0]

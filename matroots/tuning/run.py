@@ -49,6 +49,9 @@ def provenance_record(spec: TuneSpec, rows: pd.DataFrame, summary: dict[str, Any
         "config_hash": spec.config_hash(),
         "config": spec.raw,
         "candidates": [s.label for s in spec.candidates],
+        "candidate_specs": [
+            {"label": s.label, "name": s.name, "options": s.options} for s in spec.candidates
+        ],
         "targets": list(spec.targets),
         "n_bands": list(spec.n_bands),
         "kappa_bands": [str(k) if k == float("inf") else k for k in spec.kappa_bands],
