@@ -1,11 +1,20 @@
 """Inverse-root computation for Kronecker factors: batching, warm starts and the failure policy.
 
 Due factors of equal size n and root p (across buckets) are concatenated into one (b, n, n) batch and
-solved by one matroots call. A factor's solve *fails* when the call raises a numerical error
-(``matroots.MatrootsNumericalError``, ``torch.linalg.LinAlgError``; input errors propagate), or its root is non-finite, or the solver
-reports ``converged=False``. Failed factors keep their previous root and go to the fallback solver
-(see :class:`shampoo.config.FailurePolicy`); a factor without a usable root after both counts a
-failure, and ``max_consecutive_failures`` in a row raise :class:`~shampoo.errors.RootComputationError`.
+solved by one matroots call, with the group's ``eps`` and rank-deficiency policy ``psd``
+(:mod:`matroots.psd`; the same for the primary solver and the fallback) and ``quiet=True`` (a
+non-convergence is reported once, here, not also by the solver). Before the call the stored factors
+are made bitwise symmetric (:func:`shampoo.state.mirror_upper_`), and a factor whose statistics became
+non-finite (G G^T overflowing) is reset to zero with a :class:`~shampoo.errors.FactorResetWarning`
+and keeps its previous root (not a failure).
+
+A factor's solve *fails* when the call raises a numerical error (``matroots.MatrootsNumericalError``,
+``torch.linalg.LinAlgError``; input errors propagate), or its root is non-finite (even when the solver
+claims convergence), or the solver reports ``converged=False``. Failed factors keep their previous root
+and go to the fallback solver (see :class:`shampoo.config.FailurePolicy`); a factor without a usable
+root after both counts a failure, and ``max_consecutive_failures`` in a row raise
+:class:`~shampoo.errors.RootComputationError`. Per factor, the diagnostics record the shift actually
+applied (psd shift, eps, their sum) and the condition number of the matrix actually solved.
 """
 
 from __future__ import annotations
