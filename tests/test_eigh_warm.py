@@ -332,3 +332,35 @@ def test_explicit_tol_and_psd_policies():
         ref = _ref_roots(A1.double().numpy(), 2)
         for i in range(2):
             assert rel_err(b.root[i], ref[i]) <= fwd_bound(1e3, 2, 16, U["fp32"])
+
+
+def test_shipped_shampoo_factors_mid_to_late(tmp_path):
+    """The shipped real factors (matroots/data/shampoo_factors): each late-stage factor warm-started
+    from the basis of the same factor 240 steps earlier. A big change: the fallback must catch it
+    where the basis is too far, and every root is within the cold bound."""
+    from pathlib import Path
+
+    from matroots.matrices import load_shampoo_factors
+
+    data = Path(matroots.__file__).parent / "data" / "shampoo_factors"
+    by_key: dict[tuple, dict[str, np.ndarray]] = {}
+    for A, meta in load_shampoo_factors(data):
+        key = (meta["task"], meta["param"], meta["block"], meta["dim"])
+        by_key.setdefault(key, {})[meta["stage"]] = A
+    cfg = matroots.solvers.EighWarmConfig(rank_policy="clamp")
+    paths = []
+    for stages in by_key.values():
+        if not {"mid", "late"} <= set(stages) or stages["mid"].shape[0] < 16:
+            continue
+        if not (np.abs(stages["mid"]).max() > 0 and np.abs(stages["late"]).max() > 0):
+            continue  # an all-zero factor (a parameter without gradient) has no root to warm-start
+        mid = torch.from_numpy(stages["mid"]).float()  # fp32 values stored exactly as float64
+        late = torch.from_numpy(stages["late"]).float()
+        r0 = cfg.solve(mid, 4)
+        res = cfg.solve(late, 4, warm_start=r0)
+        ref, cond = _clamped_reference(late.unsqueeze(0), 4, U["fp32"])
+        n = late.shape[-1]
+        assert rel_err(res.root, ref[0].numpy()) <= 10.0 * (1.0 + float(cond[0])) * U["fp32"] * math.sqrt(n)
+        assert res.converged is True
+        paths.append(res.info["warm"].split(":")[0])
+    assert len(paths) >= 6 and "fallback" in paths, paths
