@@ -319,6 +319,7 @@ class CoupledNewtonConfig(SolverConfig):
             self._diagnose_divergence(A, shift, out, prob)
         if eigs is not None:
             self._check_principal(eigs, p, cp, out, info)
+            self._check_root_sector(out, p, info)
         root = 0.5 * (out.X + out.X.mT) if sym else out.X  # X_k commutes with A only up to rounding
         if not inverse:
             matmuls += forward_backward_check(root, A, shift, p, out, accept, info)
@@ -408,6 +409,29 @@ class CoupledNewtonConfig(SolverConfig):
                 "eigenvalues far from the positive real axis were drawn to a non-principal root; "
                 "use method='schur_newton', which takes square roots first"
             )
+
+    @staticmethod
+    def _check_root_sector(out: NewtonOutcome, p: int, info: dict) -> None:
+        """Mark converged elements whose computed root has an eigenvalue outside |arg| < pi/p.
+
+        The principal p-th root (or inverse root) has its eigenvalues lambda^{+-1/p} in that open
+        sector; any other root has one at |arg| >= pi/p. The scalar model in :meth:`_check_principal`
+        is exact arithmetic: in a 16-bit format the matrix iteration can leave it and settle on another
+        root (bf16, eigenvalues at arg ~1.9, p = 3: error 1.06, Y^p = A to 2%), which the backward error
+        cannot see. One LAPACK eigenvalue computation of the root per element (float64).
+        """
+        for i in range(out.X.shape[0]):
+            if not bool(out.converged[i]):
+                continue
+            mu = torch.linalg.eigvals(out.X[i].double()).numpy()
+            if not (np.abs(np.angle(mu)) < np.pi / p).all():
+                out.converged[i] = False
+                out.reason[i] = "non_principal_root"
+                info["root_eigenvalue_args"] = np.angle(mu)
+                info["hint"] = (
+                    "the computed root has eigenvalues outside the principal sector |arg| < pi/p; "
+                    "use method='schur_newton', which takes square roots first"
+                )
 
     def _refuse_indefinite(self, est: SpectrumEstimate, prob: Problem) -> None:
         """Raise when a Ritz value proves a negative eigenvalue (Ritz values lie inside the spectrum)."""
