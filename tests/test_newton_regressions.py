@@ -288,3 +288,35 @@ def test_cli_solve_reference_measures_the_matrix_actually_solved(tmp_path, forwa
     cond_u = float(re.search(r"cond\(f, A\) u line\s+(\S+)", out).group(1))
     assert err <= C * math.sqrt(32) * cond_u + 1e-14
     assert bias > 1e3 * err  # eps = 1e-3 costs far more than the solver's rounding, reported apart
+
+
+# ------------------------------------------------------------------ found by the fuzz test (tests/test_fuzz.py)
+def test_shift_that_nearly_cancels_the_matrix_is_exact():
+    """A = -1 + u, eps = 1: A + eps I = u exactly (Sterbenz); forming A/c^p + (eps/c^p) I instead
+    cancelled two rounded numbers ~1e16 and gave a 2.5e-7 error flagged converged."""
+    A = np.array([[np.nextafter(-1.0, 0.0)]])
+    exact = (A[0, 0] + 1.0) ** -0.5
+    for method in ("coupled_newton", "schur_newton"):
+        res = _solve(A, 2, method, eps=1.0)
+        assert res.converged and abs(float(res.root[0, 0]) / exact - 1) <= 4 * U[torch.float64]
+
+
+def test_bf16_run_that_leaves_the_principal_branch_is_flagged():
+    """bf16, eigenvalues at arguments up to 1.9 rad, p = 3 forward: the iteration settled on another cube
+    root (error 1.06, Y^3 = A to 2%), which neither the scalar model nor the backward error can see."""
+    from matroots import robustness
+
+    case = robustness.Case(
+        kind="nonsym_complex", n=6, batch=(), log10_kappa=0.0, log10_scale=0.0, dtype="bf16",
+        input_dtype="fp64", layout="contiguous", eps=0.0, eps_mode="absolute", p=3, inverse=False, seed=2,
+    )  # fmt: skip
+    out = robustness.classify(case, "coupled_newton")
+    assert out.outcome in ("flagged", "correct", "refused_numerical"), out
+
+
+def test_first_root_is_the_matrix_itself():
+    """p = 1 forward: schur_newton took k1 square roots and squared back, losing 2^k1 u (64 u for a
+    diagonal matrix with kappa 1e5, whose A^{1/1} has cond 1)."""
+    A = np.diag([1.0, 1e-5, 3e-3])
+    res = _solve(A, 1, "schur_newton", inverse=False, eps=1e-3)
+    assert res.converged and torch.equal(res.root, torch.from_numpy(A + 1e-3 * np.eye(3)))
