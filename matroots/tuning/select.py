@@ -6,8 +6,10 @@ each accuracy target the table names the cheapest candidate that met the target 
 the cell: no failure (typed error, non-convergence, non-finite root) and relative forward error (against
 the high-precision reference of the matrix solved) <= target. "Cheapest" is the median of the measured
 GEMM-equivalents (process CPU seconds of the solve / CPU seconds of one n x n GEMM in the same dtype,
-both measured in the same work unit; see :mod:`matroots.tuning.cost`). The runner-up is the next
-cheapest passing candidate. Where no candidate passes, the row has choice "NA" and a reason naming
+both measured in the same work unit; see :mod:`matroots.tuning.cost`); candidates within the config's
+``cost_tolerance`` (default 10%) of the cheapest tie, and the tie goes to the one listed first in the
+config (so equal-cost variants such as eigh's rank policies do not flip from cell to cell on timing
+noise). The runner-up is the next cheapest passing candidate. Where no candidate passes, the row has choice "NA" and a reason naming
 the most accurate candidate and its worst error. Cases whose reference could not be computed (A + eps I
 not positive definite) have no error to judge and are left out (counted in ``excluded_cases``).
 """
@@ -125,6 +127,7 @@ def select(rows: pd.DataFrame, spec: TuneSpec) -> tuple[pd.DataFrame, dict[str, 
     if "device" not in d:
         d["device"] = spec.device
     out: list[dict[str, Any]] = []
+    order = {c.label: i for i, c in enumerate(spec.candidates)}
     keys = ["device", "dtype", "p", "_nb", "_kb"]
     for (device, dtype, p, nb, kb), cell in d.groupby(keys, sort=True):
         cases = cell["unit"].nunique()
@@ -153,6 +156,15 @@ def select(rows: pd.DataFrame, spec: TuneSpec) -> tuple[pd.DataFrame, dict[str, 
             bar = spec.margin * target
             passing = st[(st["failure_rate"] == 0) & (st["worst_error"] <= bar) & st["complete"]]
             passing = passing.sort_values(["median_gemm_equivalents", "worst_error"])
+            tie = False
+            if len(passing) > 1:
+                # Costs within cost_tolerance of the cheapest are a tie (timing noise): the candidate
+                # listed first in the config wins it, so equal-cost variants do not flip cell to cell.
+                cheapest = passing["median_gemm_equivalents"].iloc[0]
+                near = passing[passing["median_gemm_equivalents"] <= cheapest * (1 + spec.cost_tolerance)]
+                first = min(near.index, key=lambda lab: order.get(lab, len(order)))
+                tie = first != passing.index[0]
+                passing = pd.concat([passing.loc[[first]], passing.drop(index=first)])
             row = dict(base, target=float(target))
             where = (
                 f"{dtype} p={int(p)} n {_band_label(n_lo, n_hi)} kappa {_band_label(k_lo, k_hi)} "
@@ -194,7 +206,13 @@ def select(rows: pd.DataFrame, spec: TuneSpec) -> tuple[pd.DataFrame, dict[str, 
                     if r is not None
                     else math.nan,
                     runner_up_worst_error=float(r["worst_error"]) if r is not None else math.nan,
-                    reason=f"cheapest (median {c['median_gemm_equivalents']:.3g} GEMM-equivalents) of "
+                    reason=(
+                        f"first in the config's order among the candidates within "
+                        f"{spec.cost_tolerance:.0%} of the cheapest"
+                        if tie
+                        else "cheapest"
+                    )
+                    + f" (median {c['median_gemm_equivalents']:.3g} GEMM-equivalents) of "
                     f"{len(passing)} candidates meeting {target:g} on every case at {where}",
                 )
             out.append(row)

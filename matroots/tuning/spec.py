@@ -9,6 +9,7 @@ that share an eps/p/n layout) over one list of candidate configurations, plus th
     n_bands = [12, 24, 48, 96, 192, 384]           # band edges: [12, 24), [24, 48), ...
     kappa_bands = [1, 1e2, 1e4, 1e6, 1e8, 1e10, 1e13]
     margin = 0.5                                   # a choice must reach margin * target on every case
+    cost_tolerance = 0.1                           # costs within 10% tie; the first candidate listed wins
 
     [defaults]                                     # keys of a sweep grid, shared by every sweep
     dtypes = ["fp64", "fp32", "bf16"]
@@ -49,7 +50,17 @@ from typing import Any
 from .. import grid as gridmod
 from ..errors import InvalidArgumentError
 
-TUNE_KEYS = {"name", "description", "device", "targets", "n_bands", "kappa_bands", "workers", "margin"}
+TUNE_KEYS = {
+    "name",
+    "description",
+    "device",
+    "targets",
+    "n_bands",
+    "kappa_bands",
+    "workers",
+    "margin",
+    "cost_tolerance",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +77,7 @@ class TuneSpec:
     sweeps: tuple[gridmod.GridSpec, ...]
     workers: int | None = None
     margin: float = 1.0
+    cost_tolerance: float = 0.1
     raw: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -74,6 +86,8 @@ class TuneSpec:
         for axis, edges in (("n_bands", self.n_bands), ("kappa_bands", self.kappa_bands)):
             if len(edges) < 2 or any(b <= a for a, b in itertools.pairwise(edges)):
                 raise InvalidArgumentError(f"{axis} must be >= 2 increasing band edges, got {edges}")
+        if not (0 <= self.cost_tolerance < 1):
+            raise InvalidArgumentError(f"cost_tolerance must be in [0, 1), got {self.cost_tolerance}")
         if not (0 < self.margin <= 1):
             raise InvalidArgumentError(f"margin must be in (0, 1], got {self.margin}")
         if self.kappa_bands[0] < 1:
@@ -152,6 +166,7 @@ def from_dict(raw: dict[str, Any]) -> TuneSpec:
         sweeps=tuple(sweeps),
         workers=raw.get("workers"),
         margin=float(raw.get("margin", 1.0)),
+        cost_tolerance=float(raw.get("cost_tolerance", 0.1)),
         raw=raw,
     )
 

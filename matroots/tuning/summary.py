@@ -76,7 +76,7 @@ def choice_grid(table: pd.DataFrame, target: float) -> pd.DataFrame:
     piv = piv.sort_index(key=lambda idx: idx.map(order) if idx.name == "dtype" else idx)
     piv = piv.reset_index(level="kappa_lo", drop=True)
     piv.columns = [c[1] for c in piv.columns]
-    return piv.fillna("NA")
+    return piv.fillna("(no cases)")  # "NA" is a cell whose cases no candidate met; no cases: untuned
 
 
 def format_summary(table: pd.DataFrame, prov: dict[str, Any]) -> str:
