@@ -57,7 +57,10 @@ def inverse_root(
             such input with InvalidArgumentError rather than silently detaching it.
         p: the root; rational p > 0 for ``eigh``, integer p >= 1 for the Newton methods.
         method: a name from :func:`matroots.solvers.available` or a config object such as
-            ``CoupledNewtonConfig(scaling="optimal")``.
+            ``CoupledNewtonConfig(scaling="optimal")``. ``"auto"`` picks per matrix the cheapest
+            configuration the measured selection table says meets ``target=`` (relative forward
+            error; default from the dtype) and reports the choice in ``info["auto"]``
+            (:mod:`matroots.solvers.auto`).
         eps, eps_mode: regularisation A + eps_abs I, eps_abs = eps ("absolute") or eps * lambda_max
             ("relative"); see :mod:`matroots.regularize`.
         dtype: working precision (float64, float32, bfloat16, float16 or a name such as "bf16"); the
