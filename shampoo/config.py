@@ -111,6 +111,10 @@ def resolve_grafting(value: str | GraftingConfig | None) -> GraftingConfig:
 # Root solvers
 
 
+#: Relative forward-error target of ``root_solver="auto"``.
+AUTO_TARGET = 1e-2
+
+
 def default_root_solver(name: str, device: torch.device | None = None) -> SolverConfig:
     """The solver config a name stands for in Shampoo.
 
@@ -120,7 +124,7 @@ def default_root_solver(name: str, device: torch.device | None = None) -> Solver
       :mod:`matroots.psd`), passed to each solve; eigh needs no clamp of its own.
     * ``"auto"``: ``matroots.solvers.AutoConfig``: per factor, the configuration the measured
       selection table of the factor's device names for its (root dtype, n, estimated kappa, p) at the
-      default target of the root dtype (:mod:`matroots.solvers.auto`); kappa comes from the previous
+      target :data:`AUTO_TARGET` (1e-2 relative forward error; :mod:`matroots.solvers.auto`); kappa comes from the previous
       root when there is one (warm start), else from a cheap estimate, so the choice follows the
       factor's conditioning from round to round. Outside the table (or without a table for the
       device): eigh on CPU, coupled Newton on accelerators. The configuration chosen
@@ -133,10 +137,12 @@ def default_root_solver(name: str, device: torch.device | None = None) -> Solver
     if key == "auto":
         from matroots.solvers.auto import AutoConfig
 
-        # warn=False: a factor whose target the table cannot promise is normal (rank-deficient factors);
-        # it gets the most accurate candidate and the diagnostics say which.
+        # target 1e-2: the accuracy `matroots report` counts as good enough (report.DEFAULT_ACCURACY); a
+        # preconditioner needs no more. warn=False: a factor whose target the table cannot promise is
+        # normal (rank-deficient factors); it gets the most accurate candidate and the diagnostics say which.
         on_cpu = device is None or device.type in ("cpu", "meta")
-        return AutoConfig(fallback=EighConfig() if on_cpu else CoupledNewtonConfig(), warn=False)
+        fallback = EighConfig() if on_cpu else CoupledNewtonConfig()
+        return AutoConfig(target=AUTO_TARGET, fallback=fallback, warn=False)
     if key == "eigh":
         return EighConfig()
     if key == "coupled_newton":
