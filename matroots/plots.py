@@ -138,9 +138,13 @@ def _no_data(ax: plt.Axes, why: str) -> None:
     )
 
 
-def _panels(n: int, *, width: float = 3.6, height: float = 3.2, sharey: bool = True, sharex: bool = True):
+def _panels(
+    n: int, *, width: float = 3.6, height: float = 3.2, sharey: bool = True, sharex: bool = True, layout=None
+):
     n = max(n, 1)
-    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False, sharey=sharey, sharex=sharex)
+    fig, axes = plt.subplots(
+        1, n, figsize=(width * n, height), squeeze=False, sharey=sharey, sharex=sharex, layout=layout
+    )
     return fig, list(axes[0])
 
 
@@ -356,7 +360,9 @@ def fig_failure_heatmap(df: pd.DataFrame) -> plt.Figure:
     dtypes = _dtypes(d)
     solvers = _solvers(d)
     ks = sorted(d["_k"].unique())
-    fig, axes = _panels(len(dtypes), width=0.5 * len(ks) + 2.2, height=0.45 * len(solvers) + 1.6)
+    fig, axes = _panels(
+        len(dtypes), width=0.5 * len(ks) + 2.2, height=0.45 * len(solvers) + 1.6, layout="constrained"
+    )
     im = None
     for ax, t in zip(axes, dtypes, strict=False):
         sub = d[d["dtype"] == t]
@@ -381,7 +387,7 @@ def fig_failure_heatmap(df: pd.DataFrame) -> plt.Figure:
     if im is not None:
         fig.colorbar(im, ax=axes, fraction=0.02, label="failure rate")
     fig.suptitle("Where each solver fails (failure rate; most common failure)")
-    fig.text(0.5, -0.04, FAILURE_MEANING, ha="center", fontsize=7)
+    fig.supxlabel(FAILURE_MEANING, fontsize=7)
     return fig
 
 
@@ -408,7 +414,7 @@ def fig_residual_vs_error(df: pd.DataFrame) -> plt.Figure:
     d = df[~failed(df) & df["relative_forward_error"].notna() & df["residual"].notna()]
     cond = "cond_rel" if "cond_rel" in d and d["cond_rel"].notna().any() else "condition_number"
     dtypes = _dtypes(df)
-    fig, axes = _panels(len(dtypes), sharex=True)
+    fig, axes = _panels(len(dtypes), sharex=True, layout="constrained")
     sc = None
     for ax, t in zip(axes, dtypes, strict=False):
         sub = d[d["dtype"] == t]
@@ -419,25 +425,31 @@ def fig_residual_vs_error(df: pd.DataFrame) -> plt.Figure:
         err = _error(sub)
         c = np.log10(sub[cond].astype(float).replace(np.inf, KAPPA_CAP).clip(lower=1.0))
         sc = ax.scatter(res, err, c=c, cmap="viridis", s=8, vmin=0, vmax=16, alpha=0.8)
-        out = err > 100 * res
-        if out.any():
-            ax.scatter(res[out], err[out], facecolors="none", edgecolors="red", s=26, lw=0.7)
-            ax.annotate(
-                f"{int(out.sum())} outliers: error ≫ residual\n(ill-conditioned: error ≈ cond·residual;"
-                f"\nmedian log10 cond {np.median(c[out]):.0f})",
-                (0.03, 0.97),
-                xycoords="axes fraction",
-                va="top",
-                fontsize=6,
-                color="red",
-            )
+        below = res > 100 * err  # accurate roots with a large residual
+        above = err > 100 * res  # inaccurate roots with a small residual
+        for mask, color, why in (
+            (below, "red", "residual ≫ error: X^p A − I amplifies\nthe error of X by up to ~p κ(A)"),
+            (above, "darkorange", "error ≫ residual: ill-conditioned root,\nerror ≈ cond(f,A) · residual"),
+        ):
+            if mask.any():
+                ax.scatter(res[mask], err[mask], facecolors="none", edgecolors=color, s=26, lw=0.7)
+                ax.annotate(
+                    f"{int(mask.sum())} outliers: {why}\n(median log10 cond {np.median(c[mask]):.0f})",
+                    (0.03, 0.97 if color == "red" else 0.75),
+                    xycoords="axes fraction",
+                    va="top",
+                    fontsize=6,
+                    color=color,
+                )
         lim = [ERROR_FLOOR, 10]
         ax.plot(lim, lim, color="grey", lw=0.8, ls="--")
         ax.set(xscale="log", yscale="log", title=t, xlabel="residual ||X^p A − I||")
     axes[0].set_ylabel("relative forward error")
     if sc is not None:
         fig.colorbar(sc, ax=axes, fraction=0.02, label=f"log10 {cond}")
-    fig.suptitle("The residual is not an accuracy proxy (dashed: error = residual; red: outliers)")
+    fig.suptitle(
+        "The residual is not an accuracy proxy (dashed: error = residual; circled: outliers by 100x)"
+    )
     return fig
 
 
