@@ -48,6 +48,8 @@ class FactorDiagnostics:
     regularisation: float
     factor_resets: int
     error: str
+    warm: str = ""  # eigenbasis solvers: the last warm start's verdict ("accepted", "refined", ...)
+    warm_hits: int = 0  # rounds whose warm start was accepted or refined
 
     @classmethod
     def of(cls, f: FactorState) -> FactorDiagnostics:
@@ -73,6 +75,8 @@ class FactorDiagnostics:
             regularisation=float(f.regularisation),
             factor_resets=int(f.factor_resets),
             error=f.error,
+            warm=f.warm,
+            warm_hits=int(f.warm_hits),
         )
 
 

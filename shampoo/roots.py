@@ -69,6 +69,9 @@ class SolveOutcome:
     eps_abs: list[float] = field(default_factory=list)
     # per element, the configuration a meta-solver chose (method="auto": info["auto"]["chosen"]); [] else
     solvers: list[str] = field(default_factory=list)
+    # eigenbasis solvers (eigh_warm): the new eigenvectors (b, n, n) and the warm-start verdicts
+    bases: torch.Tensor | None = None
+    warm: list[str] = field(default_factory=list)
 
     def regularisation(self, i: int) -> tuple[float, float, float]:
         """(psd_shift, psd_floor, eps_abs) of element i (NaN when not reported)."""
@@ -190,9 +193,19 @@ def solve_batch(
         err = "; ".join(parts)
     chosen = info.get("auto", {}).get("chosen", []) if isinstance(info.get("auto"), dict) else []
     solvers = [f"{cfg.name}:{c}" for c in chosen] if len(chosen) == b else []
+    bases = info.get("eigenvectors") if uses_eigenbasis(cfg) else None
+    warm_l = info.get("warm", [])
+    warm_l = [warm_l] if isinstance(warm_l, str) else list(warm_l)
     return SolveOutcome(
-        X, ok, iters_l, resid_l, time.perf_counter() - t0, kappa, err, shift, floor, eps_abs, solvers
-    )
+        X, ok, iters_l, resid_l, time.perf_counter() - t0, kappa, err, shift, floor, eps_abs, solvers,
+        bases.reshape(b, *A.shape[-2:]) if isinstance(bases, torch.Tensor) else None,
+        warm_l if len(warm_l) == b else [],
+    )  # fmt: skip
+
+
+def uses_eigenbasis(cfg: SolverConfig) -> bool:
+    """Whether the solver warm-starts from a previous eigenbasis (``warm_start_kind``, eigh_warm)."""
+    return getattr(cfg, "warm_start_kind", "") == "eigenbasis"
 
 
 def _solve_with_warm_start(
@@ -206,7 +219,7 @@ def _solve_with_warm_start(
 ) -> SolveOutcome:
     """Solve with the primary solver, warm-starting the elements that have a previous root."""
     kappa_iters = diag.kappa_power_iters
-    use_warm = opts.warm_start and supports_warm_start(cfg) and any(has_root)
+    use_warm = opts.warm_start and (supports_warm_start(cfg) or uses_eigenbasis(cfg)) and any(has_root)
     if not use_warm:
         return solve_batch(cfg, A, p, opts, opts.root_dtype, None, kappa_iters)
     prev = previous().to(opts.root_dtype)
@@ -231,8 +244,16 @@ def _merge(
     shift, floor, eps_abs = [math.nan] * b, [math.nan] * b, [math.nan] * b
     errors, seconds = [], 0.0
     solvers = [""] * b
+    warm = [""] * b
+    bases = None
     for idx, out in parts:
         seconds += out.seconds
+        if out.bases is not None:
+            if bases is None:
+                bases = torch.full((b, n, n), math.nan, dtype=out.bases.dtype, device=like.device)
+            bases[idx] = out.bases
+        for j, i in enumerate(idx):
+            warm[i] = out.warm[j] if j < len(out.warm) else ""
         for j, i in enumerate(idx):
             solvers[i] = out.solvers[j] if j < len(out.solvers) else ""
         if out.error:
@@ -245,8 +266,9 @@ def _merge(
             shift[i], floor[i], eps_abs[i] = out.regularisation(j)
     solvers = solvers if any(solvers) else []
     return SolveOutcome(
-        roots, ok, iters, resid, seconds, kappa, "; ".join(errors), shift, floor, eps_abs, solvers
-    )
+        roots, ok, iters, resid, seconds, kappa, "; ".join(errors), shift, floor, eps_abs, solvers,
+        bases, warm if any(warm) else [],
+    )  # fmt: skip
 
 
 def _fallback(A: torch.Tensor, p: Fraction, opts: GroupOptions, kappa_iters: int) -> SolveOutcome:
@@ -293,10 +315,12 @@ def compute_roots(
         reset = (~_finite_rows(A)).tolist()
         if any(reset):
             A = _reset_statistics(group, A, reset, label, report)
-        has_root = [f.has_root for f in states]
-        out = _solve_with_warm_start(
-            opts.root_solver, A, p, opts, lambda g=group: _previous(g), has_root, diag
-        )
+        if uses_eigenbasis(opts.root_solver):  # warm start from the kept eigenbases
+            has_prev = [f.basis is not None for f in states]
+            prev_fn = lambda s=states, A=A: _previous_bases(s, A)  # noqa: E731
+        else:
+            has_prev, prev_fn = [f.has_root for f in states], lambda g=group: _previous(g)
+        out = _solve_with_warm_start(opts.root_solver, A, p, opts, prev_fn, has_prev, diag)
         report.solver_seconds += out.seconds
         ok = out.ok.clone()
         final = out.roots if out.roots is not None else torch.empty_like(A, dtype=opts.root_dtype)
@@ -327,6 +351,12 @@ def compute_roots(
                 f.converged, f.solver = False, ""
                 f.error = "statistics were non-finite and were reset to zero; previous root kept"
                 continue
+            f.warm = out.warm[i] if i < len(out.warm) else ""
+            f.warm_hits += f.warm in ("accepted", "refined")
+            if out.bases is not None and primary_ok:
+                f.basis = out.bases[i].to(opts.root_dtype).clone()  # the next round's warm start
+            elif not primary_ok:
+                f.basis = None  # the fallback's root has no basis: the next round starts cold
             if primary_ok:
                 f.iterations, f.residual, f.kappa = out.iterations[i], out.residual[i], out.kappa[i]
                 f.psd_shift, f.psd_floor, f.eps_abs = out.regularisation(i)
@@ -464,6 +494,12 @@ def _inputs(group: list[RootJob], dtype: torch.dtype, beta2: float | None) -> to
 
 def _all_due(job: RootJob) -> bool:
     return job.positions == list(range(job.bucket.factors[job.slot].shape[0]))
+
+
+def _previous_bases(states: list[FactorState], like: torch.Tensor) -> torch.Tensor:
+    """The kept eigenbases of the due factors, stacked (identity where a factor has none)."""
+    eye = torch.eye(like.shape[-1], dtype=like.dtype, device=like.device)
+    return torch.stack([f.basis if f.basis is not None else eye for f in states])
 
 
 def _previous(group: list[RootJob]) -> torch.Tensor:

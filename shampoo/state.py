@@ -51,10 +51,15 @@ class FactorState:
     regularisation: float = math.nan  # psd_shift + eps_abs: the whole shift of the matrix solved
     factor_resets: int = 0  # times the statistics were reset because they became non-finite
     error: str = ""
+    # Eigenbasis solvers (root_solver "eigh_warm"): the eigenvectors of the last root, the next round's
+    # warm start (checkpointed), and the solver's verdict on its warm start ("accepted", "refined", ...)
+    basis: torch.Tensor | None = None
+    warm: str = ""
+    warm_hits: int = 0  # rounds whose warm start was accepted or refined (not a fallback)
 
 
 # FactorState fields that are tensors or fixed by the layout (not flattened as bookkeeping).
-_FACTOR_FIXED = ("dim", "n", "root_p", "matrix", "root")
+_FACTOR_FIXED = ("dim", "n", "root_p", "matrix", "root", "basis")
 
 
 @dataclass
@@ -103,6 +108,8 @@ def flatten(state: ParamState) -> dict[str, Any]:
             fp = f"{pre}factors.{f.dim}."
             out[fp + "matrix"] = mirror_upper_(f.matrix).clone()
             out[fp + "root"] = f.root.clone()
+            if f.basis is not None:
+                out[fp + "basis"] = f.basis.clone()
             for fld in dataclasses.fields(FactorState):
                 if fld.name not in _FACTOR_FIXED:
                     out[fp + fld.name] = getattr(f, fld.name)
@@ -194,6 +201,10 @@ def restore(state: ParamState, flat: dict[str, Any]) -> None:
             # a non-finite root is refused: it would be applied as it is until the next round.
             _copy_into(f.matrix, flat[fp + "matrix"], f"{key!r} {fp}matrix")
             _copy_into(f.root, flat[fp + "root"], f"{key!r} {fp}root", finite=True)
+            f.basis = None
+            if fp + "basis" in flat:  # a warm-start eigenbasis (eigh_warm); eigh_warm checks it again
+                f.basis = torch.empty_like(f.root)
+                _copy_into(f.basis, flat[fp + "basis"], f"{key!r} {fp}basis", finite=True)
             for fld in dataclasses.fields(FactorState):
                 if fld.name not in _FACTOR_FIXED and fp + fld.name in flat:
                     setattr(f, fld.name, _bookkeeping(flat[fp + fld.name], fld, f"{key!r} {fp}{fld.name}"))
