@@ -88,22 +88,18 @@ import logging
 import math
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
 from .. import arguments, precision
 from .. import psd as psd_policy
-from ..errors import InvalidArgumentError
-from ..inputs import Problem, all_finite
+from ..inputs import Problem
 from .base import RawResult
 from .eigh import EighConfig
 from .registry import register
+from .warm_basis import warm_basis
 
 log = logging.getLogger("matroots")
 
-_PROBES = 8  # random vectors of the orthogonality estimate
-_CLOSE = 1e-3  # |z_i - z_j| <= _CLOSE max(z_i, z_j): divided difference from the derivatives
-_MAX_DEFECT = 1e-2  # a warm basis further from orthonormal than this is refused (fallback)
 _MAX_ITER = 3  # default refinement steps before the fallback
 _TRUSTED = 4.0  # a basis with ||Q^T Q - I||_F <= 4 n u is used without forming Q^T Q
 
@@ -160,7 +156,7 @@ class EighWarmConfig(EighConfig):
             return raw
         A, base_info = self._working_matrix(prob)
         run = _Run(self, prob, A, base_info, inverse)
-        basis = _warm_basis(warm_start, prob, A)
+        basis = warm_basis(warm_start, A)
         if basis is None:
             run.cold(torch.arange(A.shape[0]), "cold")
         else:
@@ -582,75 +578,6 @@ class _Step:
             share = torch.full((pos.numel(),), (size / n) ** 2, dtype=torch.float64)
             run.gemms.index_add_(0, self.idx[sel[pos.cpu()]], share)
         return Qn
-
-
-def _orthogonality_defect(Q: torch.Tensor) -> torch.Tensor:
-    """Randomized estimate of ||Q^T Q - I||_F per element (float64, CPU), times a safety factor of 3.
-
-    Hutchinson's identity E ||M z||^2 = ||M||_F^2 for z ~ N(0, I) with 8 probes (two thin products,
-    16/n of a GEMM); for the worst case (M of rank one) it underestimates by 3x with probability ~1e-3.
-    """
-    b, n = Q.shape[0], Q.shape[-1]
-    g = torch.Generator(device=Q.device).manual_seed(0x5EED)
-    Z = torch.randn(b, n, _PROBES, generator=g, device=Q.device, dtype=torch.float64).to(Q.dtype)
-    R = Q.mT @ (Q @ Z) - Z
-    est = 3.0 * _norm2(R) / math.sqrt(_PROBES)
-    return torch.maximum(est.cpu(), torch.full_like(est.cpu(), n * precision.unit_roundoff(Q.dtype)))
-
-
-def _warm_basis(
-    ws: object, prob: Problem, A: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, list[str]] | None:
-    """(Q, defect bound, per-element reason not to use it) from ``warm_start``; None for a cold call."""
-    if ws is None:
-        return None
-    b, n = A.shape[0], A.shape[-1]
-    defect = None
-    if hasattr(ws, "root") and hasattr(ws, "info"):  # a RootResult
-        info = ws.info if isinstance(ws.info, dict) else {}
-        Q = info.get("eigenvectors")
-        if Q is None:
-            raise InvalidArgumentError(
-                f"warm_start is a result of method {getattr(ws, 'method', '?')!r} without "
-                "info['eigenvectors']; eigh_warm starts from an eigenbasis: pass a previous eigh_warm "
-                "result or an eigenvector tensor of shape (..., n, n)"
-            )
-        defect = info.get("basis_defect")
-    else:
-        Q = ws
-    if isinstance(Q, np.ndarray):
-        Q = torch.from_numpy(Q)
-    if not isinstance(Q, torch.Tensor) or Q.ndim < 2 or tuple(Q.shape[-2:]) != (n, n):
-        shape = tuple(Q.shape) if isinstance(Q, torch.Tensor) else type(Q).__name__
-        raise InvalidArgumentError(
-            f"warm_start eigenbasis must have shape (..., {n}, {n}) like A, got {shape}"
-        )
-    Q = Q.detach().reshape(-1, n, n)
-    if Q.shape[0] not in (1, b):
-        raise InvalidArgumentError(
-            f"warm_start holds {Q.shape[0]} eigenbases for a batch of {b} matrices; pass one per matrix "
-            "(same batch shape as A) or a single (n, n) basis for all"
-        )
-    Q = Q.to(device=A.device, dtype=A.dtype).expand(b, n, n)
-    finite = torch.ones(b, dtype=torch.bool) if all_finite(Q) else torch.isfinite(Q).flatten(1).all(-1).cpu()
-    if defect is not None:
-        dv = torch.as_tensor(defect, dtype=torch.float64).reshape(-1).cpu()
-        defect = dv.expand(b).clone() if dv.numel() in (1, b) else None
-    if defect is None:
-        defect = _orthogonality_defect(
-            torch.where(finite.to(Q.device).view(-1, 1, 1), Q, torch.zeros_like(Q))
-        )
-    bad = []
-    for i in range(b):
-        if not bool(finite[i]):
-            bad.append("warm basis has non-finite entries")
-        elif float(defect[i]) > _MAX_DEFECT:
-            bad.append(
-                f"warm basis is not orthonormal (||Q^T Q - I||_F ~ {float(defect[i]):.2e} > {_MAX_DEFECT:g})"
-            )
-        else:
-            bad.append("")
-    return Q, defect, bad
 
 
 __all__ = ["EighWarmConfig"]
