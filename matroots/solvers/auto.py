@@ -287,7 +287,7 @@ class AutoConfig(SolverConfig):
         if unattainable and self.warn:
             msg = f"method='auto': {unattainable[0][0].reason} (target {target:g}); using the most accurate candidate"
             warnings.warn(msg, TargetWarning, stacklevel=2)
-            log.warning(msg)
+            log.info(msg)  # the TargetWarning is the user-facing report
         chosen = [""] * b
         for _, idx, _, used, _, _ in groups:
             for i in idx:
