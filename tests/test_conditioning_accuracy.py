@@ -66,8 +66,7 @@ def _cond_by_differences(A: np.ndarray, p: int, inverse: bool) -> float:
     return float(np.linalg.norm(_kron_by_differences(A, q), 2) * np.linalg.norm(A) / np.linalg.norm(fA))
 
 
-@pytest.mark.parametrize("inverse", (True, False))
-@pytest.mark.parametrize("p", (2, 3))
+@pytest.mark.parametrize(("p", "inverse"), ((2, True), (3, False)))
 def test_cond_root_matches_an_independent_kronecker_form(p, inverse):
     rng = np.random.default_rng(p)
     spd, _ = matrices.generate("randsvd3", 4, 1e2, rng)
@@ -207,6 +206,6 @@ def test_converged_roots_are_within_the_condition_number_bound(dtype):
 @pytest.mark.parametrize("dtype", (torch.float64, torch.float32), ids=("fp64", "fp32"))
 def test_converged_roots_are_within_the_condition_number_bound_heavy(dtype):
     failures = []
-    for label, A, well_posed in _cases(dtype, n=20, seeds=2):
+    for label, A, well_posed in _cases(dtype, n=20, seeds=1):
         failures += _check(label, A, dtype, well_posed)
     assert not failures, "\n".join(failures)
