@@ -39,6 +39,7 @@ import argparse
 import json
 import math
 import platform
+import re
 import sys
 import time
 from collections import Counter
@@ -188,7 +189,11 @@ def summarise(rows: list[dict]) -> dict:
         "est_bounds_err": (sum(r["estimate"] >= r["err"] for r in warm) / len(warm))
         if warm and rows[0]["dtype"] == "fp32"
         else math.nan,
-        "fallback_reasons": Counter(r["why"].split("(")[0].strip() for r in rows if r["path"] == "fallback"),
+        "fallback_reasons": Counter(
+            re.sub(r"\d[\d.e+-]*", "#", r["why"]).split("(")[0].strip()
+            for r in rows
+            if r["path"] == "fallback"
+        ),
     }
 
 
