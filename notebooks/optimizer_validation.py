@@ -64,8 +64,9 @@ print(f"{len(runs)} training runs, {runs['task'].nunique()} tasks, seeds {sorted
 # ## Steps-to-target
 #
 # One row per optimizer configuration at its best learning rate (lowest median final validation
-# loss over seeds). `steps_ratio` < 1 means fewer steps than AdamW to reach AdamW's own best final
-# loss; `time_ratio_cpu` is the median over seeds of the per-step CPU-time ratio against AdamW,
+# loss over seeds). Steps-to-target is read off the median-over-seeds validation curve.
+# `steps_ratio` < 1 means fewer steps than AdamW to reach AdamW's own best final loss (each at its
+# best-final lr); `min_steps_ratio` compares the fastest lr of each (`min_steps_lr`); `time_ratio_cpu` is the median over seeds of the per-step CPU-time ratio against AdamW,
 # timed interleaved inside each unit (one thread, so CPU time is compute time; the wall-clock ratio
 # `time_ratio` is shown too, but on a shared machine it carries other processes' load).
 
@@ -76,19 +77,19 @@ display(table)
 # %%
 lines = []
 for task, g in summary.best(s).groupby("task"):
-    sh = g[g["optimizer"] == "shampoo"].sort_values(["steps_ratio", "final_val_loss"])
+    sh = g[g["optimizer"] == "shampoo"].sort_values(["min_steps_ratio", "final_val_loss"])
     ad = g[g["optimizer"] == "adamw"].iloc[0]
     if sh.empty:
         continue
     b = sh.iloc[0]
-    verdict = "meets" if b["steps_ratio"] <= 0.7 else "misses"
+    verdict = "meets" if b["min_steps_ratio"] <= 0.7 else "misses"
     lines.append(
-        f"* **{task}**: the best Shampoo config, `{b['config']}` (lr {b['lr']:g}), reaches AdamW's best final "
-        f"validation loss {b['target']:.4f} in {b['steps_to_target']:.0f} steps against AdamW's "
-        f"{ad['steps_to_target']:.0f} (**{b['steps_ratio']:.2f}x**, {verdict} the 0.7x target), ending at "
-        f"{b['final_val_loss']:.4f} vs {ad['final_val_loss']:.4f}; one Shampoo step costs "
-        f"{b['time_ratio_cpu']:.1f}x an AdamW step in CPU time, so time-to-target is "
-        f"{b['steps_ratio'] * b['time_ratio_cpu']:.2f}x AdamW's."
+        f"* **{task}**: the fastest Shampoo config, `{b['config']}`, reaches AdamW's best final validation "
+        f"loss {b['target']:.4f} in {b['min_steps_to_target']:.0f} steps (lr {b['min_steps_lr']:g}) against "
+        f"AdamW's {ad['min_steps_to_target']:.0f} (**{b['min_steps_ratio']:.2f}x**, {verdict} the 0.7x "
+        f"target; {b['steps_ratio']:.2f}x at each one's best-final lr), ending at {b['final_val_loss']:.4f} "
+        f"vs {ad['final_val_loss']:.4f}; one Shampoo step costs {b['time_ratio_cpu']:.1f}x an AdamW step "
+        f"in CPU time."
     )
 display(Markdown("\n".join(lines) if lines else "No Shampoo runs in this grid."))
 

@@ -278,10 +278,13 @@ def test_summary_definitions_on_hand_made_curves() -> None:
     assert b.loc["shampoo", "steps_to_target"] == 10 and b.loc["shampoo", "steps_ratio"] == pytest.approx(
         1 / 3
     )
-    assert b.loc["shampoo", "time_ratio"] == 2.0 and b.loc[
-        "shampoo", "time_to_target_ratio"
-    ] == pytest.approx(2 / 3)
+    assert b.loc["shampoo", "time_ratio"] == 2.0 and b.loc["shampoo", "time_ratio_cpu"] == 3.0
+    assert b.loc["shampoo", "time_to_target_ratio"] == pytest.approx(1 / 3 * 3.0)  # steps x CPU ratio
     assert b.loc["shampoo", "cpu_to_target_ratio"] == pytest.approx(2 / 6)
+    assert b.loc["shampoo", "min_steps_to_target"] == 10 and b.loc[
+        "shampoo", "min_steps_ratio"
+    ] == pytest.approx(1 / 3)
+    assert b.loc["adamw", "min_steps_to_target"] == 30 and b.loc["adamw", "min_steps_lr"] == 1e-2
     two = b.loc["two"]
     assert two["steps_to_target"] == 20 and math.isinf(two["steps_to_target_per_seed"])  # median of [10, inf]
     assert two["final_val_loss"] == pytest.approx(0.725) and two["seeds"] == 2
@@ -347,3 +350,18 @@ def test_forward_errors_of_real_shampoo_roots(root_dtype: str) -> None:
         assert r["forward_error_solved"] <= 10 * (r["kappa"] / 4) * u, r
         if r["n"] > 16:  # rank <= 2 steps x batch 8 < n: eps 1e-12 is far below the shift applied
             assert r["forward_error"] > 0.1
+
+
+def test_seed_order_covers_every_task_first() -> None:
+    raw = {
+        "seeds": [0, 1],
+        "tasks": {"digits": {}, "lsq": {}},
+        "optimizers": [{"name": "adamw", "lr": [1e-3]}, {"name": "sgd", "lr": [0.1]}],
+    }
+    by_task = [(u.task.name, u.seed) for u in config.from_dict(raw).units()]
+    by_seed = [(u.task.name, u.seed) for u in config.from_dict({**raw, "order": "seed"}).units()]
+    assert by_task[:4] == [("digits", 0)] * 2 + [("digits", 1)] * 2
+    assert by_seed[:4] == [("digits", 0)] * 2 + [("lsq", 0)] * 2
+    assert sorted(by_task) == sorted(by_seed)
+    with pytest.raises(InvalidArgumentError, match="order must be"):
+        config.from_dict({**raw, "order": "random"})

@@ -4,6 +4,7 @@ A config looks like (see ``experiments/configs/validate_demo.toml``)::
 
     name = "validate_demo"
     seeds = [0, 1, 2]
+    order = "task"           # or "seed": every task's first seed first (useful partial runs)
 
     [timing]                 # the in-unit interleaved step timing against AdamW
     rounds = 3               # alternating (this optimizer, AdamW) chunks
@@ -122,6 +123,7 @@ class ValidationGrid:
     root_error_samples: int = 4
     reference_eps: float = 1e-6
     reference_eps_mode: str = "relative"
+    order: str = "task"
     raw: dict[str, Any] = field(default_factory=dict)
 
     def config_hash(self) -> str:
@@ -134,17 +136,22 @@ class ValidationGrid:
         return entry_lrs.get(task, entry_lrs.get("default", ()))
 
     def units(self) -> list[Unit]:
-        """All units, baseline (AdamW) first within each task and seed, so targets exist early."""
+        """All units, baseline (AdamW) first within each task and seed, so targets exist early.
+
+        ``order = "task"`` (default) runs task by task; ``order = "seed"`` runs seed by seed (every task's
+        first seed first), so that an interrupted or partial run already covers every task."""
         out: list[Unit] = []
         rank = {n: i for i, n in enumerate((BASELINE, "sgd", "shampoo"))}
-        for task in self.tasks:
-            for seed in task.seeds or self.seeds:
-                entries = sorted(self.entries, key=lambda e: rank[e[0].name])
-                for spec, lrs, only in entries:
-                    if only and task.name not in only:
-                        continue
-                    for lr in self.lrs(lrs, task.name):
-                        out.append(self._unit(task, spec, lr, seed))
+        entries = sorted(self.entries, key=lambda e: rank[e[0].name])
+        pairs = [(t, seed) for t in self.tasks for seed in (t.seeds or self.seeds)]
+        if self.order == "seed":
+            pairs.sort(key=lambda ts: sorted(ts[0].seeds or self.seeds).index(ts[1]))
+        for task, seed in pairs:
+            for spec, lrs, only in entries:
+                if only and task.name not in only:
+                    continue
+                for lr in self.lrs(lrs, task.name):
+                    out.append(self._unit(task, spec, lr, seed))
         keys = [u.key for u in out]
         if len(set(keys)) != len(keys):
             dup = sorted({k for k in keys if keys.count(k) > 1})
@@ -214,7 +221,7 @@ def _solvers(value: Any, where: str) -> list[tuple[str, dict[str, Any], str]]:
 
 def from_dict(raw: dict[str, Any]) -> ValidationGrid:
     """Validate a parsed config (see the module docstring) and build the grid."""
-    known = {"name", "seeds", "tasks", "optimizers", "timing", "diagnostics"}
+    known = {"name", "seeds", "tasks", "optimizers", "timing", "diagnostics", "order"}
     extra = set(raw) - known
     if extra:
         raise _bad(f"unknown keys {sorted(extra)}; allowed: {sorted(known)}")
@@ -301,6 +308,9 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
         raise _bad(f"optimizer configs with the same label {dup[:3]}: give them distinct 'label's")
     timing = raw.get("timing", {})
     diag = raw.get("diagnostics", {})
+    order = raw.get("order", "task")
+    if order not in ("task", "seed"):
+        raise _bad(f"order must be 'task' or 'seed', got {order!r}")
     bad = set(timing) - {"rounds", "chunk_steps"}
     bad |= set(diag) - {"root_error_samples", "reference_eps", "reference_eps_mode"}
     if bad:
@@ -319,6 +329,7 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
         root_error_samples=int(diag.get("root_error_samples", 4)),
         reference_eps=float(diag.get("reference_eps", 1e-6)),
         reference_eps_mode=str(diag.get("reference_eps_mode", "relative")),
+        order=order,
         raw=raw,
     )
 

@@ -22,8 +22,8 @@ def steps_table(summary: pd.DataFrame) -> pd.DataFrame:
     """Each config at its best lr, the columns of the steps-to-target table."""
     b = best(summary)
     cols = ["task", "config", "lr", "final_val_loss", "spread", "final_metric", "steps_to_target",
-            "steps_ratio", "time_ratio_cpu", "time_ratio", "time_to_target_ratio", "reached", "seeds",
-            "failures"]  # fmt: skip
+            "steps_ratio", "min_steps_to_target", "min_steps_lr", "min_steps_ratio", "time_ratio_cpu",
+            "time_ratio", "time_to_target_ratio", "reached", "seeds", "failures"]  # fmt: skip
     return b[[c for c in cols if c in b]].sort_values(["task", "steps_ratio"], kind="stable")
 
 
@@ -34,17 +34,21 @@ def format_report(tables: dict[str, pd.DataFrame]) -> str:
         t = s[s["task"] == task].iloc[0]
         lines.append(
             f"== {task}: target = AdamW's best final val loss {_f(float(t['target']), '.4f')} "
-            f"(metric: {t.get('metric_name', '')})"
+            f"(metric: {t.get('metric_name', '')}); 'steps' at each config's best-final lr, "
+            "'fastest' over its lrs; time per step vs AdamW, interleaved in the same process"
         )
         lines.append(
             f"{'config':<52} {'lr':>8} {'final val':>10} {'IQR':>8} {'metric':>8} {'steps':>6} "
-            f"{'x AdamW':>8} {'t/step cpu':>10} {'t/step wall':>11} {'reached':>8} {'fail':>4}"
+            f"{'x AdamW':>8} {'fastest':>7} {'at lr':>7} {'x AdamW':>8} {'t/step cpu':>10} {'t/step wall':>11} "
+            f"{'reached':>8} {'fail':>4}"
         )
         for _, r in g.iterrows():
             lines.append(
                 f"{r['config']:<52} {r['lr']:>8.2g} {_f(r['final_val_loss'], '.4f'):>10} "
                 f"{_f(r['spread'], '.2g'):>8} {_f(r['final_metric'], '.4f'):>8} "
                 f"{_f(r['steps_to_target'], '.0f'):>6} {_f(r['steps_ratio'], '.2f'):>8} "
+                f"{_f(r['min_steps_to_target'], '.0f'):>7} {r['min_steps_lr']:>7.2g} "
+                f"{_f(r['min_steps_ratio'], '.2f'):>8} "
                 f"{_f(r['time_ratio_cpu'], '.2f'):>10} {_f(r['time_ratio'], '.2f'):>11} "
                 f"{int(r['reached'])}/{int(r['seeds']):<6} {int(r['failures']):>4}"
             )
