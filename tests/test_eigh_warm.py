@@ -364,3 +364,15 @@ def test_shipped_shampoo_factors_mid_to_late(tmp_path):
         assert res.converged is True
         paths.append(res.info["warm"].split(":")[0])
     assert len(paths) >= 6 and "fallback" in paths, paths
+
+
+def test_autograd_input_takes_the_differentiable_eigh_path():
+    seq = spd_sequence(8, 1e2, 2, 1, angle=1e-3, seed=19)[:, 0]
+    r0 = matroots.inverse_root(torch.from_numpy(seq[0]), 2, method="eigh_warm")
+    A = torch.from_numpy(seq[1]).requires_grad_(True)
+    res = matroots.inverse_root(A, 2, method="eigh_warm", warm_start=r0)
+    assert res.info["warm"].startswith("cold (autograd")
+    res.root.sum().backward()
+    B = A.detach().clone().requires_grad_(True)
+    matroots.inverse_root(B, 2, method="eigh").root.sum().backward()
+    assert A.grad is not None and torch.equal(A.grad, B.grad)  # exactly eigh's Daleckii-Krein gradient
