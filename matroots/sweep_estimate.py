@@ -154,9 +154,7 @@ def _prior_coef(grid: gridmod.GridSpec) -> np.ndarray:
     return coef
 
 
-def fit(
-    X: np.ndarray, y_log: np.ndarray, prior: np.ndarray, ridge: float = 1.0
-) -> tuple[np.ndarray, float]:
+def fit(X: np.ndarray, y_log: np.ndarray, prior: np.ndarray, ridge: float = 1.0) -> tuple[np.ndarray, float]:
     """Least squares of log cost on the features, shrunk towards ``prior`` (ridge; the intercept free)."""
     lam = np.full(X.shape[1], ridge)
     lam[0] = 0.0

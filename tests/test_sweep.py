@@ -17,6 +17,7 @@ from _tiny_sweep import TINY, drop_timing
 
 from matroots import grid, report, sweep
 
+
 @pytest.fixture
 def tiny_config(tmp_path: Path) -> Path:
     p = tmp_path / "tiny.toml"
