@@ -69,8 +69,15 @@ A the matrix solved (after the psd policy, :mod:`matroots.psd`) and f the root's
 Cost in GEMMs (n x n products) per matrix: accepted at once 3 (S and the root W W^T, W = Q~ f^(1/2));
 each refinement step 5 (E^2, Q V, Q^T Q, A Q, Q^T (A Q)), so refined after one step 8, after two 13;
 the cluster blocks add sum (size/n)^2; a fallback adds one eigh. The elementwise work of the estimate
-is ~20 passes over n x n (about 0.1 GEMM each at n = 256 on a CPU, 0.4 at n = 64). A cold call (no
-``warm_start``) is a plain eigh, identical to ``method="eigh"``.
+is ~10 passes over n x n per estimate and ~10 per refinement step, plus a fixed per-call cost of
+~1 ms of small torch calls. On a CPU that is not free: each pass costs 0.1-0.5 GEMM at n = 256 (it is
+memory-bound), so measured per update the warm path is *slower* than LAPACK's eigh on the 2-core CPU
+this was developed on (``experiments/bench_eigh_warm.py``). It pays where GEMMs are cheap next to an
+eigendecomposition (accelerators) and when the basis is already good (accepted at once). A cold call
+(no ``warm_start``) is a plain eigh, identical to ``method="eigh"``.
+
+Shampoo (``root_solver="eigh_warm"``) keeps each factor's eigenbasis in its state (checkpointed) and
+passes it as the next round's warm start (:mod:`shampoo.roots`, ``warm_start_kind = "eigenbasis"``).
 
 The result's ``info`` holds ``eigenvectors`` (the new basis, batch shape x n x n, columns in ascending
 order of ``eigenvalues``), ``eigenvalues`` (the Ritz values used for the root, in the user's units,
