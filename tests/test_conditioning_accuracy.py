@@ -70,8 +70,8 @@ def _cond_by_differences(A: np.ndarray, p: int, inverse: bool) -> float:
 @pytest.mark.parametrize(("p", "inverse"), ((2, True), (3, False)))
 def test_cond_root_matches_an_independent_kronecker_form(p, inverse):
     rng = np.random.default_rng(p)
-    spd, _ = matrices.generate("randsvd3", 4, 1e2, rng)
-    general, _ = matrices.generate("nonsymmetric", 4, 10.0, rng, max_angle=1.0)
+    spd, _ = matrices.generate("randsvd3", 3, 1e2, rng)
+    general, _ = matrices.generate("nonsymmetric", 3, 10.0, rng, max_angle=1.0)
     for A in (spd, general):
         assert conditioning.cond_root(A, p, inverse=inverse) == pytest.approx(
             _cond_by_differences(A, p, inverse), rel=1e-6
