@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,8 @@ class SelectionTable:
         self.provenance = provenance or {}
         self.source = source
         self._memo: dict[tuple, tuple[pd.DataFrame | None, str]] = {}
+        self._edges: dict[tuple, np.ndarray] = {}
+        self._lookups: dict[tuple, Lookup] = {}
         self.targets = sorted(float(t) for t in df["target"].unique()) if len(df) else []
 
     @classmethod
@@ -87,10 +90,17 @@ class SelectionTable:
     def kappa_edges(self, *, device: str, dtype: Any, n: int, p: Any) -> np.ndarray:
         """Sorted kappa band edges of the cells of (device, dtype, n, p) (empty outside the table):
         problems whose kappa falls between the same two edges get the same lookup."""
-        dn, _ = self._rows_for(device, dtype, n, p)
-        if dn is None:
-            return np.empty(0)
-        return np.unique(np.concatenate([dn["kappa_lo"].to_numpy(float), dn["kappa_hi"].to_numpy(float)]))
+        key = (device, precision.info(dtype).name, int(n), float(p))
+        if key not in self._edges:
+            dn, _ = self._rows_for(device, dtype, n, p)
+            self._edges[key] = (
+                np.empty(0)
+                if dn is None
+                else np.unique(
+                    np.concatenate([dn["kappa_lo"].to_numpy(float), dn["kappa_hi"].to_numpy(float)])
+                )
+            )
+        return self._edges[key]
 
     def _find_rows(self, device: str, dtype: Any, n: int, p: Any) -> tuple[pd.DataFrame | None, str]:
         name = precision.info(dtype).name
@@ -121,7 +131,19 @@ class SelectionTable:
 
     def lookup(self, *, device: str, dtype: Any, n: int, kappa: float, p: Any, target: float) -> Lookup:
         """The row for one problem: the cell containing (device, dtype, n, kappa, p) at the loosest
-        table target that is still <= ``target`` (meeting a tighter target meets the requested one)."""
+        table target that is still <= ``target`` (meeting a tighter target meets the requested one).
+
+        Memoised per (device, dtype, n, p, kappa band, target): a Shampoo run asks the same
+        questions every round."""
+        edges = self.kappa_edges(device=device, dtype=dtype, n=n, p=p)
+        band = int(np.searchsorted(edges, kappa, side="right")) if math.isfinite(kappa) else -1
+        key = (device, precision.info(dtype).name, int(n), float(p), band, float(target))
+        hit = self._lookups.get(key)
+        if hit is None:
+            hit = self._lookups[key] = self._lookup(device, dtype, n, kappa, p, target)
+        return hit
+
+    def _lookup(self, device: str, dtype: Any, n: int, kappa: float, p: Any, target: float) -> Lookup:
         dn, why = self._rows_for(device, dtype, n, p)
         if dn is None:
             return Lookup("outside", why)
@@ -152,8 +174,18 @@ def _load_cached(path: str, mtime: float) -> SelectionTable:
     return SelectionTable.load(path)
 
 
+_RECENT: dict[str, tuple[float, SelectionTable]] = {}
+_RECHECK_SECONDS = 1.0
+
+
 def load_table(path: str | Path | None = None, device: str = "cpu") -> SelectionTable:
-    """The table at ``path`` (default: the shipped table of ``device``), cached per file version."""
+    """The table at ``path`` (default: the shipped table of ``device``), cached per file version (the
+    file's modification time is checked at most once a second)."""
+    key = f"{path}|{device}"
+    hit = _RECENT.get(key)
+    now = time.monotonic()
+    if hit is not None and now - hit[0] < _RECHECK_SECONDS:
+        return hit[1]
     p = Path(path) if path is not None else shipped_path(device)
     if not p.exists():
         if path is None:
@@ -162,7 +194,9 @@ def load_table(path: str | Path | None = None, device: str = "cpu") -> Selection
                 "`matroots tune experiments/configs/tune_default.toml --out runs/NAME --install`"
             )
         raise FileNotFoundError(f"no selection table {p}")
-    return _load_cached(str(p), p.stat().st_mtime)
+    tab = _load_cached(str(p), p.stat().st_mtime)
+    _RECENT[key] = (now, tab)
+    return tab
 
 
 __all__ = ["DATA_DIR", "Lookup", "SelectionTable", "load_table", "shipped_path"]
