@@ -424,8 +424,8 @@ class CoupledNewtonConfig(SolverConfig):
         cannot see. One LAPACK eigenvalue computation of the root per element (float64).
         """
         for i in range(out.X.shape[0]):
-            if not bool(out.converged[i]):
-                continue
+            if not bool(out.converged[i]) or not bool(torch.isfinite(out.X[i]).all()):
+                continue  # a non-finite root is reported by the finalisation
             mu = torch.linalg.eigvals(out.X[i].double()).numpy()
             if not (np.abs(np.angle(mu)) < np.pi / p).all():
                 out.converged[i] = False
@@ -453,6 +453,9 @@ class CoupledNewtonConfig(SolverConfig):
         r_all = []
         for i in range(out.X.shape[0]):
             X = out.X[i].double()
+            if not bool(torch.isfinite(X).all()):
+                r_all.append(math.inf)
+                continue
             As = _materialise(A[i : i + 1], shift[i : i + 1], torch.float64)[0]
             R = torch.linalg.matrix_power(X, p) @ As - torch.eye(n, dtype=torch.float64)
             scale = torch.linalg.matrix_norm(X, ord=2) ** p * torch.linalg.matrix_norm(As, ord=2)
