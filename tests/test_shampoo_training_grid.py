@@ -104,8 +104,8 @@ def train(task: str, solver: str, config: str) -> tuple[list[float], shampoo.Sha
         opt = shampoo.Shampoo(
             model.named_parameters(),
             lr=lr,
-            precondition_frequency=10,
-            start_preconditioning_step=10,
+            precondition_frequency=20,  # 5 root rounds (and warm starts) in 100 steps
+            start_preconditioning_step=20,
             root_solver=solver,
             **CONFIGS[config],
         )
