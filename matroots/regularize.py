@@ -6,7 +6,8 @@
   lambda_max is that of A as rounded to the working format: its largest eigenvalue for symmetric input,
   its largest eigenvalue modulus (spectral radius) for general input; identical in every solver up to
   how it is computed (eigh and schur_newton: from their eigen/Schur decomposition; coupled_newton: the
-  top Lanczos Ritz value, or LAPACK eigenvalues for general input). Every solver reports the shift it
+  top Lanczos Ritz value certified to 1e-12 relative by its residual bound, or LAPACK eigenvalues for
+  general input). Every solver reports the shift it
   applied in ``info["eps_abs"]`` (user units, per element); measure against A + eps_abs I
   (:func:`matroots.metrics.solved_metrics`).
 
