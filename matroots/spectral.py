@@ -43,6 +43,21 @@ def _start_vectors(batch: int, n: int, dtype: torch.dtype, device: torch.device)
     return v / v.norm(dim=-1, keepdim=True)
 
 
+def _matvec(A: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A v for symmetric A (b, n, n), v (b, n), computed as the row product v^T A.
+
+    The row form is batch-invariant (each element's result is bitwise the same whether it is solved
+    alone or in a stack, so a batched solve equals per-element solves) and faster on CPU (MKL);
+    ``bmm(A, v[..., None])`` is neither: its rounding depends on the batch size.
+    """
+    return torch.bmm(v.unsqueeze(-2), A).squeeze(-2)
+
+
+def _project(V: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """V V^T w (b, n) for V (b, n, k), in the batch-invariant row form (see :func:`_matvec`)."""
+    return torch.bmm(torch.bmm(w.unsqueeze(-2), V), V.mT).squeeze(-2)
+
+
 def power_lambda_max(A: torch.Tensor, iters: int = 20) -> tuple[torch.Tensor, int]:
     """Rayleigh-quotient estimate of lambda_max of symmetric ``A`` (b, n, n) by power iteration.
 
@@ -54,7 +69,7 @@ def power_lambda_max(A: torch.Tensor, iters: int = 20) -> tuple[torch.Tensor, in
     v = _start_vectors(b, n, work.dtype, work.device)
     est = torch.zeros(b, dtype=work.dtype, device=work.device)
     for _ in range(iters):
-        w = torch.bmm(work, v.unsqueeze(-1)).squeeze(-1)
+        w = _matvec(work, v)
         est = (v * w).sum(-1)
         nrm = w.norm(dim=-1, keepdim=True)
         v = w / torch.where(nrm > 0, nrm, torch.ones_like(nrm))
@@ -79,12 +94,12 @@ def lanczos_extremes(A: torch.Tensor, steps: int | None = None) -> SpectrumEstim
     g = torch.Generator(device="cpu").manual_seed(0x1A2C)
     for j in range(k):
         V[:, :, j] = v
-        w = torch.bmm(work, v.unsqueeze(-1)).squeeze(-1)
+        w = _matvec(work, v)
         used += 1
         alpha[:, j] = (v * w).sum(-1)
         Vj = V[:, :, : j + 1]
         for _ in range(2):  # classical Gram-Schmidt twice ("twice is enough")
-            w = w - torch.bmm(Vj, torch.bmm(Vj.mT, w.unsqueeze(-1))).squeeze(-1)
+            w = w - _project(Vj, w)
         bj = w.norm(dim=-1)
         broke = bj <= 1e-13 * scale
         beta[:, j] = torch.where(broke, torch.zeros_like(bj), bj)
@@ -92,9 +107,9 @@ def lanczos_extremes(A: torch.Tensor, steps: int | None = None) -> SpectrumEstim
             if bool(broke.any()):
                 # Invariant subspace found: restart with a fresh direction orthogonal to the basis
                 # (beta_j = 0 splits T into blocks whose Ritz values all lie in the spectrum).
-                r = torch.randn(b, n, generator=g, dtype=torch.float64).to(work)
+                r = torch.randn(n, generator=g, dtype=torch.float64).to(work).expand(b, n)
                 for _ in range(2):
-                    r = r - torch.bmm(Vj, torch.bmm(Vj.mT, r.unsqueeze(-1))).squeeze(-1)
+                    r = r - _project(Vj, r)
                 w = torch.where(broke.unsqueeze(-1), r, w)
                 bj = torch.where(broke, w.norm(dim=-1), bj)
             safe = torch.where(bj > 0, bj, torch.ones_like(bj))

@@ -27,7 +27,11 @@ start made it ~kappa u instead (hilb(10), p = 2, fp64: 1e-5 flagged converged; n
 root of a matrix within eta of A, so its error is at most ~cond(A^{1/p}) eta.
 
 The spectral estimates' matrix-vector products are counted in ``matmuls`` (n of them = one GEMM), and so
-are the forward root's solves (4/3 each) and its backward-error check.
+are the forward root's solves (4/3 each) and its backward-error check. For a batch, ``matmuls`` is per
+matrix: the n x n products executed divided by the batch size. Converged elements leave the Newton loop's
+active set (:func:`~matroots.solvers.newton_core.coupled_newton_iterate`), so the loop's share is the
+mean of ``info["newton_matmuls"]``, each element's own products, which equal those of its solve alone;
+a batch costs b * matmuls, the sum of its elements' costs.
 
 Regularisation: M_0 = (A + eps_abs I)/c^p is formed before rounding to the compute format, so neither the
 shift nor c has to fit it (fp16). A relative eps is eps times lambda_max of the rounded matrix: the top
@@ -311,12 +315,13 @@ class CoupledNewtonConfig(SolverConfig):
                 compute_dtype=cdt,
                 top=top,
             )
-            matmuls += retry.matmuls
+            matmuls += retry.matmuls * len(idx) / b  # per matrix of the whole batch
             info["retried_frobenius"] = idx
             cp = cp.clone()
             cp[idx] = cp_f
             out = _merge(out, retry, idx)
         info.update(out.notes)
+        info["newton_matmuls"] = out.matmuls_each
         if sym and "divergence" in out.reason:
             self._diagnose_divergence(A, shift, out, prob)
         if eigs is not None:
@@ -592,8 +597,9 @@ def _materialise(A: torch.Tensor, shift: torch.Tensor, dtype: torch.dtype | None
 def _merge(out: NewtonOutcome, sub: NewtonOutcome, idx: list[int]) -> NewtonOutcome:
     """``out`` with the batch elements ``idx`` replaced by those of ``sub`` (a rerun of that subset).
 
-    Iterations add up (the failed attempt was spent too); the rerun's residual history is appended,
-    the other elements repeating their final residual.
+    Iterations and products add up (the failed attempt was spent too; ``matmuls`` stays per matrix of
+    the whole batch); the rerun's residual history is appended, the other elements repeating their
+    final residual.
     """
     X = out.X.clone()
     X[idx] = sub.X
@@ -604,6 +610,10 @@ def _merge(out: NewtonOutcome, sub: NewtonOutcome, idx: list[int]) -> NewtonOutc
     reason = list(out.reason)
     for j, i in enumerate(idx):
         reason[i] = sub.reason[j]
+    each = None
+    if out.matmuls_each is not None and sub.matmuls_each is not None:
+        each = out.matmuls_each.clone()
+        each[idx] = each[idx] + sub.matmuls_each
     history = list(out.history)
     for h in sub.history:
         full = (history[-1] if history else out.residual).clone()
@@ -615,7 +625,9 @@ def _merge(out: NewtonOutcome, sub: NewtonOutcome, idx: list[int]) -> NewtonOutc
         iterations=iters,
         residual=res,
         reason=reason,
-        matmuls=out.matmuls + sub.matmuls,
+        matmuls=out.matmuls + sub.matmuls * len(idx) / out.X.shape[0],
         history=history,
         notes={**out.notes, **sub.notes},
+        matmuls_each=each,
+        compactions=out.compactions + sub.compactions,
     )

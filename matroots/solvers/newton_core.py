@@ -45,8 +45,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..errors import NegativeRealEigenvalueError, UnsupportedExponentError
-from .base import eye_like, matmul_count_power, matrix_power
+from .base import eye_like, matmul_count_power
+from .newton_checks import (  # noqa: F401  (re-exported: the solvers import them from here)
+    check_resolvable_exponent,
+    eigenvalue_backward_error,
+    forward_backward_check,
+    refuse_near_negative_axis,
+)
 
 
 def scalar_map(m: np.ndarray, p: int) -> np.ndarray:
@@ -191,6 +196,15 @@ def principal_branch_ok(eigs: np.ndarray, x: np.ndarray, p: int) -> np.ndarray:
 
 @dataclass
 class NewtonOutcome:
+    """What :func:`coupled_newton_iterate` returns for a batch of b matrices.
+
+    ``matmuls`` is the number of n x n matrix products executed per matrix of the batch (their total
+    divided by b; a forward root's solve counts 4/3): the mean of ``matmuls_each``, the products spent
+    on each element, which are exactly those the element costs when solved alone (converged elements
+    leave the active set, so no product is spent on them). ``compactions`` counts how often the active
+    set was compacted.
+    """
+
     X: torch.Tensor
     converged: torch.Tensor
     iterations: torch.Tensor
@@ -199,6 +213,8 @@ class NewtonOutcome:
     matmuls: float
     history: list[torch.Tensor] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)
+    matmuls_each: torch.Tensor | None = None
+    compactions: int = 0
 
 
 def _residual_norm(M: torch.Tensor, I: torch.Tensor, out: torch.Tensor | None = None) -> list[float]:
@@ -214,25 +230,47 @@ def _residual_norm(M: torch.Tensor, I: torch.Tensor, out: torch.Tensor | None = 
     return norms if isinstance(norms, list) else [norms]  # a single 2-D matrix gives a float
 
 
+class _ActiveRows:
+    """The first k rows of full-size (b, n, n) work buffers: the active elements, stored contiguously.
+
+    ``view(buf)`` is ``buf[:k]`` (a contiguous view, so ``out=`` products write in place), or the 2-D
+    ``buf[0]`` once a single element is left: mm is a few % faster than a batch-of-one bmm at n <= 256,
+    and it is the arithmetic of a single-matrix solve.
+    """
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def view(self, buf: torch.Tensor) -> torch.Tensor:
+        return buf[0] if self.k == 1 else buf[: self.k]
+
+    def per_elem(self, v: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+        """(k,) scale factors shaped to multiply the active matrices."""
+        return v.to(dt).reshape(()) if self.k == 1 else v.to(dt)[:, None, None]
+
+
 class _PowerWorkspace:
     """T^p by binary powering into at most three reusable buffers (no fresh n x n temporaries).
 
     Fresh large tensors are expensive on CPU: every one is page-faulted in on first touch (about 4 ms
-    per 4 MiB at n = 1024), which the iteration would otherwise pay several times per step.
+    per 4 MiB at n = 1024), which the iteration would otherwise pay several times per step. The buffers
+    have the full batch size; products write into their active rows (:class:`_ActiveRows`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, like: torch.Tensor) -> None:
+        self.like = like
         self.bufs: list[torch.Tensor] = []
 
-    def _free(self, like: torch.Tensor, *busy: torch.Tensor | None) -> torch.Tensor:
+    def _free(self, rows: _ActiveRows, *busy: torch.Tensor | None) -> torch.Tensor:
+        taken = {t.data_ptr() for t in busy if t is not None}
         for buf in self.bufs:
-            if all(buf is not b for b in busy):
-                return buf
-        buf = torch.empty_like(like)
+            if buf.data_ptr() not in taken:
+                return rows.view(buf)
+        buf = torch.empty_like(self.like)
         self.bufs.append(buf)
-        return buf
+        return rows.view(buf)
 
-    def power(self, T: torch.Tensor, p: int) -> torch.Tensor:
+    def power(self, T: torch.Tensor, p: int, rows: _ActiveRows) -> torch.Tensor:
         """T^p (floor(log2 p) squarings + popcount(p) - 1 products, as :func:`matrix_power`)."""
         result: torch.Tensor | None = None
         base = T
@@ -241,12 +279,12 @@ class _PowerWorkspace:
                 if result is None:
                     result = base
                 else:
-                    out = self._free(T, result, base)
+                    out = self._free(rows, result, base)
                     result = torch.matmul(result, base, out=out)
             p >>= 1
             if not p:
                 break
-            out = self._free(T, result, base)
+            out = self._free(rows, result, base)
             base = torch.matmul(base, base, out=out)
         assert result is not None
         return result
@@ -258,28 +296,39 @@ def _start_matrix(
     """M_0 = (A + shift I)/c^p in the compute dtype ``dt`` (b, n, n), formed before the rounding to dt.
 
     A is scaled in its own format when that is float32/float64 and 1/c^p is comfortably inside its range;
-    otherwise in float64 (a 16-bit compute format, or extreme magnitudes).
+    otherwise in float64 (a 16-bit compute format, or extreme magnitudes). The choice is made per
+    element, so an element of a batch gets the arithmetic it gets when solved alone.
     """
     inv = 1.0 / cp64
     src = A.dtype
-    fi = torch.finfo(src) if src in (torch.float32, torch.float64) else None
-    safe = (
-        fi is not None
-        and src == dt
-        and bool(((inv > fi.tiny * 1e6) & (inv < fi.max / 1e6)).all())
-        and (shift is None or bool((shift.abs() < fi.max / 1e6).all()))
-    )
-    work = A if safe else A.double()
+    if src in (torch.float32, torch.float64) and src == dt:
+        fi = torch.finfo(src)
+        safe = (inv > fi.tiny * 1e6) & (inv < fi.max / 1e6)
+        if shift is not None:
+            safe &= shift.abs() < fi.max / 1e6
+    else:
+        safe = torch.zeros_like(inv, dtype=torch.bool)
+    if bool(safe.all()):
+        return _scaled(A, inv, shift).to(dt)
+    if not bool(safe.any()):
+        return _scaled(A.double(), inv, shift).to(dt)
+    M = torch.empty(A.shape, dtype=dt, device=A.device)
+    for i in range(A.shape[0]):
+        work = A[i : i + 1] if bool(safe[i]) else A[i : i + 1].double()
+        M[i] = _scaled(work, inv[i : i + 1], None if shift is None else shift[i : i + 1])[0]
+    return M
+
+
+def _scaled(work: torch.Tensor, inv: torch.Tensor, shift: torch.Tensor | None) -> torch.Tensor:
+    """(work + shift I) * inv as a new tensor in work's dtype."""
     if shift is not None and bool((shift != 0).any()):
         # the shift first, then the scaling: A + shift I cancels exactly where they nearly cancel
         # (Sterbenz), whereas A/c^p + shift/c^p would cancel two large rounded numbers
         M = work.clone()
         d = torch.diagonal(M, dim1=-2, dim2=-1)
         d += shift.to(work.dtype)[:, None]
-        M.mul_(inv.to(work.dtype)[:, None, None])
-    else:
-        M = work * inv.to(work.dtype)[:, None, None]
-    return M.to(dt)
+        return M.mul_(inv.to(work.dtype)[:, None, None])
+    return work * inv.to(work.dtype)[:, None, None]
 
 
 def coupled_newton_iterate(
@@ -314,22 +363,22 @@ def coupled_newton_iterate(
     ``max_iter``. ``interval`` = (a, b) bounds of the spectrum of A/c^p enables dynamic per-step scaling
     (applied while the tracked lower end is below ``dynamic_until``); only b must be a true upper bound
     (an eigenvalue below a merely lags behind, one above b could leave the convergence region).
+
+    **Active set.** A batch does not wait for its slowest element: the elements still iterating occupy
+    the first k rows of the work buffers, every step runs on those rows only, and an element that stops
+    has its iterate written to the output and leaves; the rows behind it move up (in place, two n x n
+    copies per moved row, against p + 2 products per row and step saved, so compacting at every
+    departure always pays). Batched products over a subset are bitwise the products of each matrix
+    alone (MKL, fp32/fp64), and a lone element runs on 2-D tensors as a single solve does, so each
+    element's iterates, stop and iteration count are those of its own solve.
     """
-    b = A.shape[0]
+    b, n = A.shape[0], A.shape[-1]
     dt = compute_dtype if compute_dtype is not None else A.dtype
     cp64 = cp.double()
     M0 = _start_matrix(A, cp64, shift, dt)
     I = eye_like(M0)
     coef_I = I * ((p + 1) / p)
-    # A single matrix runs on 2-D tensors: mm is a few % faster than a batch-of-one bmm at n <= 256.
-    single = b == 1
-
-    def per_elem(v: torch.Tensor) -> torch.Tensor:  # (b,) scale factors against the matrices
-        return v.to(dt).reshape(()) if single else v.to(dt)[:, None, None]
-
-    M = M0[0] if single else M0
     c = cp64 ** (1.0 / p)
-    X = I.expand_as(M).clone()  # normalised: the factor 1/c (c for the forward root) is applied at the end
     notes: dict[str, str] = {}
     solve_dt = dt if dt in (torch.float32, torch.float64) else torch.float32
     if not inverse and solve_dt != dt:
@@ -337,77 +386,92 @@ def coupled_newton_iterate(
             "torch.linalg.solve has no 16-bit CPU kernel: each T_k^{-1} Y_k ran in fp32 on the "
             f"{dt} operands and was rounded back to {dt}"
         )
-    # Work buffers reused every step; X/X_new and M/M_new swap roles when a step is accepted.
-    T, X_new, M_new, R = (torch.empty_like(M) for _ in range(4))
-    powers = _PowerWorkspace()
     accept = min(stagnation_accept, quadratic_start)
     # Control flow on Python floats: one host transfer per iteration instead of a dozen tiny tensor ops.
-    res = _residual_norm(M, I, R)
+    res = _residual_norm(M0, I)
     res0 = list(res)
-    active = [not (r <= tol) for r in res]
-    converged = [not a for a in active]
+    converged = [r <= tol for r in res]
     reason = ["tol" if done else "max_iter" for done in converged]
     iters = [0] * b
     history = [torch.tensor(res, dtype=torch.float64)] if record_history else []
     per_iter = (1 if inverse else 4.0 / 3.0) + matmul_count_power(p) + 1
-    matmuls = 0.0
     check_x = dt not in (torch.float32, torch.float64)  # 16-bit X can overflow before M shows it
     ia, ib = (
         (np.array(interval[0], dtype=float), np.array(interval[1], dtype=float)) if interval else (None, None)
     )
+    X_out = I.expand(b, n, n).clone()  # the final normalised iterates; elements done at k = 0 keep I
+    # idx[j] is the batch element in row j of the work buffers (rows 0..k-1 are the active set).
+    idx = [i for i in range(b) if not converged[i]]
+    rows = _ActiveRows(len(idx))
+    Mb = M0 if len(idx) == b else M0[idx]
+    Xb = I.expand_as(Mb).clone()
+    Tb, Xnb, Mnb, Rb = (torch.empty_like(Mb) for _ in range(4))
+    powers = _PowerWorkspace(Mb)
+    compactions = 0
     for _k in range(max_iter):
-        if not any(active):
+        if not idx:
             break
+        X, M, T, X_new, M_new, R = (rows.view(t) for t in (Xb, Mb, Tb, Xnb, Mnb, Rb))
         if ia is not None and ib is not None:
-            scale_now = (ia < dynamic_until) & np.array(active)  # never rescale a finished element
-            s = np.where(scale_now, best_step_scale(np.maximum(ia, 1e-300), ib, p, top), 1.0)
+            sel = np.array(idx)
+            lo, hi = ia[sel], ib[sel]
+            scale_now = lo < dynamic_until
+            s = np.where(scale_now, best_step_scale(np.maximum(lo, 1e-300), hi, p, top), 1.0)
             if bool(scale_now.any()):
                 st = torch.as_tensor(s, dtype=torch.float64)
-                M.mul_(per_elem(st))
-                X.mul_(per_elem(st ** ((1.0 / p) if inverse else (-1.0 / p))))
-            fa, fb = scalar_map(s * ia, p), scalar_map(s * ib, p)
-            upper = np.where((s * ia <= 1) & (s * ib >= 1), 1.0, np.maximum(fa, fb))
-            ia, ib = np.minimum(fa, fb), upper
+                M.mul_(rows.per_elem(st, dt))
+                X.mul_(rows.per_elem(st ** ((1.0 / p) if inverse else (-1.0 / p)), dt))
+            fa, fb = scalar_map(s * lo, p), scalar_map(s * hi, p)
+            ia[sel] = np.minimum(fa, fb)
+            ib[sel] = np.where((s * lo <= 1) & (s * hi >= 1), 1.0, np.maximum(fa, fb))
         torch.add(coef_I, M, alpha=-1.0 / p, out=T)
         if inverse:
             torch.matmul(X, T, out=X_new)
         elif solve_dt == dt:
-            X_new = torch.linalg.solve(T, X)
+            torch.linalg.solve(T, X, out=X_new)
         else:
-            X_new = torch.linalg.solve(T.to(solve_dt), X.to(solve_dt)).to(dt)
-        torch.matmul(powers.power(T, p), M, out=M_new)
-        matmuls += per_iter
+            X_new.copy_(torch.linalg.solve(T.to(solve_dt), X.to(solve_dt)))
+        torch.matmul(powers.power(T, p, rows), M, out=M_new)
         res_new = _residual_norm(M_new, I, R)
         if check_x:
-            x_ok = torch.isfinite(X_new).reshape(b, -1).all(-1).tolist()
+            x_ok = torch.isfinite(X_new).reshape(rows.k, -1).all(-1).tolist()
             res_new = [r if ok else math.inf for r, ok in zip(res_new, x_ok, strict=True)]
-        take = [False] * b
-        for i in range(b):
-            if not active[i]:
-                continue
-            r_old, r_new = res[i], res_new[i]
+        stay = []  # rows whose element continues (its new iterate is always taken)
+        for j, i in enumerate(idx):
+            r_old, r_new = res[i], res_new[j]
             iters[i] += 1
+            take = True
             if not math.isfinite(r_new) or r_new > divergence_factor * max(res0[i], 1.0):
-                reason[i], active[i] = "divergence", False
+                reason[i], take = "divergence", False
             elif r_new <= tol:
-                reason[i], active[i], converged[i], take[i], res[i] = "tol", False, True, True, r_new
+                reason[i], converged[i], res[i] = "tol", True, r_new
             elif r_old < quadratic_start and r_new > 0.5 * r_old:
-                reason[i], active[i] = "stagnation", False
-                if r_new < r_old:  # keep the better of the last two iterates
-                    take[i], res[i] = True, r_new
+                reason[i] = "stagnation"
+                take = r_new < r_old  # keep the better of the last two iterates
+                if take:
+                    res[i] = r_new
                 converged[i] = res[i] <= accept
             else:
-                take[i], res[i] = True, r_new
-        if all(take):
-            X, X_new = X_new, X
-            M, M_new = M_new, M
-        else:
-            for i in (i for i, tk in enumerate(take) if tk):
-                X[i].copy_(X_new[i])
-                M[i].copy_(M_new[i])
+                res[i] = r_new
+                stay.append(j)
+                continue
+            final = X_new if take else X
+            X_out[i].copy_(final if rows.k == 1 else final[j])
+        Xb, Xnb = Xnb, Xb  # the continuing elements' iterates are the new ones
+        Mb, Mnb = Mnb, Mb
+        if len(stay) < rows.k:  # compact: move the continuing rows up (stay is increasing, stay[j] >= j)
+            for dst, src in enumerate(stay):
+                if dst != src:
+                    Xb[dst].copy_(Xb[src])
+                    Mb[dst].copy_(Mb[src])
+            idx = [idx[j] for j in stay]
+            rows = _ActiveRows(len(idx))
+            compactions += 1
         if record_history:
             history.append(torch.tensor(res, dtype=torch.float64))
-    X = X.unsqueeze(0) if single else X
+    for j, i in enumerate(idx):  # stopped by max_iter
+        X_out[i].copy_(Xb[j])
+    X = X_out
     factor = (1.0 / c) if inverse else c
     out_dt = dt
     if dt in (torch.float32, torch.float64):
@@ -422,125 +486,16 @@ def coupled_newton_iterate(
             out_dt = torch.float32
             notes["root_dtype"] = f"the root does not fit {dt}: returned in fp32"
         X = Xw.to(out_dt)
+    each = torch.tensor(iters, dtype=torch.float64) * per_iter
     return NewtonOutcome(
         X=X,
         converged=torch.tensor(converged, dtype=torch.bool),
         iterations=torch.tensor(iters, dtype=torch.int64),
         residual=torch.tensor(res, dtype=torch.float64),
         reason=reason,
-        matmuls=matmuls,
+        matmuls=float(each.mean()),
         history=history,
         notes=notes,
+        matmuls_each=each,
+        compactions=compactions,
     )
-
-
-# ----------------------------------------------------------------------------- checks shared by both solvers
-def check_resolvable_exponent(p: int, dtype: torch.dtype, n: int, method: str) -> None:
-    """Refuse p so large that the coupled iteration cannot work in ``dtype``.
-
-    T_k = I + (I - M_k)/p and the rounding of T_k^p leaves M_k an error of about p u, so the stopping
-    test ||M_k - I||_F <= 4 p sqrt(n) u (:func:`matroots.precision.default_tol`) only means something
-    while that tolerance is below 1; past it M_0 itself may pass the test and X_0 = I/c would be
-    returned as converged. (This also keeps p inside the range of the scalar model's arithmetic.)
-    """
-    from .. import precision
-
-    if precision.default_tol(dtype, n, p) < 1.0:
-        return
-    fmt = precision.info(dtype)
-    limit = int(1.0 / (4.0 * math.sqrt(n) * fmt.unit_roundoff))
-    raise UnsupportedExponentError(
-        f"{method}: p = {p} is too large for a Newton iteration in {fmt.name} at n = {n}: the residual "
-        f"||M_k - I|| cannot be resolved below 1 (its rounding floor is ~4 p sqrt(n) u; p must be below "
-        f"{limit}); use method='eigh' (any rational p) or a wider compute dtype"
-    )
-
-
-def eigenvalue_backward_error(fro_norm: float, n: int, u: float) -> float:
-    """The backward error ||E||_2 assumed for an eigensolver run in unit roundoff u: 4 sqrt(n) u ||A||_F."""
-    return 4.0 * math.sqrt(n) * u * fro_norm
-
-
-def refuse_near_negative_axis(
-    A: np.ndarray,
-    eigs: np.ndarray,
-    kappas: np.ndarray,
-    eta: float,
-    method: str,
-    prescale: float = 1.0,
-) -> None:
-    """NegativeRealEigenvalueError when the matrix actually solved, ``A`` (rounded, eps-shifted), has an
-    eigenvalue on the closed negative real axis, or is within ``eta`` of a matrix that has one.
-
-    ``eigs`` are its computed eigenvalues (exact for a matrix within ``eta``, the eigensolver's backward
-    error) and ``kappas`` their condition numbers. A nearly nilpotent matrix (e.g. a spectral
-    differentiation matrix) has computed eigenvalues scattered on a circle of radius ~u^{1/n}, and the
-    fp32 and fp64 Schur forms put them on different sides of the branch cut: a root computed from either
-    is O(1) wrong, since the principal root is not determined to working precision. Screening: an
-    eigenvalue whose first-order disc (radius kappa eta) misses (-inf, 0] is safe. The others are
-    decided by the distance to the axis, min_z sigma_min(A - zI) at the axis points nearest to them
-    (:func:`matroots.conditioning.axis_distance`): refused when it is <= eta.
-    """
-    from ..conditioning import axis_distance
-
-    w = np.asarray(eigs, dtype=complex)
-    k = np.asarray(kappas, dtype=float)
-    with np.errstate(invalid="ignore", over="ignore"):
-        radius = np.where(np.isfinite(k), k * eta, np.inf)
-        dist = np.where(w.real <= 0, np.abs(w.imag), np.abs(w))  # distance to the closed negative axis
-    suspect = ~(dist > radius)
-    if not suspect.any():
-        return
-    on_axis = (w.imag == 0) & (w.real <= 0)
-    if on_axis.any():
-        lam = w[on_axis][np.argmin(w[on_axis].real)] / prescale
-        why = f"has the eigenvalue {lam.real:.3e} on the closed negative real axis"
-    else:
-        sig, z = axis_distance(A, np.concatenate([[0.0], w[suspect]]))
-        if sig > eta:
-            return
-        why = (
-            f"is within {sig / prescale:.2e} (2-norm; its eigensolver's backward error is ~{eta / prescale:.2e}) "
-            f"of a matrix with the eigenvalue {z / prescale:.3e} on the closed negative real axis, so in this "
-            "precision it is not determined which side of the branch cut its eigenvalues are on"
-        )
-    raise NegativeRealEigenvalueError(
-        f"{method}: the matrix actually solved (rounded to the working format, after the eps shift) {why}; "
-        "no principal root can be computed. Shift it with eps if the eigenvalues should be positive, or "
-        "use a wider dtype"
-    )
-
-
-def forward_backward_check(
-    root: torch.Tensor,
-    A: torch.Tensor,
-    shift: torch.Tensor,
-    p: int,
-    out: NewtonOutcome,
-    threshold: float,
-    info: dict,
-) -> float:
-    """A posteriori test of a forward root Y: eta = ||Y^p - (A + shift I)||_F / ||A + shift I||_F.
-
-    Evaluated in float64. Y is the exact principal p-th root of A + shift I + dA with ||dA||_F = eta
-    ||A + shift I||_F, so its forward error is at most about cond(A^{1/p}) eta: a run whose eta exceeds
-    ``threshold`` (the solver's stagnation acceptance, 16 tol by default) is marked not converged with
-    stop reason ``"backward_error"``, whatever its M_k residual said. Writes ``info["backward_error"]``
-    (b,) and returns the products spent (in float64).
-    """
-    Y = root.double()
-    As = A.double().clone()
-    if bool((shift != 0).any()):
-        d = torch.diagonal(As, dim1=-2, dim2=-1)
-        d += shift.double()[:, None]
-    P = matrix_power(Y, p)
-    num = torch.linalg.matrix_norm(P - As)
-    den = torch.linalg.matrix_norm(As)
-    eta = torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), num)
-    eta = torch.where(torch.isfinite(eta), eta, torch.full_like(eta, math.inf))
-    info["backward_error"] = eta
-    for i in range(eta.shape[0]):
-        if bool(out.converged[i]) and not float(eta[i]) <= threshold:
-            out.converged[i] = False
-            out.reason[i] = "backward_error"
-    return float(matmul_count_power(p))

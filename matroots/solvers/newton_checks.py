@@ -1,0 +1,129 @@
+"""Checks shared by the Newton solvers (coupled_newton, schur_newton): exponents the iteration can
+resolve, the domain (no eigenvalue on the closed negative real axis) and the a posteriori backward error
+of a forward root. Re-exported by :mod:`matroots.solvers.newton_core`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ..errors import NegativeRealEigenvalueError, UnsupportedExponentError
+from .base import matmul_count_power, matrix_power
+
+if TYPE_CHECKING:
+    from .newton_core import NewtonOutcome
+
+
+def check_resolvable_exponent(p: int, dtype: torch.dtype, n: int, method: str) -> None:
+    """Refuse p so large that the coupled iteration cannot work in ``dtype``.
+
+    T_k = I + (I - M_k)/p and the rounding of T_k^p leaves M_k an error of about p u, so the stopping
+    test ||M_k - I||_F <= 4 p sqrt(n) u (:func:`matroots.precision.default_tol`) only means something
+    while that tolerance is below 1; past it M_0 itself may pass the test and X_0 = I/c would be
+    returned as converged. (This also keeps p inside the range of the scalar model's arithmetic.)
+    """
+    from .. import precision
+
+    if precision.default_tol(dtype, n, p) < 1.0:
+        return
+    fmt = precision.info(dtype)
+    limit = int(1.0 / (4.0 * math.sqrt(n) * fmt.unit_roundoff))
+    raise UnsupportedExponentError(
+        f"{method}: p = {p} is too large for a Newton iteration in {fmt.name} at n = {n}: the residual "
+        f"||M_k - I|| cannot be resolved below 1 (its rounding floor is ~4 p sqrt(n) u; p must be below "
+        f"{limit}); use method='eigh' (any rational p) or a wider compute dtype"
+    )
+
+
+def eigenvalue_backward_error(fro_norm: float, n: int, u: float) -> float:
+    """The backward error ||E||_2 assumed for an eigensolver run in unit roundoff u: 4 sqrt(n) u ||A||_F."""
+    return 4.0 * math.sqrt(n) * u * fro_norm
+
+
+def refuse_near_negative_axis(
+    A: np.ndarray,
+    eigs: np.ndarray,
+    kappas: np.ndarray,
+    eta: float,
+    method: str,
+    prescale: float = 1.0,
+) -> None:
+    """NegativeRealEigenvalueError when the matrix actually solved, ``A`` (rounded, eps-shifted), has an
+    eigenvalue on the closed negative real axis, or is within ``eta`` of a matrix that has one.
+
+    ``eigs`` are its computed eigenvalues (exact for a matrix within ``eta``, the eigensolver's backward
+    error) and ``kappas`` their condition numbers. A nearly nilpotent matrix (e.g. a spectral
+    differentiation matrix) has computed eigenvalues scattered on a circle of radius ~u^{1/n}, and the
+    fp32 and fp64 Schur forms put them on different sides of the branch cut: a root computed from either
+    is O(1) wrong, since the principal root is not determined to working precision. Screening: an
+    eigenvalue whose first-order disc (radius kappa eta) misses (-inf, 0] is safe. The others are
+    decided by the distance to the axis, min_z sigma_min(A - zI) at the axis points nearest to them
+    (:func:`matroots.conditioning.axis_distance`): refused when it is <= eta.
+    """
+    from ..conditioning import axis_distance
+
+    w = np.asarray(eigs, dtype=complex)
+    k = np.asarray(kappas, dtype=float)
+    with np.errstate(invalid="ignore", over="ignore"):
+        radius = np.where(np.isfinite(k), k * eta, np.inf)
+        dist = np.where(w.real <= 0, np.abs(w.imag), np.abs(w))  # distance to the closed negative axis
+    suspect = ~(dist > radius)
+    if not suspect.any():
+        return
+    on_axis = (w.imag == 0) & (w.real <= 0)
+    if on_axis.any():
+        lam = w[on_axis][np.argmin(w[on_axis].real)] / prescale
+        why = f"has the eigenvalue {lam.real:.3e} on the closed negative real axis"
+    else:
+        sig, z = axis_distance(A, np.concatenate([[0.0], w[suspect]]))
+        if sig > eta:
+            return
+        why = (
+            f"is within {sig / prescale:.2e} (2-norm; its eigensolver's backward error is ~{eta / prescale:.2e}) "
+            f"of a matrix with the eigenvalue {z / prescale:.3e} on the closed negative real axis, so in this "
+            "precision it is not determined which side of the branch cut its eigenvalues are on"
+        )
+    raise NegativeRealEigenvalueError(
+        f"{method}: the matrix actually solved (rounded to the working format, after the eps shift) {why}; "
+        "no principal root can be computed. Shift it with eps if the eigenvalues should be positive, or "
+        "use a wider dtype"
+    )
+
+
+def forward_backward_check(
+    root: torch.Tensor,
+    A: torch.Tensor,
+    shift: torch.Tensor,
+    p: int,
+    out: NewtonOutcome,
+    threshold: float,
+    info: dict,
+) -> float:
+    """A posteriori test of a forward root Y: eta = ||Y^p - (A + shift I)||_F / ||A + shift I||_F.
+
+    Evaluated in float64. Y is the exact principal p-th root of A + shift I + dA with ||dA||_F = eta
+    ||A + shift I||_F, so its forward error is at most about cond(A^{1/p}) eta: a run whose eta exceeds
+    ``threshold`` (the solver's stagnation acceptance, 16 tol by default) is marked not converged with
+    stop reason ``"backward_error"``, whatever its M_k residual said. Writes ``info["backward_error"]``
+    (b,) and returns the products spent (in float64).
+    """
+    Y = root.double()
+    As = A.double().clone()
+    if bool((shift != 0).any()):
+        d = torch.diagonal(As, dim1=-2, dim2=-1)
+        d += shift.double()[:, None]
+    P = matrix_power(Y, p)
+    num = torch.linalg.matrix_norm(P - As)
+    den = torch.linalg.matrix_norm(As)
+    eta = torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), num)
+    eta = torch.where(torch.isfinite(eta), eta, torch.full_like(eta, math.inf))
+    info["backward_error"] = eta
+    for i in range(eta.shape[0]):
+        if bool(out.converged[i]) and not float(eta[i]) <= threshold:
+            out.converged[i] = False
+            out.reason[i] = "backward_error"
+    return float(matmul_count_power(p))
