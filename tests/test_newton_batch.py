@@ -1,0 +1,178 @@
+"""A batched coupled Newton solve does not wait for its slowest element, and equals per-element solves.
+
+The tolerance is **bitwise** equality for fp64, fp32 and bf16: every element of a batch goes through
+exactly the arithmetic of its own solve. Batched MKL products over any subset of rows equal the 2-D
+products of each matrix alone (and the last active element runs on 2-D tensors, as a single solve
+does), the spectral estimates use batch-invariant row-form matrix-vector products, and the per-step
+scalars (c, the dynamic scaling, the stopping tests) are per element. fp16 products are not
+batch-invariant in MKL at small n (measured: a batch of 8 at n = 12 differs from mm in the last bit),
+so fp16 asks for equal iteration counts and roots within the fp16 rounding floor of the iteration.
+
+The matrices are scaled by exact powers of two so that max|A| lies in [1, 2): the API pre-scales a
+whole batch by one power of two when its magnitude leaves [1/4, 4] (matroots.inputs), and undoing a
+fractional power of that factor rounds, which would make an element differ from its solve alone for a
+reason that has nothing to do with batching.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from _refs import U, ref_inverse_root, ref_power, rel_err, spd_matrix
+
+import matroots
+from matroots.solvers.newton_core import coupled_newton_iterate
+
+N = 16
+KAPPAS = np.logspace(1, 8, 6)  # mixed spectra: the elements stop 6..28 iterations apart
+
+
+def _mixed_stack(n: int = N, kappas: np.ndarray = KAPPAS, seed: int = 10) -> np.ndarray:
+    mats = [spd_matrix(n, k, seed=seed + i, lmax=10.0 ** (i % 3 - 1)) for i, k in enumerate(kappas)]
+    A = np.stack(mats)
+    return A * 2.0 ** -np.floor(np.log2(np.abs(A).max(axis=(1, 2))))[:, None, None]
+
+
+def _solve(A: np.ndarray, p: int, inverse: bool, **kw):
+    fn = matroots.inverse_root if inverse else matroots.root
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", matroots.ConvergenceWarning)  # fp32 at kappa 1e8 may not converge
+        return fn(torch.from_numpy(A), p, method="coupled_newton", record_history=True, **kw)
+
+
+def _assert_equals_per_element(A, p, inverse, bitwise=True, **kw):
+    res = _solve(A, p, inverse, **kw)
+    b = A.shape[0]
+    singles = [_solve(A[i], p, inverse, **kw) for i in range(b)]
+    for i, one in enumerate(singles):
+        assert int(res.iterations[i]) == one.iterations, i
+        assert bool(res.converged[i]) == one.converged, i
+        assert res.info["stop_reason"][i] == one.info["stop_reason"][0], i
+        if bitwise:
+            assert torch.equal(res.root[i], one.root), (
+                i,
+                rel_err(res.root[i].double().numpy(), one.root.numpy()),
+            )
+            assert float(res.residual[i]) == one.residual, i
+            # the batch history repeats an element's final residual once it has stopped
+            h_batch = [float(h[i]) for h in res.history]
+            assert h_batch[: len(one.history)] == one.history, i
+            assert all(r == one.history[-1] for r in h_batch[len(one.history) :]), i
+        assert float(res.info["newton_matmuls"][i]) == float(one.info["newton_matmuls"][0]), i
+    # matmuls is per matrix: a batch costs b * matmuls, the sum of its elements' costs
+    assert res.matmuls * b == pytest.approx(sum(one.matmuls for one in singles), rel=1e-12)
+    assert max(res.iterations.tolist()) - min(res.iterations.tolist()) >= 3  # the spectra really are mixed
+    return res, singles
+
+
+@pytest.mark.parametrize("inverse", [True, False], ids=["inverse", "forward"])
+@pytest.mark.parametrize("p", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("scaling", ["auto", "dynamic"])
+def test_batch_equals_per_element_solves_bitwise(scaling, dtype, p, inverse):
+    A = _mixed_stack()
+    res, _ = _assert_equals_per_element(A, p, inverse, dtype=dtype, scaling=scaling)
+    # and the roots are right: every converged one within the conditioning bound of the mpmath root
+    u = U["fp64" if dtype == torch.float64 else "fp32"]
+    solved = A.astype(np.float32).astype(np.float64) if dtype == torch.float32 else A  # fl(A)
+    assert int(res.converged.sum()) >= 4
+    for i in range(A.shape[0]):
+        if not bool(res.converged[i]):
+            continue
+        ref = ref_inverse_root(solved[i], p) if inverse else ref_power(solved[i], Fraction(1, p))
+        kappa = KAPPAS[i]
+        cond = kappa / p if inverse else kappa ** (1 - 1 / p) / p
+        assert rel_err(res.root[i].double().numpy(), ref) <= 5 * math.sqrt(N) * (cond + 1) * u, i
+
+
+def test_frobenius_scaling_and_the_retry_merge_equal_per_element():
+    """fp32 with kappa up to 1e8: the dynamic scaling diverges on the worst elements and they are rerun
+    with Frobenius's c (the retry/merge path); the merged batch still equals each element's solve."""
+    A = _mixed_stack(seed=0)
+    _assert_equals_per_element(A, 4, True, dtype=torch.float32, scaling="frobenius")
+    res, singles = _assert_equals_per_element(A, 4, True, dtype=torch.float32, scaling="dynamic")
+    retried = res.info.get("retried_frobenius", [])
+    assert 1 <= len(retried) < A.shape[0]  # (if dynamic scaling stops diverging here, pick another case)
+    assert [i for i, one in enumerate(singles) if "retried_frobenius" in one.info] == retried
+
+
+@pytest.mark.parametrize("inverse", [True, False], ids=["inverse", "forward"])
+def test_bf16_batch_is_bitwise_and_fp16_within_its_rounding(inverse):
+    A = _mixed_stack(kappas=np.logspace(1, 3, 6))  # kappa u < 1 in the 16-bit formats
+    _assert_equals_per_element(A, 2, inverse, dtype=torch.bfloat16)
+    res, singles = _assert_equals_per_element(A, 2, inverse, bitwise=False, dtype=torch.float16)
+    for i, one in enumerate(singles):
+        cond = (KAPPAS[i] / 2) if inverse else math.sqrt(np.logspace(1, 3, 6)[i]) / 2
+        diff = rel_err(res.root[i].double().numpy(), one.root.double().numpy())
+        assert diff <= 4 * math.sqrt(N) * (cond + 1) * U["fp16"], i
+
+
+def test_warm_start_batch_equals_per_element():
+    """Warm starts (spectral interval from the previous root + dynamic scaling) are per element too."""
+    kappas = np.logspace(1, 6, 5)
+    A = _mixed_stack(kappas=kappas)
+    prev = _solve(A, 4, True)
+    E = np.random.default_rng(0).standard_normal(A.shape) / math.sqrt(N)
+    lmin = np.linalg.eigvalsh(A)[:, 0]
+    A2 = A + 0.1 * lmin[:, None, None] * (E @ E.transpose(0, 2, 1))  # a PSD, non-commuting change
+    res = _solve(A2, 4, True, warm_start=prev)
+    assert res.info["scaling"] == "warm"
+    for i in range(A.shape[0]):
+        one = _solve(A2[i], 4, True, warm_start=prev.root[i])
+        assert int(res.iterations[i]) == one.iterations
+        assert torch.equal(res.root[i], one.root)
+
+
+def test_products_executed_are_the_sum_of_the_elements():
+    """Count the products actually executed (torch.matmul rows): the batch spends exactly what its
+    elements spend alone, and once one element is left it runs on 2-D tensors (the single fast path)."""
+    A = torch.from_numpy(_mixed_stack())
+    b, p = A.shape[0], 4
+    lmax = torch.linalg.eigvalsh(A)[:, -1]
+    cp = 2.0 * lmax / (p + 1)
+    calls: list[tuple[int, int]] = []
+    real = torch.matmul
+
+    def counting(x, y, *args, **kwargs):
+        calls.append((x.dim(), x.shape[0] if x.dim() == 3 else 1))
+        return real(x, y, *args, **kwargs)
+
+    kw = {"tol": 1e-12, "max_iter": 100, "stagnation_accept": 16e-12}
+    try:
+        torch.matmul = counting
+        out = coupled_newton_iterate(A, p, cp, **kw)
+        batch_calls = list(calls)
+        calls.clear()
+        alone = [coupled_newton_iterate(A[i : i + 1], p, cp[i : i + 1], **kw) for i in range(b)]
+        alone_calls = list(calls)
+    finally:
+        torch.matmul = real
+    per_iter = 4  # X T, T^2, (T^2)^2, T^4 M
+    executed = sum(rows for _, rows in batch_calls)
+    assert executed == per_iter * int(out.iterations.sum())
+    assert executed == sum(rows for _, rows in alone_calls)
+    assert all(dim == 2 for dim, _ in alone_calls)  # single matrices: 2-D mm throughout
+    its = sorted(out.iterations.tolist())
+    assert sum(1 for dim, _ in batch_calls if dim == 2) == per_iter * (its[-1] - its[-2])
+    assert out.matmuls == pytest.approx(per_iter * float(out.iterations.double().mean()), rel=1e-15)
+    assert out.matmuls_each.tolist() == [per_iter * k for k in out.iterations.tolist()]
+    assert out.compactions == len(set(its))
+    for i, one in enumerate(alone):
+        assert torch.equal(out.X[i], one.X[0]) and int(out.iterations[i]) == int(one.iterations[0])
+
+
+def test_elements_done_at_the_start_never_iterate():
+    """An element whose M_0 already meets tol (A = c^p I) keeps X_0 and costs no product."""
+    A = torch.from_numpy(_mixed_stack(kappas=np.array([1e2, 1e4])))
+    A = torch.cat([A, 2.0 * torch.eye(N, dtype=A.dtype)[None]])
+    cp = torch.linalg.eigvalsh(A)[:, -1] * 2.0 / 3.0
+    cp[-1] = 2.0
+    out = coupled_newton_iterate(A, 2, cp, tol=1e-12, max_iter=100, stagnation_accept=16e-12)
+    assert out.iterations.tolist()[-1] == 0 and out.reason[-1] == "tol" and bool(out.converged[-1])
+    assert torch.allclose(out.X[-1], torch.eye(N, dtype=A.dtype) / math.sqrt(2.0), rtol=2.3e-16, atol=0)
+    assert float(out.matmuls_each[-1]) == 0.0
