@@ -123,11 +123,6 @@ def unit_roundoff(dtype: object) -> float:
     return info(dtype).unit_roundoff
 
 
-def round_to(x: torch.Tensor, dtype: object) -> torch.Tensor:
-    """Round ``x`` to ``dtype`` (round-to-nearest, as a cast does) and return it in that dtype."""
-    return x.to(as_dtype(dtype))
-
-
 def lapack_dtype(dtype: torch.dtype) -> torch.dtype:
     """The nearest format at least as wide as ``dtype`` that LAPACK has kernels for."""
     return dtype if dtype in LAPACK_DTYPES else torch.float32
@@ -151,6 +146,5 @@ __all__ = [
     "default_tol",
     "info",
     "lapack_dtype",
-    "round_to",
     "unit_roundoff",
 ]

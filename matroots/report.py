@@ -216,8 +216,11 @@ def best_solver_table(df: pd.DataFrame, accuracy: float = DEFAULT_ACCURACY) -> p
 
 def format_report(df: pd.DataFrame, accuracy: float = DEFAULT_ACCURACY) -> str:
     """The text ``matroots report`` prints (missing values as NA)."""
-    pd.set_option("display.width", 250)
-    pd.set_option("display.max_colwidth", 90)
+    with pd.option_context("display.width", 250, "display.max_colwidth", 90):  # no global pandas state
+        return _format_report(df, accuracy)
+
+
+def _format_report(df: pd.DataFrame, accuracy: float) -> str:
     s = summary(df)
     s = s.assign(_d=_dtype_rank(s["dtype"])).sort_values(["solver", "_d"]).drop(columns="_d")
     b = best_solver_table(df, accuracy)

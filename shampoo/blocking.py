@@ -218,17 +218,11 @@ def tiled_view(t: torch.Tensor, grid: tuple[int, ...], shape: tuple[int, ...]) -
     return split.permute(*range(0, 2 * k, 2), *range(1, 2 * k, 2))
 
 
-def block_view(merged: torch.Tensor, spec: BlockSpec) -> torch.Tensor:
-    """The block ``spec`` of a tensor already in its parameter's merged shape (a view)."""
-    return merged[spec.slices]
-
-
 __all__ = [
     "BlockKind",
     "BlockSpec",
     "MergedDim",
     "ParamLayout",
-    "block_view",
     "layout_param",
     "merge_dims",
     "root_from_exponent",

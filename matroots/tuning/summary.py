@@ -81,8 +81,11 @@ def choice_grid(table: pd.DataFrame, target: float) -> pd.DataFrame:
 
 def format_summary(table: pd.DataFrame, prov: dict[str, Any]) -> str:
     """The text written to summary.txt (and printed by ``matroots tune``)."""
-    pd.set_option("display.width", 250)
-    pd.set_option("display.max_colwidth", 60)
+    with pd.option_context("display.width", 250, "display.max_colwidth", 60):  # no global pandas state
+        return _format_summary(table, prov)
+
+
+def _format_summary(table: pd.DataFrame, prov: dict[str, Any]) -> str:
     f = lambda x: f"{x:.3g}"  # noqa: E731
     git = prov.get("git", {})
     parts = [
