@@ -26,8 +26,10 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedExponentError,
 )
+from .options import SolveOptions
 from .result import RootResult
 from .solvers import CoupledNewtonConfig, EighConfig, SchurNewtonConfig, SolverConfig
+from .solvers.base import Capabilities
 
 __version__ = "0.1.0"
 
@@ -63,6 +65,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Capabilities",
     "ConvergenceError",
     "ConvergenceWarning",
     "CoupledNewtonConfig",
@@ -80,6 +83,7 @@ __all__ = [
     "NotSymmetricError",
     "RootResult",
     "SchurNewtonConfig",
+    "SolveOptions",
     "SolverConfig",
     "UnsupportedDtypeError",
     "UnsupportedExponentError",

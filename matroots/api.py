@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from .errors import InvalidArgumentError
+from .options import SolveOptions
 from .result import RootResult
 from .solvers import registry
 from .solvers.base import SolverConfig
@@ -21,7 +22,7 @@ def resolve_method(method: str | SolverConfig, **options: Any) -> SolverConfig:
         except TypeError as exc:
             raise InvalidArgumentError(
                 f"bad options for method {method.name!r}: {exc}; its options are "
-                f"{registry.field_names(type(method))}"
+                f"{registry.field_names(type(method))}; the solve options are {', '.join(SolveOptions.names())}"
             ) from exc
     if isinstance(method, str):
         return registry.get(method, **options)
@@ -35,19 +36,15 @@ def inverse_root(
     A: Any,
     p: Any,
     method: str | SolverConfig = "eigh",
-    *,
-    eps: float = 0.0,
-    eps_mode: str = "absolute",
-    dtype: Any = None,
-    compute_dtype: Any = None,
-    tol: float | None = None,
-    max_iter: int | None = None,
-    strict: bool = False,
-    record_history: bool = False,
-    warm_start: Any = None,
-    **options: Any,
+    options: SolveOptions | None = None,
+    **kwargs: Any,
 ) -> RootResult:
     """Compute the inverse p-th root A^{-1/p} of a matrix or a batch of matrices.
+
+    The keywords are the fields of :class:`matroots.SolveOptions` (``eps``, ``eps_mode``, ``dtype``,
+    ``compute_dtype``, ``tol``, ``max_iter``, ``strict``, ``record_history``, ``warm_start``, ``psd``,
+    ``quiet``; the one definition, validated there) and the fields of the method's config; a
+    ``SolveOptions`` object may be passed as ``options`` (keywords override it).
 
     Args:
         A: torch tensor or numpy array of shape (n, n) or (..., n, n), float64/float32/bfloat16/float16.
@@ -84,26 +81,16 @@ def inverse_root(
             fit the working format (:class:`~matroots.FormatRangeError`), or ``strict=True`` and the
             iteration did not converge.
     """
-    cfg = resolve_method(method, **options)
-    return cfg.solve(
-        A,
-        p,
-        eps=eps,
-        eps_mode=eps_mode,
-        dtype=dtype,
-        compute_dtype=compute_dtype,
-        tol=tol,
-        max_iter=max_iter,
-        strict=strict,
-        record_history=record_history,
-        warm_start=warm_start,
-    )
+    solve_kw, config_kw = _split(options, kwargs)
+    cfg = resolve_method(method, **config_kw)
+    return cfg.solve(A, p, **solve_kw)
 
 
 def root(
     A: Any,
     p: Any,
     method: str | SolverConfig = "eigh",
+    options: SolveOptions | None = None,
     **kwargs: Any,
 ) -> RootResult:
     """Compute the principal p-th root A^{1/p}; same arguments as :func:`inverse_root`.
@@ -111,17 +98,23 @@ def root(
     eigh uses lambda^{1/p}; the Newton methods run the coupled iteration for Y_k = X_k^{-1}
     (Y_{k+1} = T_k^{-1} Y_k, Higham 2008 §7.3).
     """
-    keys = (
-        "eps",
-        "eps_mode",
-        "dtype",
-        "compute_dtype",
-        "tol",
-        "max_iter",
-        "strict",
-        "record_history",
-        "warm_start",
-    )
-    solve_kw = {k: kwargs.pop(k) for k in keys if k in kwargs}
-    cfg = resolve_method(method, **kwargs)
+    solve_kw, config_kw = _split(options, kwargs)
+    if "inverse" in solve_kw:
+        raise InvalidArgumentError(
+            "root() computes A^{1/p}; use inverse_root() for A^{-1/p} (inverse= given)"
+        )
+    cfg = resolve_method(method, **config_kw)
     return cfg.solve(A, p, inverse=False, **solve_kw)
+
+
+def _split(options: SolveOptions | None, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(solve keywords: ``options``' non-default fields overridden by ``kwargs``, config fields).
+
+    The solve keywords are validated once, by ``SolverConfig.solve`` building its SolveOptions.
+    """
+    if options is not None and not isinstance(options, SolveOptions):
+        raise InvalidArgumentError(f"options must be a matroots.SolveOptions or None, got {options!r}")
+    solve_kw, config_kw = SolveOptions.split(kwargs)
+    if options is not None:
+        solve_kw = {**options.changed(), **solve_kw}
+    return solve_kw, config_kw

@@ -8,12 +8,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from . import arguments, precision
+from . import precision
 from .errors import (
     EmptyMatrixError,
     FormatRangeError,
@@ -25,6 +25,9 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedExponentError,
 )
+
+if TYPE_CHECKING:
+    from .options import SolveOptions
 
 EPS_MODES = ("absolute", "relative")
 
@@ -299,14 +302,9 @@ class Problem:
     A: torch.Tensor  # (b, n, n) in the working dtype, contiguous
     batch_shape: tuple[int, ...]
     p: Fraction
-    dtype: torch.dtype
+    dtype: torch.dtype  # the working dtype (options.dtype, or the input's)
     compute_dtype: torch.dtype
-    eps: float
-    eps_mode: str
-    tol: float | None
-    max_iter: int | None
-    strict: bool
-    record_history: bool
+    options: SolveOptions  # validated per-call options (eps, tol, ...; read through the properties)
     prescale: float = 1.0  # A was multiplied by this power of two before rounding
     info: dict[str, Any] = field(default_factory=dict)
     source_dtype: torch.dtype | None = None  # the caller's format, before rounding to ``dtype``
@@ -317,6 +315,30 @@ class Problem:
     @property
     def n(self) -> int:
         return self.A.shape[-1]
+
+    @property
+    def eps(self) -> float:
+        return self.options.eps
+
+    @property
+    def eps_mode(self) -> str:
+        return self.options.eps_mode
+
+    @property
+    def tol(self) -> float | None:
+        return self.options.tol
+
+    @property
+    def max_iter(self) -> int | None:
+        return self.options.max_iter
+
+    @property
+    def strict(self) -> bool:
+        return self.options.strict
+
+    @property
+    def record_history(self) -> bool:
+        return self.options.record_history
 
     def symmetry_tol(self, override: float | None = None) -> float:
         """``override`` if given, else :func:`default_symmetry_tol` judged against the input's own format."""
@@ -423,18 +445,12 @@ def prepare(
     *,
     integer_p: bool,
     method: str,
-    eps: object,
-    eps_mode: object,
-    dtype: object,
-    compute_dtype: object,
-    tol: object,
-    max_iter: object,
-    strict: object,
-    record_history: object,
+    options: SolveOptions,
     differentiable: bool = False,
-    warm_start: object = None,
 ) -> Problem:
-    """Validate the input and every argument, and round the input to the working dtype.
+    """Validate the input, the exponent and the warm start against it, and round the input to the
+    working dtype. The scalar options were validated when ``options`` was built
+    (:class:`matroots.SolveOptions`).
 
     See :func:`matroots.inverse_root`. Raises a :class:`~matroots.errors.MatrootsInputError` subclass
     for a bad argument, :class:`~matroots.errors.FormatRangeError` when the matrix (with its eps)
@@ -443,24 +459,10 @@ def prepare(
     frac = parse_exponent(p, integer=integer_p, method=method)
     t = to_tensor(A)
     check_shape(t)
-    wdtype = precision.as_dtype(dtype) if dtype is not None else t.dtype
-    cdtype = precision.as_dtype(compute_dtype) if compute_dtype is not None else wdtype
-    eps_mode = arguments.choice("eps_mode", eps_mode, EPS_MODES)
-    eps_f = arguments.real("eps", eps, minimum=0.0, what="the regularisation shift")
-    tol_f = arguments.real(
-        "tol",
-        tol,
-        minimum=0.0,
-        exclusive_minimum=True,
-        maximum=1.0,
-        exclusive_maximum=True,
-        allow_none=True,
-        what="a bound on the Newton residual ||M_k - I||_F; None means 4 p sqrt(n) u",
-    )
-    max_iter_i = arguments.integer("max_iter", max_iter, minimum=1, allow_none=True)
-    strict_b = arguments.flag("strict", strict)
-    history_b = arguments.flag("record_history", record_history)
-    check_warm_start(warm_start, tuple(t.shape))
+    wdtype = options.dtype if options.dtype is not None else t.dtype
+    cdtype = options.compute_dtype if options.compute_dtype is not None else wdtype
+    eps_f, eps_mode = options.eps, options.eps_mode
+    check_warm_start(options.warm_start, tuple(t.shape))
     grad_source = None
     if isinstance(A, torch.Tensor) and A.requires_grad and torch.is_grad_enabled():
         if not differentiable:
@@ -505,12 +507,7 @@ def prepare(
         p=frac,
         dtype=wdtype,
         compute_dtype=cdtype,
-        eps=eps_f,
-        eps_mode=eps_mode,
-        tol=tol_f,
-        max_iter=max_iter_i,
-        strict=strict_b,
-        record_history=history_b,
+        options=options,
         prescale=prescale,
         info=info,
         source_dtype=t.dtype,

@@ -162,8 +162,8 @@ def resolve_root_solver(value: str | SolverConfig, device: torch.device | None =
 
 
 def supports_warm_start(cfg: SolverConfig) -> bool:
-    """Whether the solver makes use of a previous root (matroots' coupled_newton does)."""
-    return bool(getattr(cfg, "supports_warm_start", cfg.name == "coupled_newton"))
+    """Whether the solver warm-starts from a previous root (declared by its config's capabilities)."""
+    return cfg.capabilities.warm_start == "root"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -351,6 +351,7 @@ class GroupOptions:
     warm_start: bool
     failure: FailurePolicy = field(default_factory=FailurePolicy)
     psd: str | None = "shift"
+    maximize: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.lr, int | float | torch.Tensor) and float(self.lr) >= 0.0):
@@ -371,6 +372,9 @@ class GroupOptions:
                 f"config's own policy), got {self.psd!r}"
             )
         _check_eps(self.weight_decay, "weight_decay")
+        for name in ("decoupled_weight_decay", "nesterov", "use_bias_correction", "merge_dims", "warm_start", "maximize"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         _check_beta(self.momentum, "momentum", allow_one=False)
         if self.nesterov and self.momentum <= 0:
             raise ValueError("nesterov=True needs momentum > 0 (heavy-ball momentum on the search direction)")
@@ -440,7 +444,7 @@ def normalise_group(group: dict[str, Any], device: torch.device | None) -> None:
     if isinstance(group["betas"], list):
         group["betas"] = tuple(group["betas"])
     opts = GroupOptions.from_group(group)
-    if opts.root_solver.integer_p:
+    if opts.root_solver.capabilities.integer_p:
         # Newton methods need integer p = 1/e: check the overrides early, not at the first root.
         for _order, val in opts.exponent_override.entries:
             for e in [val] if not isinstance(val, tuple) else [v for _, v in val]:

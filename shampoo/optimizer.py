@@ -22,6 +22,7 @@ all of them.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 import warnings
@@ -131,8 +132,26 @@ class Shampoo(torch.optim.Optimizer):
             blocks' statistics, roots and directions; one all-gather shares them, see
             :mod:`shampoo.distributed`), or None for a single process. Gradients must already be
             identical on every rank (DistributedDataParallel, or an all-reduce before ``step``).
+        maximize: maximise the objective (the gradient is negated before the statistics, as in
+            torch.optim; the factors G G^T do not change, the direction flips).
+        foreach, fused, capturable, differentiable: torch.optim's implementation flags. Shampoo always
+            uses the ``torch._foreach_*`` kernels, so ``foreach`` may be None or True (False is
+            refused); ``fused=True``, ``capturable=True`` (CUDA-graph capture: the failure policy
+            syncs with the host) and ``differentiable=True`` (the step runs under no_grad and the
+            root solvers are not traced) are refused with a ValueError.
 
-    Every option except ``diagnostics`` and ``distributed`` can be set per param group.
+    Every option except ``diagnostics``, ``distributed`` and the implementation flags can be set per
+    param group (they are the fields of :class:`shampoo.config.GroupOptions`, the one definition of
+    the hyperparameters and their validation).
+
+    Conformance with torch.optim (tests/test_optim_conformance.py): param groups, LR schedulers, the
+    ``state_dict``/``load_state_dict`` pre and post hooks, ``copy.deepcopy`` and pickle, state dicts
+    moved between optimizers built with and without names (and with the ``_orig_mod.`` prefix of a
+    ``torch.compile``d model). Differences: ``opt.state[p]`` is a typed
+    :class:`shampoo.state.ParamState` (not a dict of tensors; ``opt.state_dict()["state"][key]`` is
+    the flat mapping), complex parameters are refused (the Kronecker factors are real; keep such a
+    weight as a real tensor and ``torch.view_as_complex`` it in ``forward``), and parameters on the
+    meta device are refused at the first step or state load (they hold no data).
     """
 
     def __init__(
@@ -164,7 +183,13 @@ class Shampoo(torch.optim.Optimizer):
         failure: FailurePolicy | None = None,
         diagnostics: DiagnosticsConfig | None = None,
         distributed: Any = None,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        fused: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
     ) -> None:
+        _check_impl_flags(foreach=foreach, fused=fused, capturable=capturable, differentiable=differentiable)
         if distributed is not None and not isinstance(distributed, DDPConfig):
             raise ValueError(f"distributed must be a shampoo.DDPConfig or None, got {distributed!r}")
         self._sharding = BlockSharding(distributed) if distributed is not None else None
@@ -174,32 +199,25 @@ class Shampoo(torch.optim.Optimizer):
         self._engines: list[GroupEngine | None] = []
         self._global_step = 0
         self.timing = StepTiming()
-        defaults = dict(
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            eps_mode=eps_mode,
-            psd=psd,
-            weight_decay=weight_decay,
-            decoupled_weight_decay=decoupled_weight_decay,
-            momentum=momentum,
-            nesterov=nesterov,
-            use_bias_correction=use_bias_correction,
-            max_preconditioner_dim=max_preconditioner_dim,
-            merge_dims=merge_dims,
-            exponent_override=exponent_override,
-            vector_policy=vector_policy,
-            diagonal_eps=diagonal_eps,
-            precondition_frequency=precondition_frequency,
-            start_preconditioning_step=start_preconditioning_step,
-            grafting=grafting,
-            root_solver=root_solver,
-            factor_dtype=factor_dtype,
-            root_dtype=root_dtype,
-            warm_start=warm_start,
-            failure=failure,
-        )
+        # the hyperparameters are the fields of GroupOptions (one definition; validated there)
+        arguments = locals()
+        defaults = {
+            f.name: arguments[f.name]
+            for f in dataclasses.fields(GroupOptions)
+            if f.name not in GROUP_ONLY_KEYS
+        }
         super().__init__(params, defaults)
+
+    # -- copy and pickle -----------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything but the hooks (as torch.optim: hooks are not copied or pickled): the engines,
+        step counter, timing and configs go with it, so a copy steps on exactly like the original."""
+        hooks = {k for k in self.__dict__ if k.startswith("_optimizer_") and k.endswith("_hooks")}
+        return {k: v for k, v in self.__dict__.items() if k not in hooks}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # restores the hook dicts and the step-function patching
 
     # -- groups ---------------------------------------------------------------------------------------
 
@@ -208,9 +226,16 @@ class Shampoo(torch.optim.Optimizer):
         group = self.param_groups[-1]
         if group["start_preconditioning_step"] is None:
             group["start_preconditioning_step"] = group["precondition_frequency"]
-        for p in group["params"]:
+        _check_impl_flags(**{k: group[k] for k in IMPL_FLAGS if k in group})
+        for i, p in enumerate(group["params"]):
             if p.is_sparse:
                 raise ValueError("Shampoo does not support sparse parameters")
+            if p.is_complex():
+                raise ValueError(
+                    f"Shampoo does not support complex parameters (parameter {i} of the group is {p.dtype}): "
+                    "its Kronecker factors are real and would drop the imaginary part; keep the weight as "
+                    "a real tensor of shape (..., 2) and torch.view_as_complex it in forward()"
+                )
         device = group["params"][0].device if group["params"] else None
         normalise_group(group, device)
         self._engines.append(None)
@@ -237,6 +262,13 @@ class Shampoo(torch.optim.Optimizer):
     def _engine(self, gi: int, opts: GroupOptions) -> GroupEngine:
         eng = self._engines[gi]
         if eng is None:
+            meta = [i for i, p in enumerate(self.param_groups[gi]["params"]) if p.device.type == "meta"]
+            if meta:
+                raise ValueError(
+                    f"param group {gi}: parameters {meta[:5]} are on the meta device (no data); "
+                    "materialise the model (e.g. model.to_empty(device=...) and initialise it) before "
+                    "stepping Shampoo or loading its state"
+                )
             first = sum(len(g["params"]) for g in self.param_groups[:gi])
             group = self.param_groups[gi]
             eng = GroupEngine(list(group["params"]), self._param_keys()[gi], first, opts, self._owns)
@@ -288,6 +320,8 @@ class Shampoo(torch.optim.Optimizer):
             if not idx:
                 return
         plist = [params[i] for i in idx]
+        if opts.maximize:
+            grads = list(torch._foreach_neg(grads))  # type: ignore[arg-type]
         if opts.weight_decay and not opts.decoupled_weight_decay:
             grads = list(torch._foreach_add(grads, plist, alpha=opts.weight_decay))  # type: ignore[arg-type]
         for i in idx:
@@ -425,6 +459,8 @@ class Shampoo(torch.optim.Optimizer):
         ``state`` is keyed by parameter name (or global position when the optimizer was built without
         names); config objects in ``param_groups`` are stored as plain dicts for reference.
         """
+        for pre_hook in self._optimizer_state_dict_pre_hooks.values():
+            pre_hook(self)
         keys = self._param_keys()
         state: dict[str | int, Any] = {}
         for eng in self._engines:
@@ -439,29 +475,36 @@ class Shampoo(torch.optim.Optimizer):
             packed["params"] = list(ks)
             packed.pop("param_names", None)
             groups.append(packed)
-        return {
+        out = {
             "state": state,
             "param_groups": groups,
             "shampoo": {"version": 1, "global_step": self._global_step},
         }
+        for post_hook in self._optimizer_state_dict_post_hooks.values():
+            result = post_hook(self, out)
+            if result is not None:
+                out = result
+        return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
         """Load a :meth:`state_dict`. Parameters are matched by key (name or position), groups by
         position. Hyperparameters are restored; config objects (grafting, root solver, blocking,
         dtypes, failure policy) stay as configured now, and the blocking must match the saved state.
+
+        When both the saved state and this optimizer have parameter names they are matched by name
+        (``_orig_mod.`` prefixes of ``torch.compile``d modules ignored); when either has none, by
+        position within each group, as torch.optim does.
         """
+        if isinstance(state_dict, dict):
+            state_dict = dict(state_dict)  # shallow copy: a pre-hook may edit it
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
         saved_groups, saved = _check_state_dict(state_dict, len(self.param_groups))
         keys = self._param_keys()
-        for gi, (sg, ks) in enumerate(zip(saved_groups, keys, strict=True)):
-            if sorted(map(str, sg["params"])) != sorted(map(str, ks)):
-                missing = set(map(str, ks)) ^ set(map(str, sg["params"]))
-                raise StateDictError(
-                    f"param group {gi}: parameters differ from the saved ones: {sorted(missing)[:5]}"
-                )
-        known = {k for ks in keys for k in ks}
-        unknown = [k for k in saved if k not in known]
-        if unknown:
-            raise StateDictError(f"state dict has state for unknown parameters: {unknown[:5]}")
+        shapes = [[tuple(p.shape) for p in g["params"]] for g in self.param_groups]
+        saved = _match_keys(saved_groups, saved, keys, shapes)
         for g, sg in zip(self.param_groups, saved_groups, strict=True):
             for k, v in sg.items():
                 if k not in CONFIG_KEYS and k != "params":
@@ -483,6 +526,76 @@ class Shampoo(torch.optim.Optimizer):
         if isinstance(step, bool) or not isinstance(step, int):
             raise StateDictError(f"state dict 'shampoo.global_step' must be an int, got {step!r}")
         self._global_step = step
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
+
+
+#: torch.optim implementation flags and the values Shampoo accepts (see :class:`Shampoo`).
+IMPL_FLAGS = ("foreach", "fused", "capturable", "differentiable")
+#: GroupOptions fields set only per param group (not arguments of :class:`Shampoo`).
+GROUP_ONLY_KEYS = ("preconditioner",)
+
+
+def _check_impl_flags(
+    *, foreach: Any = None, fused: Any = None, capturable: Any = False, differentiable: Any = False
+) -> None:
+    if foreach is not None and foreach is not True:
+        raise ValueError(
+            f"foreach={foreach!r}: Shampoo always uses the torch._foreach_* kernels; pass None or True"
+        )
+    why = {
+        "fused": "there is no fused Shampoo kernel",
+        "capturable": "CUDA-graph capture is not supported (the root failure policy syncs with the host)",
+        "differentiable": "the step runs under torch.no_grad and the root solvers are not traced",
+    }
+    for name, value in (("fused", fused), ("capturable", capturable), ("differentiable", differentiable)):
+        if value not in (None, False):
+            raise ValueError(f"{name}={value!r} is not supported by Shampoo: {why[name]}; pass False")
+
+
+def _strip_compile_prefix(key: Any) -> Any:
+    """A parameter name without the ``_orig_mod.`` segments torch.compile adds (positions unchanged)."""
+    return key.replace("_orig_mod.", "") if isinstance(key, str) else key
+
+
+def _match_keys(
+    saved_groups: list[dict[str, Any]],
+    saved: dict[Any, Any],
+    keys: list[list[str | int]],
+    shapes: list[list[tuple[int, ...]]],
+) -> dict[Any, Any]:
+    """``saved`` re-keyed by this optimizer's parameter keys (see :meth:`Shampoo.load_state_dict`)."""
+    named_saved = all(isinstance(k, str) for sg in saved_groups for k in sg["params"])
+    named_now = all(isinstance(k, str) for ks in keys for k in ks)
+    mapping: dict[Any, Any] = {}
+    for gi, (sg, ks) in enumerate(zip(saved_groups, keys, strict=True)):
+        if named_saved == named_now:  # names (torch.compile prefixes ignored) or global positions
+            now = {_strip_compile_prefix(k): k for k in ks}
+            old = {_strip_compile_prefix(k): k for k in sg["params"]}
+            if set(now) != set(old):
+                missing = sorted(map(str, set(now) ^ set(old)))
+                raise StateDictError(
+                    f"param group {gi}: parameters differ from the saved ones: {missing[:5]}"
+                )
+            mapping.update({old[n]: now[n] for n in now})
+        else:  # names on one side only: by position within the group, as torch.optim does
+            if len(sg["params"]) != len(ks):
+                raise StateDictError(
+                    f"param group {gi}: parameters differ from the saved ones: {len(sg['params'])} saved, "
+                    f"{len(ks)} in the optimizer"
+                )
+            for pos, (old_key, shape) in enumerate(zip(sg["params"], shapes[gi], strict=True)):
+                entry = saved.get(old_key)
+                if isinstance(entry, dict) and "shape" in entry and tuple(entry["shape"]) != shape:
+                    raise StateDictError(
+                        f"param group {gi}: parameters differ from the saved ones: position {pos} "
+                        f"({old_key!r}) was saved with shape {tuple(entry['shape'])}, the parameter is {shape}"
+                    )
+            mapping.update(dict(zip(sg["params"], ks, strict=True)))
+    unknown = [k for k in saved if k not in mapping]
+    if unknown:
+        raise StateDictError(f"state dict has state for unknown parameters: {unknown[:5]}")
+    return {mapping[k]: v for k, v in saved.items()}
 
 
 def _check_state_dict(state_dict: Any, n_groups: int) -> tuple[list[dict[str, Any]], dict[Any, Any]]:

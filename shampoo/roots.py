@@ -204,8 +204,8 @@ def solve_batch(
 
 
 def uses_eigenbasis(cfg: SolverConfig) -> bool:
-    """Whether the solver warm-starts from a previous eigenbasis (``warm_start_kind``, eigh_warm)."""
-    return getattr(cfg, "warm_start_kind", "") == "eigenbasis"
+    """Whether the solver warm-starts from a previous eigenbasis (its declared capabilities, eigh_warm)."""
+    return cfg.capabilities.warm_start == "eigenbasis"
 
 
 def _solve_with_warm_start(

@@ -119,9 +119,12 @@ def test_load_rejects_mismatched_state() -> None:
     opt, sched = _make(model, "eigh")
     _train(model, opt, sched, range(2))
     sd = opt.state_dict()
+    # without names the parameters are matched by position in each group (as torch.optim does):
+    # a different order is refused by its shapes (a named state dict does load unnamed: see
+    # tests/test_optim_conformance.py)
     other = shampoo.Shampoo(
         [
-            {"params": [p for p in model.parameters() if p.ndim > 1]},
+            {"params": [p for p in model.parameters() if p.ndim > 1][::-1]},
             {"params": [p for p in model.parameters() if p.ndim == 1]},
         ]
     )

@@ -36,7 +36,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ from ..errors import InvalidArgumentError, MatrootsNumericalError
 from ..inputs import check_shape, parse_exponent, to_tensor
 from ..result import RootResult
 from . import registry
-from .base import SolverConfig
+from .base import Capabilities, SolverConfig
 
 log = logging.getLogger("matroots.auto")
 
@@ -112,8 +112,8 @@ class AutoConfig(SolverConfig):
     """
 
     name = "auto"
-    integer_p: ClassVar[bool] = False
-    supports_warm_start: ClassVar[bool] = True
+    # warm start: a previous root gives the kappa estimate and goes on to a chosen "root" method
+    capabilities = Capabilities(warm_start="root", general_input=True)
     target: float | None = None
     table: str | None = None
     device: str | None = None
@@ -395,7 +395,7 @@ class AutoConfig(SolverConfig):
             kw["psd"] = self.psd  # the caller's rank-deficiency policy goes to the chosen solver
         pp = int(p) if p.denominator == 1 else p
         warm = self._previous_root(warm_start, flat.shape[0], flat.shape[-1])
-        if warm is not None and getattr(d.config, "supports_warm_start", d.config.name == "coupled_newton"):
+        if warm is not None and d.config.capabilities.warm_start == "root":
             kw["warm_start"] = warm_start if everything else warm[idx]
         try:
             res = d.config.solve(sub, pp, eps=eps, eps_mode=eps_mode, dtype=dtype, inverse=inverse, **kw)

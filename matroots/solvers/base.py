@@ -12,8 +12,9 @@ from typing import Any, ClassVar
 import torch
 
 from .. import psd as psd_policy
-from ..errors import ConvergenceError, ConvergenceWarning
+from ..errors import ConvergenceError, ConvergenceWarning, InvalidArgumentError
 from ..inputs import Problem, all_finite, check_root_range, prepare, scale_by_power_of_two
+from ..options import SolveOptions
 from ..result import RootResult
 
 log = logging.getLogger("matroots")
@@ -32,6 +33,37 @@ class RawResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a solver method can do, declared by its config class (``capabilities``), never inferred
+    from its name or from the ``info`` keys it writes.
+
+    Args:
+        warm_start: what a ``warm_start=`` must carry for the method to use it: ``"root"`` (a previous
+            root or RootResult, coupled Newton), ``"eigenbasis"`` (a previous RootResult with its
+            eigenvectors, eigh_warm), or None (ignored).
+        forward_root: computes A^{1/p} (``inverse=False``, :func:`matroots.root`) as well as A^{-1/p}.
+        general_input: accepts non-symmetric matrices (no eigenvalue on the closed negative real axis);
+            False: symmetric (SPD/PSD) input only.
+        batched: solves a (..., n, n) batch as one stacked computation (not a Python loop).
+        integer_p: needs an integer p >= 1 (Newton methods); False: rational p > 0.
+        differentiable: the root carries autograd to an input that requires grad.
+    """
+
+    warm_start: str | None = None
+    forward_root: bool = True
+    general_input: bool = False
+    batched: bool = True
+    integer_p: bool = False
+    differentiable: bool = False
+
+    def __post_init__(self) -> None:
+        if self.warm_start not in (None, "root", "eigenbasis"):
+            raise ValueError(
+                f"Capabilities.warm_start must be None, 'root' or 'eigenbasis', got {self.warm_start!r}"
+            )
+
+
 @dataclass(frozen=True, kw_only=True)
 class SolverConfig:
     """Base of the frozen solver configs. Subclasses set ``name`` and implement ``_run``.
@@ -43,58 +75,40 @@ class SolverConfig:
     """
 
     name: ClassVar[str] = ""
-    integer_p: ClassVar[bool] = False
+    capabilities: ClassVar[Capabilities] = Capabilities()
     # True for methods that apply the "meta" psd shift to their own computed eigenvalues (eigh)
     psd_on_eigenvalues: ClassVar[bool] = False
-    # True for methods whose root carries autograd to an input that requires grad (eigh)
-    differentiable: ClassVar[bool] = False
     psd: str = "none"
 
-    def solve(
-        self,
-        A: object,
-        p: object,
-        *,
-        eps: float = 0.0,
-        eps_mode: str = "absolute",
-        dtype: object = None,
-        compute_dtype: object = None,
-        tol: float | None = None,
-        max_iter: int | None = None,
-        strict: bool = False,
-        record_history: bool = False,
-        inverse: bool = True,
-        warm_start: object = None,
-        psd: str | None = None,
-        quiet: bool = False,
-    ) -> RootResult:
+    def solve(self, A: object, p: object, options: SolveOptions | None = None, **kwargs: Any) -> RootResult:
         """Compute A^{-1/p} (``inverse=True``) or A^{1/p}. See :func:`matroots.inverse_root`.
 
-        ``psd`` overrides the config's rank-deficiency policy (:mod:`matroots.psd`). ``quiet=True``
-        reports non-convergence only in the result (``converged``, ``info``) and a DEBUG log line, no
-        ConvergenceWarning: for callers that handle the failure themselves (Shampoo's failure policy).
+        ``options`` (a :class:`matroots.SolveOptions`) and/or its fields as keywords (``eps=``,
+        ``dtype=``, ``tol=``, ``inverse=``, ``warm_start=``, ``psd=``, ``quiet=``, ...; keywords override
+        ``options``). ``psd`` overrides the config's rank-deficiency policy (:mod:`matroots.psd`).
+        ``quiet=True`` reports non-convergence only in the result (``converged``, ``info``) and a DEBUG
+        log line, no ConvergenceWarning: for callers that handle the failure themselves (Shampoo).
         """
         t0 = time.perf_counter()
-        policy = psd_policy.check_policy(self.psd if psd is None else psd)
+        opts = SolveOptions.build(options, **kwargs)
+        if not opts.inverse and not self.capabilities.forward_root:
+            raise InvalidArgumentError(
+                f"method {self.name!r} computes inverse roots only (inverse=False given)"
+            )
+        policy = psd_policy.check_policy(self.psd if opts.psd is None else opts.psd)
         prob = prepare(
             A,
             p,
-            integer_p=self.integer_p,
+            integer_p=self.capabilities.integer_p,
             method=self.name,
-            eps=eps,
-            eps_mode=eps_mode,
-            dtype=dtype,
-            compute_dtype=compute_dtype,
-            tol=tol,
-            max_iter=max_iter,
-            strict=strict,
-            record_history=record_history,
-            differentiable=self.differentiable,
-            warm_start=warm_start,
+            options=opts,
+            differentiable=self.capabilities.differentiable,
         )
         psd_policy.apply(prob, policy, on_eigenvalues=self.psd_on_eigenvalues)
-        raw = self._run(prob, inverse=inverse, warm_start=warm_start)
-        return self._finalise(prob, raw, inverse=inverse, seconds=time.perf_counter() - t0, quiet=quiet)
+        raw = self._run(prob, inverse=opts.inverse, warm_start=opts.warm_start)
+        return self._finalise(
+            prob, raw, inverse=opts.inverse, seconds=time.perf_counter() - t0, quiet=opts.quiet
+        )
 
     def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
         raise NotImplementedError

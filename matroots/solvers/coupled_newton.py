@@ -94,7 +94,7 @@ from ..inputs import Problem, symmetric_part
 from ..regularize import working_shift
 from ..result import RootResult
 from ..spectral import SpectrumEstimate, lanczos_extremes, power_lambda_max
-from .base import RawResult, SolverConfig
+from .base import Capabilities, RawResult, SolverConfig
 from .newton_core import (
     NewtonOutcome,
     capped_start,
@@ -130,7 +130,7 @@ class CoupledNewtonConfig(SolverConfig):
     """
 
     name = "coupled_newton"
-    integer_p = True
+    capabilities = Capabilities(warm_start="root", general_input=True, integer_p=True)
     scaling: str = "auto"
     lanczos_steps: int = 24
     power_iters: int = 20

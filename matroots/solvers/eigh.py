@@ -16,7 +16,7 @@ from .. import psd as psd_policy
 from ..errors import FormatRangeError, InvalidArgumentError, NotPositiveDefiniteError
 from ..inputs import Problem, require_symmetric, symmetric_part
 from ..regularize import working_shift
-from .base import RawResult, SolverConfig
+from .base import Capabilities, RawResult, SolverConfig
 from .eigh_autograd import SpectralRoot
 from .registry import register
 
@@ -46,7 +46,7 @@ class EighConfig(SolverConfig):
 
     name = "eigh"
     psd_on_eigenvalues = True  # the psd "meta" shift goes on the computed eigenvalues (as Meta's does)
-    differentiable = True
+    capabilities = Capabilities(differentiable=True)
     rank_policy: str = "perturb"
     atol: float = 0.0
     rtol: float | None = None

@@ -77,7 +77,7 @@ eigendecomposition (accelerators) and when the basis is already good (accepted a
 (no ``warm_start``) is a plain eigh, identical to ``method="eigh"``.
 
 Shampoo (``root_solver="eigh_warm"``) keeps each factor's eigenbasis in its state (checkpointed) and
-passes it as the next round's warm start (:mod:`shampoo.roots`, ``warm_start_kind = "eigenbasis"``).
+passes it as the next round's warm start (:mod:`shampoo.roots`; ``capabilities.warm_start == "eigenbasis"``).
 
 The result's ``info`` holds ``eigenvectors`` (the new basis, batch shape x n x n, columns in ascending
 order of ``eigenvalues``), ``eigenvalues`` (the Ritz values used for the root, in the user's units,
@@ -93,14 +93,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from .. import arguments, precision
 from .. import psd as psd_policy
 from ..inputs import Problem
-from .base import RawResult
+from .base import Capabilities, RawResult
 from .eigh import EighConfig
 from .registry import register
 from .warm_basis import warm_basis
@@ -131,7 +131,7 @@ class EighWarmConfig(EighConfig):
     """
 
     name = "eigh_warm"
-    warm_start_kind: ClassVar[str] = "eigenbasis"  # what ``warm_start`` must carry (for Shampoo)
+    capabilities = Capabilities(warm_start="eigenbasis", differentiable=True)
     max_angle: float = 0.1
     max_cluster: float = 0.5
     safety: float = 4.0

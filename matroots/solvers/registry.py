@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..errors import InvalidArgumentError, MatrootsError
@@ -38,12 +39,16 @@ def get(name: str, **options: Any) -> Any:
     try:
         return cls(**options)
     except TypeError as exc:
+        from ..options import SolveOptions
+
         raise InvalidArgumentError(
-            f"bad options for method {name!r}: {exc}; its options are {field_names(cls)}"
+            f"bad options for method {name!r}: {exc}; its options are {field_names(cls)}; "
+            f"the solve options are {', '.join(SolveOptions.names())}"
         ) from exc
 
 
 def field_names(cls: type) -> list[str]:
     """The config fields a solver accepts as options."""
-    fields = getattr(cls, "__dataclass_fields__", {})
-    return sorted(k for k, f in fields.items() if f.init)
+    if not dataclasses.is_dataclass(cls):
+        return []
+    return sorted(f.name for f in dataclasses.fields(cls) if f.init)  # ClassVars are not options

@@ -28,7 +28,7 @@ from .. import arguments, precision
 from ..conditioning import eigenvalue_conditions
 from ..errors import FormatRangeError, NotPositiveDefiniteError
 from ..inputs import Problem, is_symmetric
-from .base import RawResult, SolverConfig
+from .base import Capabilities, RawResult, SolverConfig
 from .newton_core import (
     check_resolvable_exponent,
     coupled_newton_iterate,
@@ -83,7 +83,7 @@ class SchurNewtonConfig(SolverConfig):
     """
 
     name = "schur_newton"
-    integer_p = True
+    capabilities = Capabilities(general_input=True, batched=False, integer_p=True)
     stagnation_accept: float = 16.0
     symmetry_tol: float | None = None
 

@@ -1,0 +1,128 @@
+"""The solve options: one frozen definition of every per-call argument of a root solve.
+
+:class:`SolveOptions` is the single source of the keywords that :func:`matroots.inverse_root`,
+:func:`matroots.root` and every ``SolverConfig.solve`` accept besides the matrix and the exponent
+(method options are fields of the solver's config instead). Each field is validated once, in
+``__post_init__``, with the rules of :mod:`matroots.arguments`; :func:`matroots.inputs.prepare` reads the
+validated object. ``SolveOptions.build(options, **kwargs)`` turns keywords (and an optional base object)
+into one, refusing unknown names with the list of allowed ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import arguments, precision
+from .errors import InvalidArgumentError
+from .inputs import EPS_MODES, check_warm_start
+from .psd import check_policy
+
+
+@dataclass(frozen=True, kw_only=True)
+class SolveOptions:
+    """Per-call options of a root solve (see :func:`matroots.inverse_root` for their meaning).
+
+    Args:
+        eps, eps_mode: regularisation A + eps_abs I, eps_abs = eps ("absolute") or eps lambda_max
+            ("relative"); eps >= 0.
+        dtype: working precision (a torch dtype or a name such as "bf16"); None: the input's dtype.
+        compute_dtype: precision of the arithmetic when it differs from ``dtype``; None: ``dtype``.
+        tol: Newton stopping tolerance on ||M_k - I||_F in (0, 1); None: 4 p sqrt(n) u.
+        max_iter: iteration cap, an int >= 1; None: the method's default.
+        strict: raise ConvergenceError instead of warning on non-convergence.
+        record_history: keep the per-iteration residuals in ``result.history``.
+        inverse: A^{-1/p} (True) or the forward root A^{1/p} (False; :func:`matroots.root`).
+        warm_start: a previous RootResult or root, for methods that declare ``warm_start`` support.
+        psd: override of the config's rank-deficiency policy (:mod:`matroots.psd`); None keeps it.
+        quiet: report non-convergence only in the result and a DEBUG log line, no ConvergenceWarning
+            (for callers that handle failures themselves, e.g. Shampoo's failure policy), instead of
+            a warnings filter around the call.
+    """
+
+    eps: float = 0.0
+    eps_mode: str = "absolute"
+    dtype: torch.dtype | None = None
+    compute_dtype: torch.dtype | None = None
+    tol: float | None = None
+    max_iter: int | None = None
+    strict: bool = False
+    record_history: bool = False
+    inverse: bool = True
+    warm_start: Any = field(default=None, compare=False)
+    psd: str | None = None
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        arguments.store(
+            self,
+            eps=arguments.real("eps", self.eps, minimum=0.0, what="the regularisation shift"),
+            eps_mode=arguments.choice("eps_mode", self.eps_mode, EPS_MODES),
+            dtype=precision.as_dtype(self.dtype) if self.dtype is not None else None,
+            compute_dtype=precision.as_dtype(self.compute_dtype) if self.compute_dtype is not None else None,
+            tol=arguments.real(
+                "tol",
+                self.tol,
+                minimum=0.0,
+                exclusive_minimum=True,
+                maximum=1.0,
+                exclusive_maximum=True,
+                allow_none=True,
+                what="a bound on the Newton residual ||M_k - I||_F; None means 4 p sqrt(n) u",
+            ),
+            max_iter=arguments.integer("max_iter", self.max_iter, minimum=1, allow_none=True),
+            strict=arguments.flag("strict", self.strict),
+            record_history=arguments.flag("record_history", self.record_history),
+            inverse=arguments.flag("inverse", self.inverse),
+            psd=check_policy(self.psd) if self.psd is not None else None,
+            quiet=arguments.flag("quiet", self.quiet),
+        )
+        check_warm_start(self.warm_start)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The option names, in definition order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def build(cls, options: SolveOptions | None = None, /, **kwargs: Any) -> SolveOptions:
+        """``options`` (default: all defaults) with ``kwargs`` overriding its fields, validated.
+
+        Raises InvalidArgumentError for a name that is not an option (with the closest match).
+        """
+        if options is not None and not isinstance(options, SolveOptions):
+            raise InvalidArgumentError(f"options must be a matroots.SolveOptions or None, got {options!r}")
+        unknown = [k for k in kwargs if k not in cls.names()]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], cls.names(), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise InvalidArgumentError(
+                f"unknown solve option {unknown[0]!r}{hint}; the options are {', '.join(cls.names())}"
+            )
+        if options is None:
+            return cls(**kwargs)
+        return dataclasses.replace(options, **kwargs) if kwargs else options
+
+    def changed(self) -> dict[str, Any]:
+        """The fields that differ from their defaults, as keywords (for a call that takes keywords)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not f.default and not (f.name != "warm_start" and value == f.default):
+                out[f.name] = value
+        return out
+
+    @classmethod
+    def split(cls, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``kwargs`` split into (solve options, the rest: fields of a solver config)."""
+        names = set(cls.names())
+        return {k: v for k, v in kwargs.items() if k in names}, {
+            k: v for k, v in kwargs.items() if k not in names
+        }
+
+
+__all__ = ["SolveOptions"]
