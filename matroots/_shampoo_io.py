@@ -1,111 +1,19 @@
-"""Reading and writing Kronecker factor dumps of the Shampoo optimizer.
+"""The ``"shampoo"`` test-matrix family: real Kronecker factors of the Shampoo optimizer.
 
-The .npz layout (version 1) is documented in :mod:`matroots.matrices`, which re-exports these functions,
-and the ``"shampoo"`` test-matrix family (:func:`shampoo_factors`) serves the curated set shipped in
-``matroots/data/shampoo_factors``.
+:func:`shampoo_factors` serves the curated set shipped in ``matroots/data/shampoo_factors``. The .npz
+dump layout (version 1), its reader and writer live in :mod:`matroots.factor_dump` (re-exported here
+and by :mod:`matroots.matrices`).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import math
-import os
 import pathlib
-import tempfile
-from typing import Any
 
 import numpy as np
 
-SHAMPOO_FORMAT_VERSION = 1
-Meta = dict[str, Any]
-
-
-def _sym(A: np.ndarray) -> np.ndarray:
-    return 0.5 * (A + A.T)
-
-
-def save_shampoo_factors(
-    path: str | os.PathLike[str], factors: list[tuple[np.ndarray, dict[str, Any]]], *, compress: bool = False
-) -> None:
-    """Write Kronecker factors in the documented .npz layout (version 1), atomically.
-
-    ``compress=True`` writes a deflated .npz (``np.savez_compressed``; the loader reads both).
-
-    ``factors`` is a list of (matrix, meta) pairs; each meta must have the keys param, block, dim,
-    step, beta2, eps (further JSON-serialisable keys are kept). The file appears complete or not at all
-    (written to a temporary file in the same folder, then ``os.replace``).
-    """
-    required = ("param", "block", "dim", "step", "beta2", "eps")
-    arrays: dict[str, np.ndarray] = {}
-    metas: list[str] = []
-    for k, (F, meta) in enumerate(factors):
-        missing = [key for key in required if key not in meta]
-        if missing:
-            raise ValueError(f"factor {k}: meta lacks {missing}")
-        F = np.asarray(F, dtype=np.float64)
-        if F.ndim != 2 or F.shape[0] != F.shape[1]:
-            raise ValueError(f"factor {k}: expected a square matrix, got shape {F.shape}")
-        arrays[f"factor_{k}"] = F
-        metas.append(json.dumps({**meta, "param": str(meta["param"])}, sort_keys=True))
-    arrays["meta"] = np.array(metas, dtype=np.str_)
-    arrays["format_version"] = np.array(SHAMPOO_FORMAT_VERSION)
-    target = pathlib.Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            (np.savez_compressed if compress else np.savez)(fh, **arrays)  # type: ignore[arg-type]
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def load_shampoo_factors(path: str | os.PathLike[str]) -> list[tuple[np.ndarray, Meta]]:
-    """Load Kronecker factors dumped by Shampoo (layout in the module docstring).
-
-    ``path`` is one ``.npz`` file or a folder of them (read in name order). Each factor comes back as
-    ``(A, meta)`` with ``A`` float64 and ``meta`` holding the stored keys plus family="shampoo", n,
-    source (file name), index, symmetric, eigenvalues (float64 ``eigvalsh``) and kappa
-    (lambda_max / lambda_min of those, inf when lambda_min <= 0: the factors are only semidefinite).
-    """
-    p = pathlib.Path(path)
-    files = sorted(p.glob("*.npz")) if p.is_dir() else [p]
-    if not files:
-        raise FileNotFoundError(f"no .npz files in {p}")
-    out: list[tuple[np.ndarray, Meta]] = []
-    for f in files:
-        with np.load(f, allow_pickle=False) as z:
-            version = int(z["format_version"]) if "format_version" in z.files else SHAMPOO_FORMAT_VERSION
-            if version != SHAMPOO_FORMAT_VERSION:
-                raise ValueError(f"{f}: unsupported Shampoo dump format_version {version}")
-            if "meta" not in z.files:
-                raise ValueError(f"{f}: missing the 'meta' array of the Shampoo dump layout")
-            metas = [json.loads(str(s)) for s in z["meta"]]
-            for k, stored in enumerate(metas):
-                name = f"factor_{k}"
-                if name not in z.files:
-                    raise ValueError(f"{f}: meta lists {len(metas)} factors but {name} is missing")
-                A = np.array(z[name], dtype=np.float64)
-                sym = bool(np.array_equal(A, A.T))
-                lam = np.linalg.eigvalsh(_sym(A)) if A.size else np.zeros(0)
-                kappa = float(lam[-1] / lam[0]) if lam.size and lam[0] > 0 else math.inf
-                meta: Meta = {
-                    **stored,
-                    "family": "shampoo",
-                    "n": A.shape[0],
-                    "source": f.name,
-                    "index": k,
-                    "symmetric": sym,
-                    "eigenvalues": lam,
-                    "kappa": kappa,
-                    "kappa_source": "computed",
-                }
-                out.append((A, meta))
-    return out
-
+from .factor_dump import SHAMPOO_FORMAT_VERSION, Meta, load_shampoo_factors, save_shampoo_factors
 
 SHAMPOO_DATA = pathlib.Path(__file__).resolve().parent / "data" / "shampoo_factors"
 """The curated Kronecker factors shipped with matroots (``experiments/dump_factors.py --curate``)."""

@@ -43,27 +43,10 @@ Families (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., ch.
 * ``shampoo``: real Kronecker factors of Shampoo on real tasks, shipped with matroots
   (:func:`shampoo_factors`; ``kappa`` is the factor's own).
 
-Shampoo factor dumps (.npz layout, version 1)
----------------------------------------------
-The Shampoo optimizer writes one ``.npz`` file per dump step, e.g. ``factors_step00000100.npz``
-(:func:`save_shampoo_factors` writes this layout atomically). It holds:
-
-* ``factor_0``, ``factor_1``, ..., ``factor_{K-1}``: the Kronecker factor statistics, each a
-  float64 array of shape (d, d) (symmetric positive semidefinite; *before* adding epsilon);
-* ``meta``: a 1-D unicode array (``np.str_``, so ``allow_pickle=False`` reads it) of K JSON strings,
-  entry k describing ``factor_k`` with the keys
-
-  - ``"param"`` (str): the parameter's name (or its index in the param groups, as a string),
-  - ``"block"`` (int): the block index within the parameter after blocking,
-  - ``"dim"`` (int): which tensor dimension of the block this factor preconditions (0 = left, ...),
-  - ``"step"`` (int): the optimizer step of the dump,
-  - ``"beta2"`` (float): the factor's exponential moving-average coefficient (1.0 = plain sum),
-  - ``"eps"`` (float): the epsilon the optimizer adds before taking the root,
-
-  and optionally any further keys (e.g. ``"shape"``, ``"root_p"``), which the loader passes through;
-* ``format_version``: optional int scalar, 1.
-
-:func:`load_shampoo_factors` reads one such file, or every ``*.npz`` in a folder (sorted by name).
+Shampoo factor dumps
+--------------------
+The .npz layout (version 1) the Shampoo optimizer writes is documented in :mod:`matroots.factor_dump`,
+with its writer :func:`save_shampoo_factors` and reader :func:`load_shampoo_factors` (re-exported here).
 The family ``"shampoo"`` (:func:`shampoo_factors`) serves the curated real factors shipped in
 ``matroots/data/shampoo_factors`` to sweeps: ``families = ["shampoo"]`` with ``n`` in the shipped orders
 (10, 32, 64) and ``[family_options.shampoo]`` ``task`` / ``stage`` to narrow the pool; seeds draw factors.

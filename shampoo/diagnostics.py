@@ -1,7 +1,7 @@
 """Per-block root diagnostics, and dumps of the factor matrices for the accuracy studies.
 
-Factor dumps use the layout documented in :mod:`matroots.matrices` (version 1, read by
-``matroots.matrices.load_shampoo_factors``): ``<dump_dir>/factors_step{step:07d}.npz`` with float64
+Factor dumps use the layout documented in :mod:`matroots.factor_dump` (version 1, read by
+``matroots.factor_dump.load_shampoo_factors``): ``<dump_dir>/factors_step{step:07d}.npz`` with float64
 ``factor_k`` arrays (the raw statistics, before bias correction and eps) and a ``meta`` array of JSON
 strings with param, block, dim, step (the optimizer's global step), beta2, eps, plus n, root_p,
 eps_mode, param_step (the parameter's own step count) and bias_correction (the divisor 1 - beta2^t
@@ -131,9 +131,9 @@ def dump_factors(
     """Write the factors to ``directory/factors_step{global_step:07d}.npz`` (see the module docstring).
 
     ``entries``: (param key, block index, factor, extra meta) per factor; the file is written
-    atomically by :func:`matroots.matrices.save_shampoo_factors`.
+    atomically by :func:`matroots.factor_dump.save_shampoo_factors`.
     """
-    from matroots.matrices import save_shampoo_factors
+    from matroots.factor_dump import save_shampoo_factors
 
     out = Path(directory) / f"factors_step{global_step:07d}.npz"
     factors = []
