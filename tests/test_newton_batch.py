@@ -23,7 +23,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from _refs import U, ref_inverse_root, ref_power, rel_err, spd_matrix
+from _refs import U, haar_orthogonal, ref_inverse_root, ref_power, rel_err, spd_matrix
 
 import matroots
 from matroots.solvers.newton_core import coupled_newton_iterate
@@ -176,3 +176,38 @@ def test_elements_done_at_the_start_never_iterate():
     assert out.iterations.tolist()[-1] == 0 and out.reason[-1] == "tol" and bool(out.converged[-1])
     assert torch.allclose(out.X[-1], torch.eye(N, dtype=A.dtype) / math.sqrt(2.0), rtol=2.3e-16, atol=0)
     assert float(out.matmuls_each[-1]) == 0.0
+
+
+def test_relative_eps_certifies_lambda_max_per_element():
+    """A relative eps needs lambda_max certified to 1e-12: Lanczos is rerun with more steps only for the
+    elements whose residual bound is not there yet (an arithmetic spectrum at n = 96), so the batch's
+    shifts, roots and costs are each element's own."""
+    n = 96
+    Q = haar_orthogonal(n, np.random.default_rng(1))
+    arith = (Q * np.linspace(1e-3, 1.0, n)) @ Q.T
+    A = np.stack([spd_matrix(n, 1e3, seed=3), 0.5 * (arith + arith.T), spd_matrix(n, 1e5, seed=4)])
+    A = A * 2.0 ** -np.floor(np.log2(np.abs(A).max(axis=(1, 2))))[:, None, None]
+    kw = {"eps": 1e-6, "eps_mode": "relative"}
+    res = _solve(A, 4, True, **kw)
+    singles = [_solve(A[i], 4, True, **kw) for i in range(A.shape[0])]
+    assert len({one.matmuls for one in singles}) > 1  # the elements needed different Lanczos runs
+    for i, one in enumerate(singles):
+        assert float(res.info["eps_abs"][i]) == float(one.info["eps_abs"][0])
+        assert torch.equal(res.root[i], one.root) and int(res.iterations[i]) == one.iterations
+        # the shift is eps times the true lambda_max (the largest eigenvalue, LAPACK in float64)
+        lam = float(np.linalg.eigvalsh(A[i])[-1])
+        assert float(res.info["eps_abs"][i]) == pytest.approx(1e-6 * lam, rel=1e-11)
+    assert res.matmuls * A.shape[0] == pytest.approx(sum(one.matmuls for one in singles), rel=1e-12)
+
+
+@pytest.mark.parametrize("scaling", ["auto", "dynamic"])
+def test_wide_batch_is_bitwise_too(scaling):
+    """32 elements fill whole SIMD lanes of the per-element scalar arithmetic (c = (c^p)^(1/p) and the
+    dynamic scale factors), which must round as it does for one element alone."""
+    kappas = np.logspace(1, 6, 32)
+    A = _mixed_stack(n=8, kappas=kappas)
+    res = _solve(A, 4, True, scaling=scaling)
+    for i in range(A.shape[0]):
+        one = _solve(A[i], 4, True, scaling=scaling)
+        assert torch.equal(res.root[i], one.root), i
+        assert int(res.iterations[i]) == one.iterations, i

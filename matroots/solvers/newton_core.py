@@ -331,6 +331,16 @@ def _scaled(work: torch.Tensor, inv: torch.Tensor, shift: torch.Tensor | None) -
     return work * inv.to(work.dtype)[:, None, None]
 
 
+def _root_each(v: torch.Tensor, p: int) -> torch.Tensor:
+    """v^(1/p) per element (float64), by the C library's pow on each value.
+
+    torch's vectorised pow rounds differently in a full SIMD lane than in a short tensor (measured: one
+    element of 32 differed in the last bit from its solve alone), which would make a batch element's c
+    differ from that of its own solve.
+    """
+    return torch.tensor([math.pow(x, 1.0 / p) for x in v.tolist()], dtype=torch.float64)
+
+
 def coupled_newton_iterate(
     A: torch.Tensor,
     p: int,
@@ -378,7 +388,7 @@ def coupled_newton_iterate(
     M0 = _start_matrix(A, cp64, shift, dt)
     I = eye_like(M0)
     coef_I = I * ((p + 1) / p)
-    c = cp64 ** (1.0 / p)
+    c = _root_each(cp64, p)
     notes: dict[str, str] = {}
     solve_dt = dt if dt in (torch.float32, torch.float64) else torch.float32
     if not inverse and solve_dt != dt:
@@ -420,7 +430,7 @@ def coupled_newton_iterate(
             if bool(scale_now.any()):
                 st = torch.as_tensor(s, dtype=torch.float64)
                 M.mul_(rows.per_elem(st, dt))
-                X.mul_(rows.per_elem(st ** ((1.0 / p) if inverse else (-1.0 / p)), dt))
+                X.mul_(rows.per_elem(_root_each(st, p if inverse else -p), dt))
             fa, fb = scalar_map(s * lo, p), scalar_map(s * hi, p)
             ia[sel] = np.minimum(fa, fb)
             ib[sel] = np.where((s * lo <= 1) & (s * hi >= 1), 1.0, np.maximum(fa, fb))
