@@ -203,3 +203,12 @@ def test_shampoo_reads_declared_warm_start() -> None:
     assert not supports_warm_start(matroots.EighConfig())
     warm = registry.get("eigh_warm")
     assert uses_eigenbasis(warm) and not supports_warm_start(warm)
+
+
+def test_per_candidate_solve_options_are_solve_options() -> None:
+    """The options a sweep or tuned candidate may fix per solver are a subset of the one definition."""
+    from matroots import grid
+    from matroots.solvers import auto
+
+    assert set(grid.SOLVE_OPTIONS) <= set(SolveOptions.names())
+    assert set(auto.SOLVE_OPTIONS) <= set(SolveOptions.names())
