@@ -20,41 +20,52 @@ one untimed warm-up each; the table shows the median and the minimum over ``--re
 speedup loop / batch of the medians (> 1: the batch is faster). The load average is printed before
 and after.
 
-Measured (2026-12-01, this 2-core CPU shared with ~8 engineers, load average 15 before / 11 after,
+Measured (2026-12-01, this 2-core CPU shared with ~8 engineers, load average 7.0 before / 6.8 after,
 torch 2.13 CPU with MKL, one thread, fp32, p = 4, ``--repeats 9``): CPU seconds per stack (median),
 speedup = loop / batch; ``before`` is the same benchmark on the code before the active set (commit
 d183dea, 7 repeats, load 10-13).
 
     stack   spectrum method        batch   loop   speedup  before   Newton steps lockstep/executed
-    32x128  uniform  eigh          0.021  0.033    1.57      -
-    32x128  uniform  newton        0.065  0.130    1.98     1.80     384/384
-    32x128  uniform  newton_frob   0.064  0.074    1.15     1.12     448/448
-    32x128  mixed    eigh          0.021  0.032    1.50      -
-    32x128  mixed    newton        0.070  0.124    1.77     1.30     544/359
-    32x128  mixed    newton_frob   0.062  0.069    1.11     0.74     608/414
-    8x256   uniform  eigh          0.024  0.027    1.14      -
-    8x256   uniform  newton        0.106  0.112    1.05     1.03      96/96
-    8x256   uniform  newton_frob   0.112  0.107    0.95     0.93     112/112
-    8x256   mixed    eigh          0.024  0.027    1.15      -
-    8x256   mixed    newton        0.100  0.102    1.02     0.68     136/90
-    8x256   mixed    newton_frob   0.107  0.102    0.95     0.67     152/107
+    32x128  uniform  eigh          0.020  0.031    1.53      -
+    32x128  uniform  newton        0.070  0.125    1.80     1.80     384/384
+    32x128  uniform  newton_frob   0.058  0.068    1.16     1.12     448/448
+    32x128  mixed    eigh          0.021  0.032    1.56      -
+    32x128  mixed    newton        0.068  0.122    1.79     1.30     544/359
+    32x128  mixed    newton_frob   0.059  0.067    1.13     0.74     608/414
+    8x256   uniform  eigh          0.025  0.026    1.05      -
+    8x256   uniform  newton        0.098  0.104    1.05     1.03      96/96
+    8x256   uniform  newton_frob   0.104  0.099    0.95     0.93     112/112
+    8x256   mixed    eigh          0.023  0.026    1.15      -
+    8x256   mixed    newton        0.102  0.105    1.03     0.68     136/90
+    8x256   mixed    newton_frob   0.104  0.098    0.95     0.67     152/107
+    one p = 4 Newton step: 32x128 batched 3.40 ms vs 3.88 ms as 32 single steps; 8x256 6.70 vs 6.82 ms
 
-Batch and loop roots are bitwise equal in every case (``max diff`` 0). The active set removed the
-waiting: mixed stacks went from 0.67-0.74x of the loop to 0.95-1.11x with Frobenius scaling, and from
-0.68-1.30x to 1.02-1.77x with the default scaling. The target of >= 1.3x faster than the loop is met
-for 32 x 128 with eigh and default coupled Newton, and **not** met for 32 x 128 Frobenius Newton nor
+fp64 (``--dtype fp64 --repeats 7``, load 6.4 / 6.6), speedup loop / batch:
+
+    stack   spectrum   eigh   newton   newton_frob   (batch s: eigh / newton / newton_frob)
+    32x128  uniform    1.31    1.29      0.97         0.033 / 0.147 / 0.144
+    32x128  mixed      1.36    1.33      0.94         0.032 / 0.135 / 0.138
+    8x256   uniform    1.07    0.98      0.94         0.035 / 0.226 / 0.248
+    8x256   mixed      1.08    0.96      0.96         0.035 / 0.213 / 0.227
+    one p = 4 Newton step: 32x128 batched 6.83 ms vs 7.20 ms as single steps; 8x256 13.67 vs 13.95 ms
+
+Batch and loop roots are bitwise equal in every case, fp32 and fp64 (``max diff`` 0). The active set
+removed the waiting (fp32): mixed stacks went from 0.67-0.74x of the loop to 0.95-1.13x with Frobenius scaling, and from
+0.68-1.30x to 1.03-1.79x with the default scaling. The target of >= 1.3x faster than the loop is met
+for 32 x 128 with eigh and default coupled Newton (fp64: 1.29-1.36, at the edge), and **not** met for 32 x 128 Frobenius Newton nor
 for anything at 8 x 256, and cannot be on one CPU thread: the batch now executes exactly the loop's
-products (last column), and a batched GEMM costs the same per matrix as a 2-D one (one p = 4 Newton
-step, 1 thread: 6.49 ms batched vs 6.55 ms as 8 single steps at 8 x 256; 3.43 vs 3.88 ms at 32 x 128),
-so batching can only save the per-call costs, speedup ~ 1 + (b - 1) overhead / work. Those costs are
+products (last column), and a batched GEMM costs the same per matrix as a 2-D one (the step line), so
+batching can only save the per-call costs, speedup ~ 1 + (b - 1) overhead / work. Those costs are
 large for the default scaling (24 Lanczos steps of ~10 small torch calls each per call) and small for
-Frobenius (a norm), and the work per call grows as n^3 while the overhead does not. eigh's batched
-LAPACK path is one syevd per matrix as well (~3 ms per 256 x 256 either way), so it gains only the
-per-call validation. On this loaded machine the 8 x 256 Newton loop itself ran ~5-10% slower batched
-than as single matrices (its working set, 8 buffers of 2 MiB, does not stay in the shared cache; the
-single-step microbenchmark above does not show it), which is what puts Frobenius at 0.95.
+Frobenius (a norm), and the work grows as n^3 while the overhead does not. eigh's batched LAPACK path
+is one syevd per matrix as well (~3 ms per 256 x 256 either way), so it gains only the per-call
+validation. At 8 x 256 the batched products inside the real iteration ran ~6% slower than the same
+products as 2-D mm on each solve's own small buffers (cProfile, process time: 0.465-0.474 s vs
+0.439-0.444 s of torch.matmul for 5 solves of the stack); the isolated step above does not show it,
+and it is what puts Frobenius at 0.94-0.97 (fp32 8 x 256, fp64 both shapes; not resolved).
 
     python experiments/bench_batching.py                    # all cases, 7 repeats (~2 min)
+    python experiments/bench_batching.py --dtype fp64
     python experiments/bench_batching.py --repeats 3 --shapes 32x128
     python experiments/bench_batching.py --json runs/bench_batching.json
 """
