@@ -74,7 +74,8 @@ is reported as ``converged=False`` with stop reason ``"non_principal_root"``.
 ``eps_abs`` (and ``eps_lambda_max`` for a relative eps), ``backward_error`` (forward roots),
 ``solve_dtype`` / ``compute_dtype_note`` (16-bit formats), the Lanczos estimates, ``warm_start`` / ``retried_frobenius`` (indices rerun) when they apply, ``eigvals_calls``
 (general input: one LAPACK eigenvalue computation, not counted in ``matmuls``) and
-``iteration_seconds`` / ``iteration_cpu_seconds`` (wall / process CPU time of the Newton loop alone). For symmetric input the returned root is
+``iteration_seconds`` / ``iteration_cpu_seconds`` (wall / process CPU time of the Newton loop alone),
+``newton_matmuls`` (per element: the products its Newton iterations executed). For symmetric input the returned root is
 symmetrised, (X + X^T)/2: X_k is a polynomial in A, symmetric in exact arithmetic.
 """
 
