@@ -372,7 +372,9 @@ class GroupOptions:
                 f"config's own policy), got {self.psd!r}"
             )
         _check_eps(self.weight_decay, "weight_decay")
-        for name in ("decoupled_weight_decay", "nesterov", "use_bias_correction", "merge_dims", "warm_start", "maximize"):
+        flags = ("decoupled_weight_decay", "nesterov", "use_bias_correction", "merge_dims")
+        flags += ("warm_start", "maximize")
+        for name in flags:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         _check_beta(self.momentum, "momentum", allow_one=False)

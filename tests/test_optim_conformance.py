@@ -267,7 +267,7 @@ def test_hyperparameters_have_one_definition() -> None:
     import inspect
 
     from shampoo.config import GroupOptions
-    from shampoo.optimizer import GROUP_ONLY_KEYS, IMPL_FLAGS
+    from shampoo.optim_compat import GROUP_ONLY_KEYS, IMPL_FLAGS
 
     sig = inspect.signature(shampoo.Shampoo.__init__)
     args = set(sig.parameters) - {"self", "params", "diagnostics", "distributed", *IMPL_FLAGS}
