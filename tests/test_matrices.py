@@ -29,11 +29,12 @@ RANDOM = [
     "nonsymmetric",
 ]
 FIXED = ["tridiag", "minij", "pei", "hilbert", "lehmer", "pascal", "moler", "kms"]
+DATA = ["shampoo"]  # shipped real Kronecker factors (tests/test_real_factors.py covers them)
 
 
 def test_every_family_is_registered():
-    assert set(RANDOM) | set(FIXED) <= set(matrices.FAMILIES)
-    assert set(matrices.FAMILIES) <= set(RANDOM) | set(FIXED)
+    assert set(RANDOM) | set(FIXED) | set(DATA) <= set(matrices.FAMILIES)
+    assert set(matrices.FAMILIES) <= set(RANDOM) | set(FIXED) | set(DATA)
 
 
 @pytest.mark.parametrize("family", RANDOM)
