@@ -112,7 +112,7 @@ def _rank_main(rank: int, ws: int, port: int, args: argparse.Namespace, outdir: 
     exchange = None
     if sharding is not None:
         eng = next(e for e in opt._engines if e is not None)
-        _, exchange, _ = sharding._plan(eng)
+        _, exchange, _ = sharding._plan(eng.plan)
         local = [torch.zeros(n) for n in exchange.numels[rank]]
         for _ in range(10):
             dist.barrier()

@@ -35,6 +35,10 @@ class GraftingConfig:
 
     kind: ClassVar[str] = ""
 
+    def transform(self) -> Any:
+        """The per-block grafting transform of this method (:mod:`shampoo.grafting`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define its grafting transform")
+
 
 @dataclass(frozen=True, kw_only=True)
 class NoGrafting(GraftingConfig):
@@ -42,12 +46,22 @@ class NoGrafting(GraftingConfig):
 
     kind: ClassVar[str] = "none"
 
+    def transform(self) -> Any:
+        from .grafting import NoGraft
+
+        return NoGraft()
+
 
 @dataclass(frozen=True, kw_only=True)
 class SGDGrafting(GraftingConfig):
     """Graft to the norm of the (momentum-filtered) gradient."""
 
     kind: ClassVar[str] = "sgd"
+
+    def transform(self) -> Any:
+        from .grafting import SGDGraft
+
+        return SGDGraft()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +73,11 @@ class AdaGradGrafting(GraftingConfig):
 
     def __post_init__(self) -> None:
         _check_eps(self.eps, "AdaGradGrafting.eps")
+
+    def transform(self) -> Any:
+        from .grafting import AdaGradGraft
+
+        return AdaGradGraft(eps=self.eps)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +92,11 @@ class RMSpropGrafting(GraftingConfig):
     def __post_init__(self) -> None:
         _check_beta(self.beta2, "RMSpropGrafting.beta2", allow_one=False)
         _check_eps(self.eps, "RMSpropGrafting.eps")
+
+    def transform(self) -> Any:
+        from .grafting import RMSpropGraft
+
+        return RMSpropGraft(eps=self.eps, beta2=self.beta2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +113,11 @@ class AdamGrafting(GraftingConfig):
     def __post_init__(self) -> None:
         _check_beta(self.beta2, "AdamGrafting.beta2", allow_one=False)
         _check_eps(self.eps, "AdamGrafting.eps")
+
+    def transform(self) -> Any:
+        from .grafting import AdamGraft
+
+        return AdamGraft(eps=self.eps, beta2=self.beta2)
 
 
 GRAFTINGS: dict[str, type[GraftingConfig]] = {
@@ -310,7 +339,7 @@ STRUCTURAL_KEYS = (
     "factor_dtype",
 )
 # Group keys holding config objects or dtypes (not restored from a state dict; see load_state_dict).
-CONFIG_KEYS = (*STRUCTURAL_KEYS, "grafting", "root_solver", "root_dtype", "failure")
+CONFIG_KEYS = (*STRUCTURAL_KEYS, "grafting", "root_solver", "root_dtype", "failure", "preconditioner")
 
 
 def _check_beta(b: float, name: str, *, allow_one: bool) -> None:
@@ -352,6 +381,9 @@ class GroupOptions:
     failure: FailurePolicy = field(default_factory=FailurePolicy)
     psd: str | None = "shift"
     maximize: bool = False
+    # A per-block preconditioner transform replacing the Kronecker one of the group's Shampoo blocks
+    # (the interface: shampoo.transforms.Preconditioner); a param-group key, None: Kronecker factors.
+    preconditioner: Any = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.lr, int | float | torch.Tensor) and float(self.lr) >= 0.0):
@@ -403,6 +435,13 @@ class GroupOptions:
             raise ValueError(f"grafting must be a GraftingConfig, got {self.grafting!r}")
         if not isinstance(self.failure, FailurePolicy):
             raise ValueError(f"failure must be a FailurePolicy, got {self.failure!r}")
+        need = ("init", "bind", "update", "direction", "ready", "refresh", "accumulators")
+        missing = [m for m in need if not callable(getattr(self.preconditioner, m, None))]
+        if self.preconditioner is not None and missing:
+            raise ValueError(
+                f"preconditioner must be a per-block transform (shampoo.transforms.Preconditioner) or None; "
+                f"{self.preconditioner!r} lacks {missing}"
+            )
 
     @property
     def beta1(self) -> float:
@@ -421,6 +460,7 @@ class GroupOptions:
             self.vector_policy,
             self.factor_dtype,
             self.grafting.kind,
+            type(self.preconditioner).__qualname__,
             self.beta1 > 0,
             self.momentum > 0,
         )

@@ -56,6 +56,8 @@ from .comm import (
     RemoteRankError,
     check_all_ranks,
 )
+from .engine import GroupPlan, PlannedBlock, layout_group
+from .state import merge_shards
 
 logger = logging.getLogger(__name__)
 
@@ -238,26 +240,17 @@ def assign_blocks(
 
 
 def layout_groups(param_groups: Sequence[dict[str, Any]]) -> list[BlockSpec]:
-    """Every block of every parameter of ``param_groups``, laid out as the optimizer lays them out
-    (param_index is the parameter's global position)."""
-    from .blocking import layout_param  # local: blocking <- config is cheap, but keep the top light
+    """Every block of every parameter of ``param_groups``, laid out by the engine's own
+    :func:`~shampoo.engine.layout_group` (param_index is the parameter's global position)."""
     from .config import GroupOptions
 
     specs: list[BlockSpec] = []
     index = 0
     for group in param_groups:
-        opts = GroupOptions.from_group(group)
-        for p in group["params"]:
-            lay = layout_param(
-                index,
-                tuple(p.shape),
-                max_preconditioner_dim=opts.max_preconditioner_dim,
-                merge_dims_=opts.merge_dims,
-                exponent_override=opts.exponent_override,
-                vector_policy=opts.vector_policy,
-            )
+        params = list(group["params"])
+        for lay in layout_group(params, index, GroupOptions.from_group(group)):
             specs.extend(lay.blocks)
-            index += 1
+        index += len(params)
     return specs
 
 
@@ -273,7 +266,7 @@ class CommStats:
         self.calls, self.seconds, self.bytes_sent = 0, 0.0, 0
 
 
-_Plan = tuple[list[list[tuple[int, BlockSpec]]], DirectionExchange, dict[tuple[int, int], int]]
+_Plan = tuple[list[list[PlannedBlock]], DirectionExchange, dict[tuple[int, int], int]]
 
 
 class BlockSharding:
@@ -290,7 +283,7 @@ class BlockSharding:
         self.rank, self.world_size = config.world()
         self.assignment: BlockAssignment | None = None
         self.device: torch.device | None = None  # of the parameters (for collectives outside a step)
-        self._plans: dict[int, tuple[Any, _Plan]] = {}
+        self._plans: dict[int, tuple[GroupPlan, _Plan]] = {}
         self.comm = CommStats()
         logger.info(
             "shampoo distributed: rank %d of %d, communication %s, cost model %s",
@@ -315,49 +308,49 @@ class BlockSharding:
             )  # fmt: skip
         return self.assignment.owners[key] == self.rank
 
-    def _plan(self, eng: Any) -> _Plan:
-        """Per rank, the (local param index, block) pairs it owns in a group; the exchange; and
-        the position of each of this rank's (param, block index) pairs in its send list."""
-        cached = self._plans.get(id(eng))
-        if cached is not None and cached[0] is eng:
+    def _plan(self, group: GroupPlan) -> _Plan:
+        """Per rank, the blocks it owns in a group; the exchange; and the position of each of this
+        rank's (local param, block index) pairs in its send list."""
+        cached = self._plans.get(id(group))
+        if cached is not None and cached[0] is group:
             return cached[1]
         assert self.assignment is not None
-        entries: list[list[tuple[int, BlockSpec]]] = [[] for _ in range(self.world_size)]
-        for i, st in enumerate(eng.states):
-            for b in st.blocks:
-                entries[self.assignment.owner(b.spec)].append((i, b.spec))
+        entries: list[list[PlannedBlock]] = [[] for _ in range(self.world_size)]
+        for pb in group.blocks:
+            entries[self.assignment.owner(pb.spec)].append(pb)
         exchange = DirectionExchange(
-            [[spec.numel for _, spec in per] for per in entries],
+            [[pb.spec.numel for pb in per] for per in entries],
             self.rank,
             dtype=self.config.communication_dtype,  # type: ignore[arg-type]
             group=self.config.process_group,
             timeout=self.config.timeout,  # type: ignore[arg-type]
         )
-        slot = {(i, spec.index): e for e, (i, spec) in enumerate(entries[self.rank])}
+        slot = {(pb.param, pb.spec.index): e for e, pb in enumerate(entries[self.rank])}
         plan = (entries, exchange, slot)
-        self._plans[id(eng)] = (eng, plan)
+        self._plans[id(group)] = (group, plan)
         return plan
 
     # -- directions --------------------------------------------------------------------------------
 
-    def assemble(self, eng: Any, present: list[int], outputs: Sequence[Any]) -> list[torch.Tensor]:
+    def assemble(self, group: GroupPlan, present: list[int], outputs: Sequence[Any]) -> list[torch.Tensor]:
         """All-gather the owned blocks' directions of one group (one collective) and write every
         block's direction into its parameter's direction tensor, in the parameter's dtype.
 
         ``outputs``: (bucket index, positions, stacked directions D, per-block scale s) per owned
-        bucket, as returned by the optimizer's ``block_directions`` (block j's direction is
-        s_j D_j); s_j D_j is written straight into the send buffer. Blocks of parameters without a
+        bucket, as returned by the engine's ``block_directions`` (block j's direction is s_j D_j,
+        and ``group.buckets[bi][j]`` says which block it is); s_j D_j is written straight into the
+        send buffer. Blocks of parameters without a
         gradient this step are sent as zeros and not written.
         """
-        entries, exchange, slot = self._plan(eng)
-        device = eng.directions[0].device if eng.directions else torch.device("cpu")
+        entries, exchange, slot = self._plan(group)
+        device = group.device
         send = exchange.send_views(device)
         filled = [False] * len(send)
         for bi, positions, D, scale in outputs:
-            bucket, members = eng.buckets[bi], eng.members[bi]
+            blocks = group.buckets[bi]
             sc = scale.to(D.dtype) if isinstance(scale, torch.Tensor) else scale
             for k, j in enumerate(positions):
-                e = slot[(members[j], bucket.blocks[j].spec.index)]
+                e = slot[(blocks[j].param, blocks[j].spec.index)]
                 out = send[e].view(D.shape[1:])
                 if isinstance(sc, torch.Tensor):
                     torch.mul(D[k], sc[k], out=out)
@@ -374,22 +367,21 @@ class BlockSharding:
         self.comm.seconds += time.perf_counter() - t0
         self.comm.calls += 1
         self.comm.bytes_sent += exchange.bytes_per_rank
-        views = {i: eng.states[i].layout.merged_view(eng.directions[i]) for i in present}
+        views = group.direction_views(present)
         for per_rank, flats in zip(entries, gathered, strict=True):
-            for (i, spec), flat in zip(per_rank, flats, strict=True):
-                view = views.get(i)
+            for pb, flat in zip(per_rank, flats, strict=True):
+                view = views.get(pb.param)
                 if view is not None:
-                    view[spec.slices].copy_(flat.view(spec.shape))
-        return [eng.directions[i] for i in present]
+                    view[pb.spec.slices].copy_(flat.view(pb.spec.shape))
+        return [group.directions[i] for i in present]
 
-    def report_failure(self, eng: Any, err: BaseException) -> None:
+    def report_failure(self, group: GroupPlan, err: BaseException) -> None:
         """This rank could not compute its directions of a group (``err``, a Shampoo error): take
         part in the group's collective with a failure status so every other rank raises
         :class:`RemoteRankError` at the same step instead of waiting. The caller re-raises ``err``."""
-        _, exchange, _ = self._plan(eng)
+        _, exchange, _ = self._plan(group)
         logger.error("shampoo distributed: rank %d failed: %s", self.rank, err)
-        device = eng.directions[0].device if eng.directions else torch.device("cpu")
-        exchange.exchange(device, error=f"{type(err).__name__}: {err}")
+        exchange.exchange(group.device, error=f"{type(err).__name__}: {err}")
 
     def dump_directory(self, directory: Any) -> Path:
         """Where this rank dumps its factors: ``directory/rank<r>`` (ranks own different blocks)."""
@@ -401,8 +393,8 @@ class BlockSharding:
         """The rank-independent optimizer state: every rank's owned blocks merged (collective).
 
         Each rank's ``flatten``ed state holds the replicated entries (step, momentum) and its owned
-        blocks (``blocks.<i>.*``); the union is the single-process state dict, which loads on any
-        number of ranks.
+        blocks; :func:`shampoo.state.merge_shards` takes the union of the blocks by block index,
+        which is the single-process state dict and loads on any number of ranks.
         """
         if self.world_size == 1:
             return state
@@ -421,16 +413,14 @@ class BlockSharding:
         }
         shards: list[Any] = [None] * self.world_size
         dist.all_gather_object(shards, cpu, group=self.config.process_group)
-        merged: dict[Any, dict[str, Any]] = {k: dict(d) for k, d in state.items()}
-        for r, shard in enumerate(shards):
-            if r == self.rank:
-                continue
-            for key, flat in shard.items():
-                mine = merged.setdefault(key, dict(flat))
-                device = next((v.device for v in mine.values() if isinstance(v, torch.Tensor)), None)
-                for name, v in flat.items():
-                    if name.startswith("blocks.") and name not in mine:
-                        mine[name] = v.to(device) if isinstance(v, torch.Tensor) and device is not None else v
+        merged: dict[Any, dict[str, Any]] = {}
+        keys = list(state) + [k for shard in shards for k in shard if k not in state]
+        for key in dict.fromkeys(keys):
+            mine = state.get(key)
+            parts = [mine] if mine is not None else []
+            parts += [shard[key] for r, shard in enumerate(shards) if r != self.rank and key in shard]
+            dev = next((v.device for v in parts[0].values() if isinstance(v, torch.Tensor)), None)
+            merged[key] = merge_shards(parts, dev if mine is not None else None)
         return merged
 
 

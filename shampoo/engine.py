@@ -18,14 +18,65 @@ from typing import Any
 
 import torch
 
-from .blocking import BlockKind, BlockSpec, layout_param, tile_grid, tiled_view
+from .blocking import BlockSpec, ParamLayout, layout_param, tile_grid, tiled_view
 from .config import DiagnosticsConfig, GroupOptions
 from .errors import FactorResetWarning
 from .preconditioner import BlockBucket
-from .roots import RootJob, compute_roots
+from .roots import compute_roots
 from .state import BlockState, ParamState
 
 log = logging.getLogger("shampoo")
+
+
+@dataclass(frozen=True)
+class PlannedBlock:
+    """One block of a group as the sharding layer sees it."""
+
+    param: int  # local index of its parameter in the group
+    spec: BlockSpec  # global param index, block index, shape, slices into the merged view
+    owned: bool  # whether this process computes it
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """What distribution needs from a group's engine, and nothing else (typed, built once).
+
+    ``blocks``: every block of every parameter of the group (owned or not), in (param, block)
+    order. ``buckets[bi][j]``: the block at position j of owned bucket bi, i.e. where the direction
+    ``D[k]`` of an output ``(bi, positions, D, s)`` of :meth:`GroupEngine.block_directions` with
+    ``positions[k] = j`` belongs. ``merged_shapes[i]`` and ``directions[i]``: parameter i's merged
+    shape (the space its blocks' slices index) and its direction workspace, which the assembly
+    fills in place.
+    """
+
+    blocks: tuple[PlannedBlock, ...]
+    buckets: tuple[tuple[PlannedBlock, ...], ...]
+    merged_shapes: tuple[tuple[int, ...], ...]
+    directions: tuple[torch.Tensor, ...]
+
+    @property
+    def device(self) -> torch.device:
+        return self.directions[0].device if self.directions else torch.device("cpu")
+
+    def direction_views(self, present: list[int]) -> dict[int, torch.Tensor]:
+        """The direction workspaces of the ``present`` parameters in their merged shapes (views)."""
+        return {i: self.directions[i].view(self.merged_shapes[i]) for i in present}
+
+
+def layout_group(params: list[torch.Tensor], first_index: int, opts: GroupOptions) -> list[ParamLayout]:
+    """The block layout of a group's parameters (global indices from ``first_index``): the one
+    derivation the engine and the block-to-rank assignment share."""
+    return [
+        layout_param(
+            first_index + i,
+            tuple(p.shape),
+            max_preconditioner_dim=opts.max_preconditioner_dim,
+            merge_dims_=opts.merge_dims,
+            exponent_override=opts.exponent_override,
+            vector_policy=opts.vector_policy,
+        )
+        for i, p in enumerate(params)
+    ]
 
 
 @dataclass(frozen=True)
@@ -64,15 +115,8 @@ class GroupEngine:
         self.params = params
         self.structure = opts.structure()
         self.states: list[ParamState] = []
-        for i, (p, key) in enumerate(zip(params, keys, strict=True)):
-            layout = layout_param(
-                first_index + i,
-                tuple(p.shape),
-                max_preconditioner_dim=opts.max_preconditioner_dim,
-                merge_dims_=opts.merge_dims,
-                exponent_override=opts.exponent_override,
-                vector_policy=opts.vector_policy,
-            )
+        layouts = layout_group(params, first_index, opts)
+        for p, key, layout in zip(params, keys, layouts, strict=True):
             blocks = [BlockState(spec=s, owned=owns(s)) for s in layout.blocks]
             mom = (
                 torch.zeros_like(p, dtype=state_dtype(p.dtype), memory_format=torch.contiguous_format)
@@ -92,6 +136,24 @@ class GroupEngine:
             self.members.append([i for i, _ in items])
         self.segments = [self._segments(b, m) for b, m in zip(self.buckets, self.members, strict=True)]
         self.directions = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
+        self.plan = self._make_plan()
+
+    def _make_plan(self) -> GroupPlan:
+        planned = {
+            (i, b.spec.index): PlannedBlock(i, b.spec, b.owned)
+            for i, st in enumerate(self.states)
+            for b in st.blocks
+        }
+        buckets = tuple(
+            tuple(planned[(i, b.spec.index)] for i, b in zip(members, bucket.blocks, strict=True))
+            for bucket, members in zip(self.buckets, self.members, strict=True)
+        )
+        return GroupPlan(
+            blocks=tuple(planned.values()),
+            buckets=buckets,
+            merged_shapes=tuple(st.layout.merged_shape for st in self.states),
+            directions=tuple(self.directions),
+        )
 
     def _segments(self, bucket: BlockBucket, members: list[int]) -> list[Segment]:
         """Runs of consecutive bucket positions of one parameter; tiled when they are all its blocks."""
@@ -187,10 +249,11 @@ class GroupEngine:
         log.warning(msg)
         warnings.warn(msg, FactorResetWarning, stacklevel=5)
 
-    def label(self, bucket: BlockBucket, position: int, slot: int) -> str:
-        spec = bucket.blocks[position].spec
-        key = self.states[self.members[self.buckets.index(bucket)][position]].key
-        return f"{key!s}[block {spec.index}, dim {bucket.factor_dims[slot]}]"
+    def label(self, bi: int, position: int, dim: int) -> str:
+        """A factor's name in messages: ``key[block i, dim d]``."""
+        spec = self.buckets[bi].blocks[position].spec
+        key = self.states[self.members[bi][position]].key
+        return f"{key!s}[block {spec.index}, dim {dim}]"
 
     def block_directions(
         self, opts: GroupOptions, present: list[int], grads: list[torch.Tensor], diag: DiagnosticsConfig
@@ -217,9 +280,7 @@ class GroupEngine:
             if any(t % freq == 0 for t in steps):  # amortised: once per precondition_frequency steps
                 self._check_accumulators(bucket)
         jobs = []
-        for _bi, bucket, positions, _sel, _m, steps in work:
-            if not bucket.factors:
-                continue
+        for bi, bucket, positions, _sel, _m, steps in work:
             due = [
                 (j, t)
                 for j, t in zip(positions, steps, strict=True)
@@ -227,16 +288,14 @@ class GroupEngine:
             ]
             if due:
                 pos, ts = [j for j, _ in due], [t for _, t in due]
-                jobs.extend(RootJob(bucket, slot, pos, ts) for slot in range(len(bucket.factors)))
-        report = compute_roots(jobs, opts, diag, self.label) if jobs else None
+                label = lambda j, d, bi=bi: self.label(bi, j, d)  # noqa: E731
+                jobs.extend(bucket.pipeline.refresh(bucket.state, pos, ts, label))
+        report = compute_roots(jobs, opts, diag) if jobs else None
         out = []
         for bi, bucket, positions, sel, m, steps in work:
-            use = [
-                t >= start and (bucket.kind is BlockKind.DIAGONAL or bucket.has_any_root(j))
-                for j, t in zip(positions, steps, strict=True)
-            ]
+            use = [t >= start and bucket.ready(j) for j, t in zip(positions, steps, strict=True)]
             out.append((bi, positions, *bucket.directions(sel, m, opts, steps, use)))
         return out, report
 
 
-__all__ = ["GroupEngine", "Segment", "state_dtype"]
+__all__ = ["GroupEngine", "GroupPlan", "PlannedBlock", "Segment", "layout_group", "state_dtype"]

@@ -1,11 +1,15 @@
-"""Grafting methods as small init / update / direction triples on stacked blocks (optax style).
+"""Grafting methods as per-block transforms on stacked blocks (Agarwal et al. 2020, "Disentangling
+adaptive gradient methods from learning rates"): the preconditioned direction of each block is
+rescaled to the norm of the grafting method's direction (:meth:`_Graft.graft`).
 
-Every function works on a stack of same-shape blocks, shape (b, *block_shape), so a whole bucket is
-one elementwise kernel. ``grad`` is the (weight-decayed) gradient, ``m_hat`` the bias-corrected
-gradient EMA that the optimizer preconditions (equal to ``grad`` when beta1 = 0; the functions take
-the uncorrected EMA and the optimizer folds 1/(1 - beta1^t) into its per-block output scale). The
+Each grafting config of :mod:`shampoo.config` builds its transform (``config.transform()``). Every
+transform works on a stack of same-shape blocks (b, *block_shape), so a whole bucket is one
+elementwise kernel. ``grad`` is the (weight-decayed) gradient, ``m_hat`` the bias-corrected gradient
+EMA that the optimizer preconditions (equal to ``grad`` when beta1 = 0; the transforms take the
+uncorrected EMA and the pipeline folds 1/(1 - beta1^t) into its per-block output scale). The
 formulas are torch.optim's, so that grafting alone reproduces it to rounding:
 
+* none:     d = m_hat, and the preconditioned direction is not rescaled
 * sgd:      d = m_hat
 * adagrad:  v += g^2;                          d = m_hat / (sqrt(v) + eps)        (Adagrad, lr_decay 0)
 * rmsprop:  v = beta2 v + (1 - beta2) g^2;     d = m_hat / (sqrt(v) + eps)        (RMSprop, alpha=beta2)
@@ -14,66 +18,139 @@ formulas are torch.optim's, so that grafting alone reproduces it to rounding:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 
-from .config import AdaGradGrafting, AdamGrafting, GraftingConfig, RMSpropGrafting
+from .transforms.base import Stack, StepContext, block_norms
+
+if TYPE_CHECKING:
+    from .state import BlockState
 
 
-def has_state(cfg: GraftingConfig) -> bool:
-    """Whether the method keeps a second-moment accumulator."""
-    return isinstance(cfg, AdaGradGrafting | RMSpropGrafting | AdamGrafting)
+@dataclass
+class GraftState:
+    v: torch.Tensor  # (b, *shape) second-moment accumulator
 
 
-def init(cfg: GraftingConfig, like: torch.Tensor) -> torch.Tensor | None:
-    """The method's state for a stack shaped like ``like`` (None when it keeps none)."""
-    return torch.zeros_like(like) if has_state(cfg) else None
+@dataclass(frozen=True)
+class _Graft:
+    """Grafting without state (sgd): d = m; the preconditioned direction gets d's norm."""
 
+    def init(self, stack: Stack) -> GraftState | None:
+        return None
 
-def update(cfg: GraftingConfig, state: torch.Tensor | None, grad: torch.Tensor) -> None:
-    """Accumulate ``grad`` into ``state`` in place."""
-    if isinstance(cfg, AdaGradGrafting):
-        assert state is not None
-        state.addcmul_(grad, grad)
-    elif isinstance(cfg, RMSpropGrafting | AdamGrafting):
-        assert state is not None
-        state.mul_(cfg.beta2).addcmul_(grad, grad, value=1.0 - cfg.beta2)
+    def bind(self, state: GraftState | None, j: int, block: BlockState) -> None:
+        block.graft_state = state.v[j] if state is not None else None
 
+    def update(self, state: GraftState | None, G: torch.Tensor, ctx: StepContext) -> None:
+        return None
 
-def bias_correction2(cfg: GraftingConfig, steps: torch.Tensor | int, use: bool) -> torch.Tensor | float:
-    """sqrt(1 - beta2^t) for Adam (1 otherwise); ``steps`` an int or a per-block tensor (b,)."""
-    if not (use and isinstance(cfg, AdamGrafting)):
-        return 1.0
-    if isinstance(steps, int):
-        return (1.0 - cfg.beta2**steps) ** 0.5
-    return (1.0 - torch.pow(cfg.beta2, steps.double())).sqrt()
-
-
-def direction(
-    cfg: GraftingConfig,
-    state: torch.Tensor | None,
-    m: torch.Tensor,
-    bc2_sqrt: torch.Tensor | float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor | float]:
-    """The grafting direction of ``m`` as (d, s): the direction is s * d, with s a per-block factor
-    (a float, or a (b,) tensor) that the caller folds into a later pass.
-
-    Adam's sqrt(v / (1 - beta2^t)) + eps is computed as (sqrt(v) + eps sqrt(1 - beta2^t)) / sqrt(1 - beta2^t),
-    which saves a pass over the state. ``d`` is ``m`` itself for sgd / none.
-    """
-    if state is None:
+    def direction(
+        self, state: GraftState | None, m: torch.Tensor, ctx: StepContext
+    ) -> tuple[torch.Tensor, torch.Tensor | float]:
+        """The grafting direction of ``m`` as (d, s): the direction is s * d, with s a per-block
+        factor (a float, or a (b,) tensor) that the caller folds into a later pass."""
         return m, 1.0
-    eps = cfg.eps  # type: ignore[attr-defined]
-    denom = state.sqrt()
-    scale: torch.Tensor | float = 1.0
-    if isinstance(cfg, AdamGrafting) and isinstance(bc2_sqrt, torch.Tensor):
-        scale = bc2_sqrt.to(denom.dtype)
-        denom.add_((eps * scale).view(-1, *([1] * (denom.ndim - 1))))
-    elif isinstance(cfg, AdamGrafting):
-        scale = bc2_sqrt
-        denom.add_(eps * bc2_sqrt)
-    else:
-        denom.add_(eps)
-    return torch.div(m, denom, out=denom), scale
+
+    def graft(
+        self,
+        pre: torch.Tensor,
+        pre_scale: torch.Tensor | float,
+        d: torch.Tensor,
+        d_scale: torch.Tensor | float,
+    ) -> torch.Tensor | float:
+        """The per-block scale that gives the preconditioned direction ``pre`` the norm of s d."""
+        gn = block_norms(d)
+        if isinstance(d_scale, torch.Tensor) or d_scale != 1.0:
+            gn = gn * d_scale
+        pn = block_norms(pre)
+        return torch.where(pn > 0, gn / pn, torch.zeros_like(pn))
+
+    def accumulators(self, state: GraftState | None) -> list[torch.Tensor]:
+        return [state.v] if state is not None else []
 
 
-__all__ = ["bias_correction2", "direction", "has_state", "init", "update"]
+@dataclass(frozen=True)
+class NoGraft(_Graft):
+    """No grafting: the preconditioned direction keeps its own scale (plain SGD before preconditioning)."""
+
+    def graft(
+        self,
+        pre: torch.Tensor,
+        pre_scale: torch.Tensor | float,
+        d: torch.Tensor,
+        d_scale: torch.Tensor | float,
+    ) -> torch.Tensor | float:
+        return pre_scale
+
+
+@dataclass(frozen=True)
+class SGDGraft(_Graft):
+    """Graft to the norm of the (momentum-filtered) gradient."""
+
+
+@dataclass(frozen=True)
+class _SecondMomentGraft(_Graft):
+    eps: float
+
+    def init(self, stack: Stack) -> GraftState:
+        return GraftState(stack.zeros())
+
+    def update(self, state: GraftState | None, G: torch.Tensor, ctx: StepContext) -> None:
+        assert state is not None
+        v = ctx.take(state.v)
+        self.accumulate(v, G)
+        ctx.put(state.v, v)
+
+    def accumulate(self, v: torch.Tensor, G: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def direction(
+        self, state: GraftState | None, m: torch.Tensor, ctx: StepContext
+    ) -> tuple[torch.Tensor, torch.Tensor | float]:
+        assert state is not None
+        denom = ctx.take(state.v).sqrt()
+        denom.add_(self.eps)
+        return torch.div(m, denom, out=denom), 1.0
+
+
+@dataclass(frozen=True)
+class AdaGradGraft(_SecondMomentGraft):
+    def accumulate(self, v: torch.Tensor, G: torch.Tensor) -> None:
+        v.addcmul_(G, G)
+
+
+@dataclass(frozen=True)
+class RMSpropGraft(_SecondMomentGraft):
+    beta2: float = 0.99
+
+    def accumulate(self, v: torch.Tensor, G: torch.Tensor) -> None:
+        v.mul_(self.beta2).addcmul_(G, G, value=1.0 - self.beta2)
+
+
+@dataclass(frozen=True)
+class AdamGraft(RMSpropGraft):
+    beta2: float = 0.999
+
+    def direction(
+        self, state: GraftState | None, m: torch.Tensor, ctx: StepContext
+    ) -> tuple[torch.Tensor, torch.Tensor | float]:
+        """sqrt(v / (1 - beta2^t)) + eps is computed as (sqrt(v) + eps sqrt(1 - beta2^t)) / sqrt(1 -
+        beta2^t), which saves a pass over the state. The group's ``use_bias_correction`` applies."""
+        if not ctx.opts.use_bias_correction:
+            return super().direction(state, m, ctx)
+        assert state is not None
+        steps = ctx.steps_arg()
+        denom = ctx.take(state.v).sqrt()
+        if isinstance(steps, int):
+            scale: torch.Tensor | float = (1.0 - self.beta2**steps) ** 0.5
+            denom.add_(self.eps * scale)
+        else:
+            scale = (1.0 - torch.pow(self.beta2, steps.double())).sqrt().to(denom.dtype)
+            denom.add_((self.eps * scale).view(-1, *([1] * (denom.ndim - 1))))
+        return torch.div(m, denom, out=denom), scale
+
+
+__all__ = ["AdaGradGraft", "AdamGraft", "GraftState", "NoGraft", "RMSpropGraft", "SGDGraft"]

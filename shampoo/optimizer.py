@@ -331,7 +331,7 @@ class Shampoo(torch.optim.Optimizer):
             outputs, report = eng.block_directions(opts, idx, grads, self._diag)  # type: ignore[arg-type]
         except ShampooError as err:
             if self._sharding is not None:
-                self._sharding.report_failure(eng, err)  # the other ranks raise instead of waiting
+                self._sharding.report_failure(eng.plan, err)  # the other ranks raise instead of waiting
             raise
         if report is not None:
             self.timing.root_seconds += report.seconds
@@ -357,7 +357,7 @@ class Shampoo(torch.optim.Optimizer):
         the owned blocks' directions here and writes the other ranks' blocks the same way.
         """
         if self._sharding is not None:
-            return self._sharding.assemble(eng, present, outputs)
+            return self._sharding.assemble(eng.plan, present, outputs)
         views = {i: eng.states[i].layout.merged_view(eng.directions[i]) for i in present}
         for bi, positions, D, scale in outputs:
             eng.scatter(bi, positions, D, scale, views)

@@ -1,6 +1,6 @@
 """Inverse-root computation for Kronecker factors: batching, warm starts and the failure policy.
 
-Due factors of equal size n and root p (across buckets) are concatenated into one (b, n, n) batch and
+Due factors of equal size n and root p (across stacks) are concatenated into one (b, n, n) batch and
 solved by one matroots call, with the group's ``eps`` and rank-deficiency policy ``psd``
 (:mod:`matroots.psd`; the same for the primary solver and the fallback) and ``quiet=True`` (a
 non-convergence is reported once, here, not also by the solver). Before the call the stored factors
@@ -35,8 +35,7 @@ from matroots.spectral import power_lambda_max
 
 from .config import DiagnosticsConfig, FailurePolicy, GroupOptions, supports_warm_start
 from .errors import FactorResetWarning, RootComputationError, RootFailureWarning
-from .preconditioner import BlockBucket, mirror_upper_
-from .state import FactorState
+from .state import FactorState, mirror_upper_
 
 log = logging.getLogger("shampoo")
 
@@ -45,12 +44,20 @@ NUMERICAL_ERRORS = (MatrootsNumericalError, torch.linalg.LinAlgError)
 
 @dataclass
 class RootJob:
-    """Factors of one bucket slot (one block dim) whose roots are due."""
+    """Due factors of one stack: plain (b, n, n) storage, the rows due, and their bookkeeping.
 
-    bucket: BlockBucket
-    slot: int  # index into bucket.factors / bucket.roots
-    positions: list[int]  # blocks of the bucket
-    steps: list[int]  # each block's parameter step (for bias correction and bookkeeping)
+    ``factors`` holds the statistics (upper triangle; mirrored here before a solve), ``roots`` the
+    current inverse roots (written in place for the rows that get a usable root), ``records`` the
+    :class:`FactorState` of every row. ``label(row)`` names a factor in messages.
+    """
+
+    factors: torch.Tensor  # (b, n, n)
+    roots: torch.Tensor  # (b, n, n)
+    records: list[FactorState]  # one per row of ``factors``
+    p: Fraction  # the inverse root: factors^{-1/p}
+    positions: list[int]  # rows due
+    steps: list[int]  # each due row's parameter step (for bias correction and bookkeeping)
+    label: Callable[[int], str]
 
 
 @dataclass
@@ -285,23 +292,17 @@ def _fallback(A: torch.Tensor, p: Fraction, opts: GroupOptions, kappa_iters: int
     return _merge(parts, A, dtype)
 
 
-def compute_roots(
-    jobs: list[RootJob],
-    opts: GroupOptions,
-    diag: DiagnosticsConfig,
-    label: Callable[[BlockBucket, int, int], str],
-) -> RoundReport:
+def compute_roots(jobs: list[RootJob], opts: GroupOptions, diag: DiagnosticsConfig) -> RoundReport:
     """Compute the due roots of ``jobs`` in batches of equal (n, p) and apply the failure policy.
 
-    ``label(bucket, position, slot)`` names a factor in messages. Raises RootComputationError after
+    Raises RootComputationError after
     ``opts.failure.max_consecutive_failures`` consecutive failures of any factor.
     """
     t_round = time.perf_counter()
     report = RoundReport()
     batches: dict[tuple[int, Fraction], list[RootJob]] = {}
     for job in jobs:
-        k = (job.bucket.factors[job.slot].shape[-1], job.bucket.root_ps[job.bucket.factor_dims[job.slot]])
-        batches.setdefault(k, []).append(job)  # type: ignore[arg-type]
+        batches.setdefault((job.factors.shape[-1], job.p), []).append(job)
     policy = opts.failure
     over_limit: list[tuple[list[RootJob], list[FactorState], Fraction]] = []
     work_dtype = torch.promote_types(opts.factor_dtype, opts.root_dtype)
@@ -309,12 +310,12 @@ def compute_roots(
     for (_n, p), group in batches.items():
         states, steps = [], []
         for job in group:
-            states.extend(job.bucket.blocks[i].factors[job.slot] for i in job.positions)
+            states.extend(job.records[i] for i in job.positions)
             steps.extend(job.steps)
         A = _inputs(group, work_dtype, opts.beta2 if bc_on else None)
         reset = (~_finite_rows(A)).tolist()
         if any(reset):
-            A = _reset_statistics(group, A, reset, label, report)
+            A = _reset_statistics(group, A, reset, report)
         if uses_eigenbasis(opts.root_solver):  # warm start from the kept eigenbases
             has_prev = [f.basis is not None for f in states]
             prev_fn = lambda s=states, A=A: _previous_bases(s, A)  # noqa: E731
@@ -396,9 +397,9 @@ def compute_roots(
         report.primary_failures += int((~ok & not_reset).sum())
         report.failures += int((~good & not_reset).sum())
         if bool((~ok & not_reset).any()):
-            report.failed_labels.extend(_labels(group, (~ok & not_reset).tolist(), label))
+            report.failed_labels.extend(_labels(group, (~ok & not_reset).tolist()))
         if log.isEnabledFor(diag.log_level):
-            for lab, f in zip(_labels(group, [True] * len(states), label), states, strict=True):
+            for lab, f in zip(_labels(group, [True] * len(states)), states, strict=True):
                 log.log(
                     diag.log_level,
                     "root %s n=%d p=%s solver=%s iters=%d residual=%.3e converged=%s failures=%d "
@@ -417,7 +418,7 @@ def compute_roots(
         log.warning(msg)
         warnings.warn(msg, RootFailureWarning, stacklevel=4)
     for group, states, p in over_limit:
-        _check_limits(group, states, policy, label, p)
+        _check_limits(group, states, policy, p)
     return report
 
 
@@ -425,19 +426,18 @@ def _reset_statistics(
     group: list[RootJob],
     A: torch.Tensor,
     reset: list[bool],
-    label: Callable[[BlockBucket, int, int], str],
     report: RoundReport,
 ) -> torch.Tensor:
     """Zero the stored statistics of the factors flagged in ``reset`` (they became NaN/Inf), warn, and
     return a copy of the batch with those elements replaced by the identity (solved and discarded)."""
     i = 0
     for job in group:
-        store = job.bucket.factors[job.slot]
+        store = job.factors
         for pos in job.positions:
             if reset[i]:
                 store[pos].zero_()
             i += 1
-    labs = _labels(group, reset, label)
+    labs = _labels(group, reset)
     report.factor_resets += len(labs)
     msg = (
         f"shampoo: the Kronecker factor statistics of {len(labs)} factor(s) became non-finite "
@@ -463,18 +463,18 @@ def _inputs(group: list[RootJob], dtype: torch.dtype, beta2: float | None) -> to
     """
     seen: set[int] = set()
     for job in group:  # the upper triangle is the statistic; make the stored factors exactly symmetric
-        store = job.bucket.factors[job.slot]
+        store = job.factors
         if id(store) not in seen:
             seen.add(id(store))
             mirror_upper_(store)
-    first = group[0].bucket.factors[group[0].slot]
+    first = group[0].factors
     if len(group) == 1 and beta2 is None and first.dtype == dtype and _all_due(group[0]):
         return first
     total = sum(len(job.positions) for job in group)
     out = torch.empty((total, *first.shape[1:]), dtype=dtype, device=first.device)
     start = 0
     for job in group:
-        store = job.bucket.factors[job.slot]
+        store = job.factors
         F = (
             store
             if _all_due(job)
@@ -493,7 +493,7 @@ def _inputs(group: list[RootJob], dtype: torch.dtype, beta2: float | None) -> to
 
 
 def _all_due(job: RootJob) -> bool:
-    return job.positions == list(range(job.bucket.factors[job.slot].shape[0]))
+    return job.positions == list(range(job.factors.shape[0]))
 
 
 def _previous_bases(states: list[FactorState], like: torch.Tensor) -> torch.Tensor:
@@ -506,17 +506,17 @@ def _previous(group: list[RootJob]) -> torch.Tensor:
     """The current roots of the due factors (warm starts)."""
     prevs = []
     for job in group:
-        store = job.bucket.roots[job.slot]
+        store = job.roots
         prevs.append(store.index_select(0, torch.tensor(job.positions, device=store.device)))
     return torch.cat(prevs) if len(prevs) > 1 else prevs[0]
 
 
 def _write_back(group: list[RootJob], final: torch.Tensor, good: list[bool]) -> None:
-    """Write the new roots of the ``good`` factors into their buckets' root storage."""
+    """Write the new roots of the ``good`` factors into their root storage."""
     start = 0
     for job in group:
         k = len(job.positions)
-        store = job.bucket.roots[job.slot]
+        store = job.roots
         rows = [r for r in range(k) if good[start + r]]
         if len(rows) == k and _all_due(job):
             store.copy_(final[start : start + k])
@@ -527,14 +527,12 @@ def _write_back(group: list[RootJob], final: torch.Tensor, good: list[bool]) -> 
         start += k
 
 
-def _labels(
-    group: list[RootJob], mask: list[bool], label: Callable[[BlockBucket, int, int], str]
-) -> list[str]:
+def _labels(group: list[RootJob], mask: list[bool]) -> list[str]:
     out, i = [], 0
     for job in group:
         for pos in job.positions:
             if mask[i]:
-                out.append(label(job.bucket, pos, job.slot))
+                out.append(job.label(pos))
             i += 1
     return out
 
@@ -543,7 +541,6 @@ def _check_limits(
     group: list[RootJob],
     states: list[FactorState],
     policy: FailurePolicy,
-    label: Callable[[BlockBucket, int, int], str],
     p: Fraction,
 ) -> None:
     max_fail = policy.max_consecutive_failures
@@ -553,7 +550,7 @@ def _check_limits(
     if not any(over) and not any(over_primary):
         return
     mask = [a or b for a, b in zip(over, over_primary, strict=True)]
-    labs = _labels(group, mask, label)
+    labs = _labels(group, mask)
     f = next(s for s, m in zip(states, mask, strict=True) if m)
     what = (
         f"{f.consecutive_failures} consecutive root computations without a usable root"

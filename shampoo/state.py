@@ -87,33 +87,77 @@ class ParamState:
 
 
 def flatten(state: ParamState) -> dict[str, Any]:
-    """A flat dict of cloned tensors and plain values describing ``state``."""
-    out: dict[str, Any] = {
+    """A flat dict of cloned tensors and plain values describing ``state`` (the owned blocks)."""
+    entries: dict[str, Any] = {
         "step": state.step,
         "skipped_steps": state.skipped_steps,
         "shape": tuple(state.layout.shape),
     }
     if state.momentum_buffer is not None:
-        out["momentum_buffer"] = state.momentum_buffer.clone()
-    for b in state.blocks:
-        if not b.owned:
-            continue
-        pre = f"blocks.{b.spec.index}."
-        out[pre + "shape"] = tuple(b.spec.shape)
-        for name in ("first_moment", "graft_state", "diagonal"):
-            t = getattr(b, name)
-            if t is not None:
-                out[pre + name] = t.clone()
-        for f in b.factors:
-            fp = f"{pre}factors.{f.dim}."
-            out[fp + "matrix"] = mirror_upper_(f.matrix).clone()
-            out[fp + "root"] = f.root.clone()
-            if f.basis is not None:
-                out[fp + "basis"] = f.basis.clone()
-            for fld in dataclasses.fields(FactorState):
-                if fld.name not in _FACTOR_FIXED:
-                    out[fp + fld.name] = getattr(f, fld.name)
+        entries["momentum_buffer"] = state.momentum_buffer.clone()
+    return join_blocks(entries, {b.spec.index: flatten_block(b) for b in state.blocks if b.owned})
+
+
+def flatten_block(b: BlockState) -> dict[str, Any]:
+    """One block's entries (cloned tensors and bookkeeping), named within the block."""
+    out: dict[str, Any] = {"shape": tuple(b.spec.shape)}
+    for name in ("first_moment", "graft_state", "diagonal"):
+        t = getattr(b, name)
+        if t is not None:
+            out[name] = t.clone()
+    for f in b.factors:
+        fp = f"factors.{f.dim}."
+        out[fp + "matrix"] = mirror_upper_(f.matrix).clone()
+        out[fp + "root"] = f.root.clone()
+        if f.basis is not None:
+            out[fp + "basis"] = f.basis.clone()
+        for fld in dataclasses.fields(FactorState):
+            if fld.name not in _FACTOR_FIXED:
+                out[fp + fld.name] = getattr(f, fld.name)
     return out
+
+
+# The state-dict format (version 1): a parameter's entries, then each block's entries under
+# "blocks.<index>." (written by join_blocks, read by split_blocks and restore; no other module
+# knows the naming).
+_BLOCKS = "blocks."
+
+
+def join_blocks(entries: dict[str, Any], blocks: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The flat state of a parameter from its own entries and its blocks' (in block order)."""
+    out = dict(entries)
+    for index in sorted(blocks):
+        out.update({f"{_BLOCKS}{index}.{name}": v for name, v in blocks[index].items()})
+    return out
+
+
+def split_blocks(flat: dict[str, Any]) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+    """The inverse of :func:`join_blocks`: (the parameter's entries, {block index: its entries})."""
+    entries: dict[str, Any] = {}
+    blocks: dict[int, dict[str, Any]] = {}
+    for name, v in flat.items():
+        index, sep, rest = name.removeprefix(_BLOCKS).partition(".")
+        if name.startswith(_BLOCKS) and sep and index.isdigit():
+            blocks.setdefault(int(index), {})[rest] = v
+        else:
+            entries[name] = v
+    return entries, blocks
+
+
+def merge_shards(shards: list[dict[str, Any]], device: torch.device | None = None) -> dict[str, Any]:
+    """One parameter's flat state from the flat states of several processes that each hold some of
+    its blocks (distributed Shampoo): the per-parameter entries of the first shard, the union of the
+    blocks (a block held twice keeps the first copy). Tensors move to ``device`` when given."""
+    entries, blocks = split_blocks(shards[0])
+    for shard in shards[1:]:
+        for index, block in split_blocks(shard)[1].items():
+            blocks.setdefault(index, block)
+    if device is not None:
+        blocks = {
+            i: {n: (v.to(device) if isinstance(v, torch.Tensor) else v) for n, v in b.items()}
+            for i, b in blocks.items()
+        }
+    return join_blocks(entries, blocks)
 
 
 def mirror_upper_(F: torch.Tensor) -> torch.Tensor:
@@ -228,4 +272,15 @@ def _bookkeeping(value: Any, fld: dataclasses.Field, what: str) -> Any:
     return value
 
 
-__all__ = ["BlockState", "FactorState", "ParamState", "flatten", "mirror_upper_", "restore"]
+__all__ = [
+    "BlockState",
+    "FactorState",
+    "ParamState",
+    "flatten",
+    "flatten_block",
+    "join_blocks",
+    "merge_shards",
+    "mirror_upper_",
+    "restore",
+    "split_blocks",
+]

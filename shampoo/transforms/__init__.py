@@ -1,0 +1,35 @@
+"""Per-block transforms of the Shampoo step (first moment, preconditioners; grafting in
+:mod:`shampoo.grafting`) and the :class:`Pipeline` that composes them per bucket."""
+
+from .base import (
+    Grafting,
+    Pipeline,
+    PipelineState,
+    Preconditioner,
+    Stack,
+    StepContext,
+    block_norms,
+    per_block,
+)
+from .diagonal import Diagonal, DiagonalState
+from .kronecker import Kronecker, KroneckerState, matricize, precondition
+from .moments import FirstMoment, FirstMomentState
+
+__all__ = [
+    "Diagonal",
+    "DiagonalState",
+    "FirstMoment",
+    "FirstMomentState",
+    "Grafting",
+    "Kronecker",
+    "KroneckerState",
+    "Pipeline",
+    "PipelineState",
+    "Preconditioner",
+    "Stack",
+    "StepContext",
+    "block_norms",
+    "matricize",
+    "per_block",
+    "precondition",
+]
