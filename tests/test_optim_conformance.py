@@ -198,7 +198,7 @@ def test_complex_parameters(kind: str) -> None:
     torch.manual_seed(2)
     z = torch.nn.Parameter(torch.randn(3, 4, dtype=torch.complex64))
     if kind == "shampoo":
-        with pytest.raises(ValueError, match="complex parameters.*imaginary part"):
+        with pytest.raises(ValueError, match=r"complex parameters.*imaginary part"):
             _make(kind, [z])
         opt = _make(kind, [torch.nn.Parameter(torch.randn(3))])
         with pytest.raises(ValueError, match="complex parameters"):
@@ -222,7 +222,7 @@ def test_meta_device_parameters(kind: str) -> None:
         opt.step()
         assert w.device.type == "meta"
         return
-    with pytest.raises(ValueError, match="meta device.*materialise"):
+    with pytest.raises(ValueError, match=r"meta device.*materialise"):
         opt.step()
 
 
