@@ -96,10 +96,7 @@ def test_schur_newton_modulus_ratio_overflow_is_not_the_identity():
     returning the identity flagged converged."""
     A = torch.diag(torch.tensor([1e10, 1e-300], dtype=torch.float64))
     assert choose_k1(np.array([1e10, 1e-300], dtype=complex), 2) == 11
-    try:
-        res = _solve(A, 4, "schur_newton")
-    except matroots.FormatRangeError:
-        return
+    res = _solve(A, 4, "schur_newton")  # solved correctly (11 square roots), not merely refused
     exact = np.array([1e10**-0.25, 1e-300**-0.25])
     got = res.root.diagonal().numpy()
     assert res.converged and np.allclose(got, exact, rtol=1e-12, atol=0)
