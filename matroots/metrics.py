@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import conditioning as _conditioning
 from . import precision
 from .conditioning import cond_root, cond_u_line
 from .conditioning import symmetric_spectrum as _spectrum
@@ -48,18 +49,10 @@ def _f64(X: Any) -> np.ndarray:
     """Exact float64 copy of a tensor, ndarray or :class:`~matroots.reference.Reference`."""
     if hasattr(X, "root") and hasattr(X, "error_bound"):
         X = X.root
-    if isinstance(X, torch.Tensor):
-        return X.detach().cpu().to(torch.float64).numpy()
-    arr = np.asarray(X)
-    if arr.dtype.kind not in "fiu":
-        raise MatrootsError(f"expected a real matrix, got dtype {arr.dtype}")
-    return arr.astype(np.float64, copy=False)
+    return _conditioning._f64(X)
 
 
-def _batch(X: np.ndarray) -> np.ndarray:
-    if X.ndim < 2 or X.shape[-1] != X.shape[-2]:
-        raise MatrootsError(f"expected square matrices (..., n, n), got shape {X.shape}")
-    return X.reshape(-1, X.shape[-1], X.shape[-1])
+_batch = _conditioning._batch
 
 
 def _matpow(X: np.ndarray, k: int) -> np.ndarray:
