@@ -43,6 +43,7 @@ from .conditioning import symmetric_spectrum as _spectrum
 from .errors import MatrootsError, NegativeRealEigenvalueError
 from .inputs import parse_exponent
 from .inputs import symmetry_defect as _symmetry_defect_tensor
+from .result import info_per_element
 
 
 def _f64(X: Any) -> np.ndarray:
@@ -423,16 +424,6 @@ def all_metrics(
     }
 
 
-def _per_element(value: Any, b: int) -> np.ndarray:
-    """A per-batch-element info value (tensor, list, float or None) as a float64 array of length b."""
-    if value is None:
-        return np.zeros(b)
-    if isinstance(value, torch.Tensor):
-        value = value.detach().cpu().double().numpy()
-    arr = np.asarray(value, dtype=np.float64).reshape(-1)
-    return np.broadcast_to(arr, (b,)) if arr.size == 1 else arr
-
-
 def solved_metrics(
     res: Any, A: Any, p: Any, *, inverse: bool = True, backend: str = "auto", cache: bool = True
 ) -> dict[str, float]:
@@ -458,7 +449,7 @@ def solved_metrics(
     Ab, Xb = _batch(_f64(A)), _batch(_f64(res.root))
     if Ab.shape != Xb.shape:
         raise MatrootsError(f"shapes differ: root {Xb.shape} vs A {Ab.shape}")
-    eps_abs = _per_element(res.info.get("eps_abs"), Ab.shape[0])
+    eps_abs = np.asarray(info_per_element(res.info.get("eps_abs"), Ab.shape[0]))
     out = dict.fromkeys(
         ("forward_error", "eps_abs", "eps_bias", "forward_error_total", "cond_root", "reference_error_bound"),
         0.0,

@@ -43,3 +43,30 @@ class RootResult:
         """True when every batch element converged."""
         c = self.converged
         return bool(c.all()) if isinstance(c, torch.Tensor) else bool(c)
+
+
+def info_per_element(value: Any, b: int, *, missing: float = 0.0) -> list[float]:
+    """A per-element ``info`` value (tensor, array, list/tuple or number) as ``b`` floats.
+
+    ``None`` gives ``missing`` for every element; a single value is broadcast; anything else must
+    hold exactly ``b`` values (a ``ValueError`` otherwise: a solver reported an info entry that
+    does not match its batch).
+    """
+    if value is None:
+        return [missing] * b
+    if isinstance(value, torch.Tensor):
+        v = value.detach().double().reshape(-1).cpu().tolist()
+    elif isinstance(value, int | float):
+        v = [float(value)]
+    else:
+        try:
+            v = [float(x) for x in value]
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"info value must be a number, tensor or sequence of numbers, got {value!r}"
+            ) from exc
+    if len(v) == 1:
+        return v * b
+    if len(v) != b:
+        raise ValueError(f"info value holds {len(v)} elements for a batch of {b}")
+    return v

@@ -55,6 +55,7 @@ import torch
 from . import precision
 from .api import inverse_root, root
 from .errors import MatrootsInputError, MatrootsNumericalError
+from .result import info_per_element
 
 OUTCOMES = ("refused_input", "refused_numerical", "flagged", "correct", "silent_wrong", "crash", "mutated")
 KINDS = (
@@ -357,18 +358,6 @@ def _rel_error(X: np.ndarray, Xref: Any) -> float:
         return float(mpmath.sqrt(num / den)) if den > 0 else math.inf
 
 
-def _per_element(value: Any, b: int) -> list[float]:
-    if value is None:
-        return [0.0] * b
-    if isinstance(value, torch.Tensor):
-        v = value.detach().double().reshape(-1).tolist()
-    elif isinstance(value, list | tuple | np.ndarray):
-        v = [float(x) for x in np.asarray(value, dtype=float).reshape(-1)]
-    else:
-        v = [float(value)]
-    return v * b if len(v) == 1 else v
-
-
 def _symmetric_flags(method: str, info: dict, b: int) -> list[bool]:
     if method == "eigh":
         return [True] * b
@@ -423,7 +412,7 @@ def _judge(case: Case, method: str, A_in: object, res: Any) -> Outcome:
     info = res.info
     prescale = float(info.get("prescale", 1.0))
     k = round(math.log2(prescale))  # the working matrix is 2^k A, rounded
-    shifts = _per_element(info.get("regularisation_abs", info.get("eps_abs")), b)
+    shifts = info_per_element(info.get("regularisation_abs", info.get("eps_abs")), b)
     sym = _symmetric_flags(method, info, b)
     X = res.root.detach().double().reshape(b, case.n, case.n).numpy()
     u = precision.unit_roundoff(wdtype)

@@ -226,3 +226,21 @@ def test_metric_parts_on_a_diagonal_closed_form() -> None:
     assert full.keys() == union.keys()
     for k, v in union.items():
         assert full[k] == pytest.approx(v, rel=1e-12, nan_ok=True), k
+
+
+def test_info_per_element_broadcasts_checks_length_and_fills_missing():
+    from matroots.result import info_per_element
+
+    assert info_per_element(None, 3) == [0.0, 0.0, 0.0]
+    assert (
+        info_per_element(None, 2, missing=float("nan"))[0]
+        != info_per_element(None, 2, missing=float("nan"))[0]
+    )
+    assert info_per_element(2.5, 2) == [2.5, 2.5]
+    assert info_per_element(torch.tensor([1.0, 2.0], dtype=torch.float32), 2) == [1.0, 2.0]
+    assert info_per_element(torch.tensor(4.0), 3) == [4.0, 4.0, 4.0]
+    assert info_per_element(np.array([1, 2, 3]), 3) == [1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match="3 elements for a batch of 2"):
+        info_per_element([1.0, 2.0, 3.0], 2)
+    with pytest.raises(ValueError, match="must be a number"):
+        info_per_element("abc", 3)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..regularize import absolute_shift
 from ..spectral import power_lambda_max
 
 
@@ -38,12 +39,6 @@ class KappaEstimate:
     eps_abs: list[float]
     matmuls: float
     source: str
-
-
-def _eps_abs(eps: float, eps_mode: str, lmax: torch.Tensor) -> torch.Tensor:
-    if eps <= 0:
-        return torch.zeros_like(lmax)
-    return eps * lmax.clamp_min(0) if eps_mode == "relative" else torch.full_like(lmax, eps)
 
 
 def estimate_kappa(
@@ -68,7 +63,7 @@ def estimate_kappa(
     b, n, _ = work.shape
     lmax, mv = power_lambda_max(work, power_iters)
     cost = mv / n
-    shift = _eps_abs(eps, eps_mode, lmax)
+    shift = absolute_shift(eps, eps_mode, lmax).to(lmax.dtype)
     hi = lmax + shift
     if previous_root is not None and p is not None:
         Z = previous_root.detach().to(torch.float64).reshape(b, n, n)

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from .. import provenance
+from ..regularize import absolute_shift
 from .config import Unit
 from .tasks import Task, get_task
 
@@ -130,7 +131,8 @@ def _factor_states(opt: Any) -> list[tuple[str, int, Any, Any]]:
 
 
 def _eps_abs(w: np.ndarray, eps: float, mode: str) -> float:
-    return eps * float(w[-1]) if mode == "relative" else eps
+    """The solvers' eps_abs (:func:`matroots.regularize.absolute_shift`) for a spectrum ``w`` (ascending)."""
+    return float(absolute_shift(eps, mode, torch.tensor(float(w[-1]), dtype=torch.float64)))
 
 
 def _inverse_root(w: np.ndarray, V: np.ndarray, shift: float, p: float) -> np.ndarray | None:
