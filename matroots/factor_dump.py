@@ -37,6 +37,7 @@ import math
 import os
 import pathlib
 import tempfile
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -101,33 +102,42 @@ def load_shampoo_factors(path: str | os.PathLike[str]) -> list[tuple[np.ndarray,
         raise FileNotFoundError(f"no .npz files in {p}")
     out: list[tuple[np.ndarray, Meta]] = []
     for f in files:
-        with np.load(f, allow_pickle=False) as z:
-            version = int(z["format_version"]) if "format_version" in z.files else SHAMPOO_FORMAT_VERSION
-            if version != SHAMPOO_FORMAT_VERSION:
-                raise ValueError(f"{f}: unsupported Shampoo dump format_version {version}")
-            if "meta" not in z.files:
-                raise ValueError(f"{f}: missing the 'meta' array of the Shampoo dump layout")
-            metas = [json.loads(str(s)) for s in z["meta"]]
-            for k, stored in enumerate(metas):
-                name = f"factor_{k}"
-                if name not in z.files:
-                    raise ValueError(f"{f}: meta lists {len(metas)} factors but {name} is missing")
-                A = np.array(z[name], dtype=np.float64)
-                sym = bool(np.array_equal(A, A.T))
-                lam = np.linalg.eigvalsh(_sym(A)) if A.size else np.zeros(0)
-                kappa = float(lam[-1] / lam[0]) if lam.size and lam[0] > 0 else math.inf
-                meta: Meta = {
-                    **stored,
-                    "family": "shampoo",
-                    "n": A.shape[0],
-                    "source": f.name,
-                    "index": k,
-                    "symmetric": sym,
-                    "eigenvalues": lam,
-                    "kappa": kappa,
-                    "kappa_source": "computed",
-                }
-                out.append((A, meta))
+        try:
+            out.extend(_load_one(f))
+        except zipfile.BadZipFile as exc:
+            raise ValueError(f"{f}: not a readable .npz archive ({exc})") from exc
+    return out
+
+
+def _load_one(f: pathlib.Path) -> list[tuple[np.ndarray, Meta]]:
+    out: list[tuple[np.ndarray, Meta]] = []
+    with np.load(f, allow_pickle=False) as z:
+        version = int(z["format_version"]) if "format_version" in z.files else SHAMPOO_FORMAT_VERSION
+        if version != SHAMPOO_FORMAT_VERSION:
+            raise ValueError(f"{f}: unsupported Shampoo dump format_version {version}")
+        if "meta" not in z.files:
+            raise ValueError(f"{f}: missing the 'meta' array of the Shampoo dump layout")
+        metas = [json.loads(str(s)) for s in z["meta"]]
+        for k, stored in enumerate(metas):
+            name = f"factor_{k}"
+            if name not in z.files:
+                raise ValueError(f"{f}: meta lists {len(metas)} factors but {name} is missing")
+            A = np.array(z[name], dtype=np.float64)
+            sym = bool(np.array_equal(A, A.T))
+            lam = np.linalg.eigvalsh(_sym(A)) if A.size else np.zeros(0)
+            kappa = float(lam[-1] / lam[0]) if lam.size and lam[0] > 0 else math.inf
+            meta: Meta = {
+                **stored,
+                "family": "shampoo",
+                "n": A.shape[0],
+                "source": f.name,
+                "index": k,
+                "symmetric": sym,
+                "eigenvalues": lam,
+                "kappa": kappa,
+                "kappa_source": "computed",
+            }
+            out.append((A, meta))
     return out
 
 

@@ -423,7 +423,7 @@ def fig_shampoo_factors(df: pd.DataFrame | None = None) -> plt.Figure:
         from ._shampoo_io import SHAMPOO_DATA
 
         factors = matrices.load_shampoo_factors(SHAMPOO_DATA)
-    except (OSError, ValueError, AttributeError) as exc:
+    except (OSError, ValueError) as exc:
         factors = []
         _no_data(a1, f"no shipped factors ({exc})")
     for item in factors:

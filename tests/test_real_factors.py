@@ -88,3 +88,15 @@ def test_every_solver_on_real_factors_is_accurate_or_reports_failure(solver: str
         assert err <= n * (kappa / 4) * u, (task, stage, meta["param"], err, kappa)
         solved += 1
     assert solved >= len(PICKS) - 1  # failures are allowed but must stay rare on real factors
+
+
+def test_unreadable_dump_is_a_value_error_naming_the_file(tmp_path) -> None:
+    from matroots.factor_dump import load_shampoo_factors
+
+    bad = tmp_path / "broken.npz"
+    bad.write_bytes(b"PK\x03\x04 this is not a zip archive")
+    with pytest.raises(ValueError, match=r"broken\.npz: not a readable \.npz archive"):
+        load_shampoo_factors(bad)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"no \.npz files"):
+        load_shampoo_factors(tmp_path / "empty")
