@@ -41,7 +41,7 @@ import numpy as np
 import scipy.linalg
 import torch
 
-from .errors import MatrootsError
+from .errors import NotSquareError, UnsupportedDtypeError
 from .inputs import parse_exponent
 
 _U64 = 2.0**-53
@@ -54,13 +54,13 @@ def _f64(X: Any) -> np.ndarray:
         return X.detach().cpu().to(torch.float64).numpy()
     arr = np.asarray(X)
     if arr.dtype.kind not in "fiu":
-        raise MatrootsError(f"expected a real matrix, got dtype {arr.dtype}")
+        raise UnsupportedDtypeError(f"expected a real matrix, got dtype {arr.dtype}")
     return arr.astype(np.float64, copy=False)
 
 
 def _batch(X: np.ndarray) -> np.ndarray:
     if X.ndim < 2 or X.shape[-1] != X.shape[-2]:
-        raise MatrootsError(f"expected square matrices (..., n, n), got shape {X.shape}")
+        raise NotSquareError(f"expected square matrices (..., n, n), got shape {X.shape}")
     return X.reshape(-1, X.shape[-1], X.shape[-1])
 
 

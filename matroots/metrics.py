@@ -40,7 +40,7 @@ from . import conditioning as _conditioning
 from . import precision
 from .conditioning import cond_root, cond_u_line
 from .conditioning import symmetric_spectrum as _spectrum
-from .errors import MatrootsError, NegativeRealEigenvalueError
+from .errors import InvalidArgumentError, NegativeRealEigenvalueError
 from .inputs import parse_exponent
 from .inputs import symmetry_defect as _symmetry_defect_tensor
 from .result import info_per_element
@@ -85,7 +85,7 @@ def relative_forward_error(X: Any, X_ref: Any, norm: str | int = "fro") -> float
         raise ValueError(f"norm must be 'fro' or 2, got {norm!r}")
     Xa, R = _f64(X), _f64(X_ref)
     if Xa.shape != R.shape:
-        raise MatrootsError(f"shapes differ: X {Xa.shape} vs X_ref {R.shape}")
+        raise InvalidArgumentError(f"shapes differ: X {Xa.shape} vs X_ref {R.shape}")
     if not np.isfinite(Xa).all():
         return math.inf
     Xb, Rb = _batch(Xa), _batch(R)
@@ -448,7 +448,7 @@ def solved_metrics(
     fn = reference.inverse_root if inverse else reference.root
     Ab, Xb = _batch(_f64(A)), _batch(_f64(res.root))
     if Ab.shape != Xb.shape:
-        raise MatrootsError(f"shapes differ: root {Xb.shape} vs A {Ab.shape}")
+        raise InvalidArgumentError(f"shapes differ: root {Xb.shape} vs A {Ab.shape}")
     eps_abs = np.asarray(info_per_element(res.info.get("eps_abs"), Ab.shape[0]))
     out = dict.fromkeys(
         ("forward_error", "eps_abs", "eps_bias", "forward_error_total", "cond_root", "reference_error_bound"),

@@ -66,10 +66,12 @@ from . import _ref_cache as _cache
 from . import _ref_mpmath as mpb
 from ._ref_cache import cache_dir
 from .errors import (
-    MatrootsError,
+    ConvergenceError,
+    InvalidArgumentError,
     NegativeRealEigenvalueError,
     NotPositiveDefiniteError,
     NotSymmetricError,
+    UnsupportedDtypeError,
 )
 from .inputs import check_finite, check_shape, parse_exponent
 
@@ -173,19 +175,19 @@ def _as_float64(A: Any) -> np.ndarray:
     if isinstance(A, torch.Tensor):
         t = A.detach()
         if t.is_complex() or not t.is_floating_point():
-            raise MatrootsError(f"reference needs a real floating-point matrix, got dtype {t.dtype}")
+            raise UnsupportedDtypeError(f"reference needs a real floating-point matrix, got dtype {t.dtype}")
         t = t.cpu().to(torch.float64)  # exact from every real floating format torch has
     else:
         arr = np.asarray(A)
         if arr.dtype.kind == "c":
-            raise MatrootsError("reference needs a real matrix, got a complex array")
+            raise UnsupportedDtypeError("reference needs a real matrix, got a complex array")
         if arr.dtype.kind in "iub":
             f = arr.astype(np.float64)
             if not np.array_equal(f.astype(arr.dtype), arr):
-                raise MatrootsError("integer entries beyond 2^53 do not convert exactly to float64")
+                raise InvalidArgumentError("integer entries beyond 2^53 do not convert exactly to float64")
             arr = f
         elif arr.dtype.kind != "f":
-            raise MatrootsError(f"reference needs a real floating-point matrix, got dtype {arr.dtype}")
+            raise UnsupportedDtypeError(f"reference needs a real floating-point matrix, got dtype {arr.dtype}")
         t = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64))
     check_shape(t)
     check_finite(t)
@@ -196,19 +198,19 @@ def _check_eps(eps: Any) -> float:
     try:
         e = float(eps)
     except (TypeError, ValueError) as exc:
-        raise MatrootsError(f"eps must be a real number, got {eps!r}") from exc
+        raise InvalidArgumentError(f"eps must be a real number, got {eps!r}") from exc
     if not (math.isfinite(e) and e >= 0):
-        raise MatrootsError(f"eps must be a finite number >= 0, got {eps!r}")
+        raise InvalidArgumentError(f"eps must be a finite number >= 0, got {eps!r}")
     return e
 
 
 def _resolve_backend(backend: str) -> str:
     if backend not in BACKENDS:
-        raise MatrootsError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        raise InvalidArgumentError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
         return "flint" if flint_available() else "mpmath"
     if backend == "flint" and not flint_available():
-        raise MatrootsError(
+        raise InvalidArgumentError(
             "backend='flint' needs python-flint: pip install 'matroots[flint]' (or use backend='mpmath')"
         )
     return backend
@@ -284,7 +286,7 @@ def _compute_one(
     auto = digits is None
     d = default_digits(kappa, n, eigvec_cond=vcond) if auto else int(digits)
     if d < 5:
-        raise MatrootsError(f"digits must be >= 5, got {digits!r}")
+        raise InvalidArgumentError(f"digits must be >= 5, got {digits!r}")
     used = _resolve_backend(backend)
     notes: list[str] = []
     near_zero_retries = 0
@@ -297,7 +299,7 @@ def _compute_one(
             continue
         except _PrecisionTooLow as exc:
             if d >= MAX_DIGITS:
-                raise MatrootsError(f"reference could not be certified at {d} digits: {exc}") from exc
+                raise ConvergenceError(f"reference could not be certified at {d} digits: {exc}") from exc
             notes.append(f"{d} digits too few ({exc})")
             d = min(MAX_DIGITS, math.ceil(1.5 * d))
             continue
@@ -393,7 +395,7 @@ def _reference(
     A: Any, p: Any, eps: Any, kind: str, digits: int | None, backend: str, cache: bool, symmetric: bool | None
 ) -> Reference:
     if backend not in BACKENDS:
-        raise MatrootsError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        raise InvalidArgumentError(f"backend must be one of {BACKENDS}, got {backend!r}")
     frac = parse_exponent(p)
     e = _check_eps(eps)
     A64 = _as_float64(A)
@@ -468,7 +470,7 @@ def inverse_root(
         NegativeRealEigenvalueError: an eigenvalue of A + eps I on the closed negative real axis (for
             symmetric input the subclass :class:`SymmetricNotPositiveDefiniteError`, also a
             NotPositiveDefiniteError).
-        MatrootsError: bad eps/backend/digits, or no certificate up to MAX_DIGITS.
+        InvalidArgumentError: bad eps/backend/digits. ConvergenceError: no certificate up to MAX_DIGITS.
     """
     return _reference(A, p, eps, "inverse", digits, backend, cache, symmetric)
 
@@ -498,7 +500,7 @@ def eigvalsh(A: Any, eps: float = 0.0, *, digits: int | None = None, backend: st
     """
     A64 = _as_float64(A)
     if A64.ndim != 2:
-        raise MatrootsError(f"eigvalsh takes one matrix, got shape {A64.shape}")
+        raise InvalidArgumentError(f"eigvalsh takes one matrix, got shape {A64.shape}")
     if not np.array_equal(A64, A64.T):
         raise NotSymmetricError("eigvalsh needs an exactly symmetric matrix; pass (A + A.T) / 2")
     e = _check_eps(eps)

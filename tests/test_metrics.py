@@ -33,7 +33,7 @@ def test_relative_forward_error_known_values():
     assert metrics.relative_forward_error(np.full((3, 3), np.nan), Xr) == math.inf
     batch = np.stack([Xr, X])
     assert metrics.relative_forward_error(batch, np.stack([Xr, Xr])) == metrics.relative_forward_error(X, Xr)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="norm must be 'fro' or 2, got 1"):
         metrics.relative_forward_error(X, Xr, norm=1)
 
 

@@ -56,7 +56,7 @@ def test_bad_grid_is_refused() -> None:
         grid.from_dict({"solvers": [{"name": "nope"}]})
     with pytest.raises(ValueError, match="unknown grid keys"):
         grid.from_dict({"solvers": [{"name": "eigh"}], "kapa": [1]})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown dtype 'int8'; use one of bf16, fp16, fp32, fp64"):
         grid.from_dict({"solvers": [{"name": "eigh"}], "dtypes": ["int8"]})
 
 
