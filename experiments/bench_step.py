@@ -1,22 +1,32 @@
-"""Workload W1 (docs/design.md §8): step time of Shampoo against AdamW on a small transformer encoder.
+"""Step time of Shampoo side by side with AdamW and the peers users would pick instead.
 
-W1: 4-layer ``nn.TransformerEncoder`` (d_model 256, 4 heads, feed-forward 1024, torch's default
-dropout 0.1), token embedding and LM head over a vocabulary of 512, sequences of 128 tokens, batch
-16, ``torch.set_num_threads(2)``. Shampoo: blocks of 256, Adam grafting, eigh roots in fp32,
-precondition_frequency 10 (and 100). Every configuration trains its own copy of the model from the
-same initial weights on the same batches; configurations are interleaved in chunks so that machine
-noise hits them alike. Each timed window spans a multiple of every precondition frequency, so root
-computations enter the mean at their true rate.
+Models: the W1 family of experiments/bench_models.py (a 4-layer ``nn.TransformerEncoder`` LM,
+d_model 128 / 256 (= workload W1, docs/design.md §7) / 512 / 1024, head dim 64, feed-forward
+4 d_model, seq 128, batch 16, vocab 512). Optimizers: AdamW; this project's Shampoo (blocks 256, Adam
+grafting) with eigh roots at each ``--frequencies`` and with every registered root solver at
+``--frequency``; its SOAP variant when ``shampoo`` has one; the peers (heavyball SOAP and KL-Shampoo,
+pytorch-optimizer Shampoo and ScalableShampoo; ``pip install -e '.[peers]'``) with settings matched to
+ours, printed with the results.
 
-Prints, per configuration: total step time (zero_grad + forward + backward + optimizer), the
-optimizer step alone, the root computations' share, and the ratios against AdamW. On a shared
-machine load bursts inflate means, so the headline is a contention-robust estimate: the median over
-chunks of the per-step time without root work, plus the median root round (the same 106 roots in
-every Shampoo run) divided by the frequency. Minima ("best") and plain means are printed too, and the
-1-minute load average each round.
+Method: at each size every configuration trains its own copy of the model from the same initial
+weights on the same batches, in one process; configurations run in chunks of ``--chunk`` steps,
+interleaved ABC CBA ... for ``--rounds`` rounds, so machine noise hits them alike. Each step is timed
+with process CPU time and wall time (CUDA: events around the step, synchronised), the optimizer step
+and the root computations (wrapped around ``shampoo``'s ``compute_roots``) separately. The headline is
+a contention-robust estimate: the median over chunks of the per-step time without root work, plus the
+median root round of the same solver divided by the frequency (peers: the median chunk, roots
+included; ``--chunk`` must be a multiple of their frequency). Minima and plain means are kept too.
 
-    python experiments/bench_step.py                  # 10 rounds x 10 steps per configuration
-    python experiments/bench_step.py --rounds 20 --out runs/bench_step.json
+Reported per size: time per step, ratio to AdamW (CPU and wall; the optimizer step alone), the roots'
+share of the step, the ratio to each peer, and the arithmetic floor (experiments/bench_floor.py: model
+flops 6 x tokens x matmul params + attention vs Shampoo's statistics, preconditioning and amortised
+eigh roots, eigh measured in GEMM equivalents in the same process) with the gap ratio - floor.
+Results go to ``--out`` as bench_step.csv (columns: CSV_COLUMNS, then ``ratio_to_<peer>``),
+bench_step.md and bench_step.json.
+
+    nice -n 5 python experiments/bench_step.py --quick                     # smoke run, tiny model
+    nice -n 5 python experiments/bench_step.py --sizes 256 --out runs/bench   # W1, every configuration
+    python experiments/bench_step.py --device cuda --threads 8 --out runs/gpu
 """
 
 from __future__ import annotations
@@ -27,284 +37,554 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_floor import compute_floor, factor_sizes, matmul_params, measure_eigh_gemm_eq
+from bench_models import (
+    PEERS,
+    SIZES,
+    W1,
+    Common,
+    EncoderLM,
+    OptSpec,
+    adamw_spec,
+    format_settings,
+    make_batches,
+    peer_specs,
+    shampoo_spec,
+    soap_spec,
+)
+
 import shampoo
+from matroots import solvers
 
-VOCAB, D_MODEL, HEADS, FF, LAYERS, SEQ, BATCH = 512, 256, 4, 1024, 4, 128, 16
+# W1's constants and model, as other scripts import them (experiments/bench_step_ab.py)
+VOCAB, D_MODEL, HEADS, FF, LAYERS, SEQ, BATCH = (
+    W1.vocab,
+    W1.d_model,
+    W1.heads,
+    W1.ff,
+    W1.layers,
+    W1.seq,
+    W1.batch,
+)
 
 
-class W1Model(nn.Module):
-    """Token + position embedding, a 4-layer encoder and an LM head."""
+class W1Model(EncoderLM):
+    """Workload W1: d_model 256, 4 heads, ff 1024, 4 layers, seq 128, vocab 512."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, D_MODEL)
-        self.pos = nn.Parameter(torch.zeros(SEQ, D_MODEL))
-        layer = nn.TransformerEncoderLayer(D_MODEL, HEADS, FF, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
-        self.head = nn.Linear(D_MODEL, VOCAB)
+        super().__init__(W1)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(self.embed(tokens) + self.pos))
+
+CSV_COLUMNS = [
+    "size", "d_model", "heads", "ff", "layers", "seq", "batch", "vocab", "matmul_params", "tokens",
+    "config", "kind", "solver", "frequency", "status",
+    "cpu_total_s", "cpu_optim_s", "wall_total_s", "wall_optim_s", "root_cpu_s_per_step", "root_share",
+    "ratio_adamw_cpu", "ratio_adamw_wall", "optim_ratio_adamw_cpu", "best_ratio_adamw_cpu",
+    "mean_ratio_adamw_cpu", "floor_ratio", "floor_ratio_6tp", "floor_root_share", "floor_gap",
+    "final_loss", "load_min", "load_max", "device", "threads", "settings",
+]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------
+# Root timing: every module attribute bound to shampoo.roots.compute_roots is wrapped while a run lasts
+
+
+@dataclass
+class RootClock:
+    cpu: float = 0.0
+    wall: float = 0.0
+    hooked: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def root_clock(device: torch.device) -> Iterator[RootClock]:
+    import shampoo.roots as roots_mod
+
+    clock = RootClock()
+    orig = getattr(roots_mod, "compute_roots", None)
+    sites = []
+    if orig is not None:
+        for name, mod in list(sys.modules.items()):
+            if (name == "shampoo" or name.startswith("shampoo.")) and getattr(
+                mod, "compute_roots", None
+            ) is orig:
+                sites.append(mod)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        sync(device)
+        c0, w0 = time.process_time(), time.perf_counter()
+        try:
+            return orig(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            sync(device)
+            clock.cpu += time.process_time() - c0
+            clock.wall += time.perf_counter() - w0
+
+    for mod in sites:
+        mod.compute_roots = timed  # type: ignore[attr-defined]
+        clock.hooked.append(mod.__name__)
+    try:
+        yield clock
+    finally:
+        for mod in sites:
+            mod.compute_roots = orig  # type: ignore[attr-defined]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ----------------------------------------------------------------------------------------------------
+# One configuration's run
 
 
 @dataclass
 class Run:
-    name: str
+    spec: OptSpec
     model: nn.Module
     opt: torch.optim.Optimizer
-    total: list[float] = field(default_factory=list)  # per step: zero_grad + forward + backward + step
-    optim: list[float] = field(default_factory=list)  # per step: optimizer.step()
-    roots: list[float] = field(default_factory=list)  # per step: root computations inside step()
-    symmetrisation: str = "lazy"  # see symmetrisation()
-    frequency: int | None = None  # precondition_frequency (None: AdamW)
+    device: torch.device
+    clock: RootClock
+    cpu_total: list[float] = field(default_factory=list)
+    cpu_optim: list[float] = field(default_factory=list)
+    wall_total: list[float] = field(default_factory=list)
+    wall_optim: list[float] = field(default_factory=list)
+    root_cpu: list[float] = field(default_factory=list)
+    root_wall: list[float] = field(default_factory=list)
+    loss: float = float("nan")
 
-    def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> None:
-        with symmetrisation(self.symmetrisation):
-            self._step(tokens, targets)
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
-    def _step(self, tokens: torch.Tensor, targets: torch.Tensor) -> None:
-        r0 = self.opt.timing.root_seconds if isinstance(self.opt, shampoo.Shampoo) else 0.0
-        t0 = time.perf_counter()
+    def _root_wall(self) -> float:
+        t = getattr(self.opt, "timing", None)
+        return t.root_seconds if isinstance(self.opt, shampoo.Shampoo) and t is not None else 0.0
+
+    def step(self, batch: torch.Tensor) -> None:
+        cuda = self.device.type == "cuda"
+        rc0, rw0, rt0 = self.clock.cpu, self.clock.wall, self._root_wall()
+        if cuda:
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            ev[0].record()
+        c0, w0 = time.process_time(), time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
-        logits = self.model(tokens)
-        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+        loss = self.model.loss(batch)  # type: ignore[operator]
         loss.backward()
-        t1 = time.perf_counter()
+        if cuda:
+            ev[1].record()
+        c1, w1 = time.process_time(), time.perf_counter()
         self.opt.step()
-        t2 = time.perf_counter()
-        self.total.append(t2 - t0)
-        self.optim.append(t2 - t1)
-        r1 = self.opt.timing.root_seconds if isinstance(self.opt, shampoo.Shampoo) else 0.0
-        self.roots.append(r1 - r0)
+        if cuda:
+            ev[2].record()
+            torch.cuda.synchronize(self.device)
+        c2, w2 = time.process_time(), time.perf_counter()
+        self.cpu_total.append(c2 - c0)
+        self.cpu_optim.append(c2 - c1)
+        if cuda:
+            self.wall_total.append(ev[0].elapsed_time(ev[2]) / 1e3)
+            self.wall_optim.append(ev[1].elapsed_time(ev[2]) / 1e3)
+        else:
+            self.wall_total.append(w2 - w0)
+            self.wall_optim.append(w2 - w1)
+        if self.clock.hooked:
+            self.root_cpu.append(self.clock.cpu - rc0)
+            self.root_wall.append(self.clock.wall - rw0)
+        else:  # no hook (renamed internals): the optimizer's own wall clock for both
+            dt = self._root_wall() - rt0
+            self.root_cpu.append(dt)
+            self.root_wall.append(dt)
+        self.loss = float(loss.detach())
 
     def clear(self) -> None:
-        self.total.clear()
-        self.optim.clear()
-        self.roots.clear()
-
-    def chunks(self, chunk: int) -> list[tuple[float, float]]:
-        """Per chunk of ``chunk`` steps: mean (total, optimizer) time per step without root work."""
-        out = []
-        for i in range(0, len(self.total) // chunk * chunk, chunk):
-            sl = slice(i, i + chunk)
-            r = sum(self.roots[sl])
-            out.append(((sum(self.total[sl]) - r) / chunk, (sum(self.optim[sl]) - r) / chunk))
-        return out
+        for x in (
+            self.cpu_total,
+            self.cpu_optim,
+            self.wall_total,
+            self.wall_optim,
+            self.root_cpu,
+            self.root_wall,
+        ):
+            x.clear()
 
 
-@contextlib.contextmanager
-def symmetrisation(mode: str) -> Iterator[None]:
-    """How factor statistics are kept symmetric during one step (``--symmetrisation compare``).
-
-    * ``"lazy"``: as shipped: the upper triangle is accumulated and mirrored onto the lower one when a
-      factor is read (each root round; :func:`shampoo.state.mirror_upper_`);
-    * ``"none"``: no mirroring at all (the optimizer before symmetric statistics);
-    * ``"eager"``: mirrored after every statistics update (a bitwise-symmetric factor at every step).
-    """
-    if mode == "lazy":
-        yield
-        return
-    import shampoo.preconditioner as pre
-    import shampoo.roots as roots_mod
-    import shampoo.state as state_mod
-
-    saved = (roots_mod.mirror_upper_, state_mod.mirror_upper_, pre.BlockBucket.update_statistics)
-    if mode == "none":
-        roots_mod.mirror_upper_ = state_mod.mirror_upper_ = lambda F: F
-    elif mode == "eager":
-        orig = saved[2]
-
-        def update(self, sel, G, opts, steps):  # type: ignore[no-untyped-def]
-            m = orig(self, sel, G, opts, steps)
-            for F in self.factors:
-                saved[1](F)
-            return m
-
-        pre.BlockBucket.update_statistics = update  # type: ignore[method-assign]
-    else:
-        raise ValueError(f"unknown symmetrisation mode {mode!r}")
-    try:
-        yield
-    finally:
-        roots_mod.mirror_upper_, state_mod.mirror_upper_, pre.BlockBucket.update_statistics = saved
-
-
-def estimate(run: Run, chunk: int, frequency: int | None, rounds: list[float], pick) -> tuple[float, float]:
-    """Per-step (total, optimizer) time: ``pick`` (median or min) over chunks of the time without root
-    work, plus ``pick`` over all root rounds (the same work in every Shampoo run) / frequency."""
-    ch = run.chunks(chunk)
-    total, optim = pick([c[0] for c in ch]), pick([c[1] for c in ch])
+def estimate(
+    total: list[float], optim: list[float], roots: list[float], chunk: int, frequency: int | None,
+    rounds: list[float], pick: Callable[[list[float]], float],
+) -> tuple[float, float]:  # fmt: skip
+    """Per-step (total, optimizer) time: ``pick`` (median or min) over chunks of the per-step time
+    without root work, plus ``pick`` over the root rounds (the same work in every run of one solver) /
+    frequency. With no root rounds (AdamW, peers) the chunks are taken as they are."""
+    ch_t, ch_o = [], []
+    for i in range(0, len(total) // chunk * chunk, chunk):
+        sl = slice(i, i + chunk)
+        r = sum(roots[sl])
+        ch_t.append((sum(total[sl]) - r) / chunk)
+        ch_o.append((sum(optim[sl]) - r) / chunk)
+    t, o = pick(ch_t), pick(ch_o)
     if frequency and rounds:
-        total += pick(rounds) / frequency
-        optim += pick(rounds) / frequency
-    return total, optim
+        t += pick(rounds) / frequency
+        o += pick(rounds) / frequency
+    return t, o
 
 
-def make_runs(
-    frequencies: list[int], root_solver: str, seed: int, modes: tuple[str, ...] = ("lazy",)
-) -> list[Run]:
-    torch.manual_seed(seed)
-    init = W1Model().state_dict()
-    runs = []
-
-    def fresh() -> nn.Module:
-        m = W1Model()
-        m.load_state_dict(init)
-        return m
-
-    m = fresh()
-    runs.append(Run("adamw", m, torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.01)))
-    for f in frequencies:
-        for mode in modes:
-            m = fresh()
-            opt = shampoo.Shampoo(
-                m.named_parameters(),
-                lr=1e-3,
-                betas=(0.9, 0.999),
-                weight_decay=0.01,
-                max_preconditioner_dim=256,
-                precondition_frequency=f,
-                start_preconditioning_step=1,
-                grafting="adam",
-                root_solver=root_solver,
-            )
-            name = f"shampoo_f{f}" + ("" if mode == "lazy" else f"_{mode}sym")
-            runs.append(Run(name, m, opt, symmetrisation=mode, frequency=f))
-    return runs
-
-
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")
-    ap.add_argument("--chunk", type=int, default=10, help="steps per configuration per round (default 10)")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps per configuration (default 3)")
-    ap.add_argument("--frequencies", type=int, nargs="+", default=[10, 100])
-    ap.add_argument(
-        "--symmetrisation",
-        choices=["shipped", "compare"],
-        default="shipped",
-        help="compare: also run, interleaved, Shampoo without symmetric statistics (nosym) and with a "
-        "per-step mirror (eagersym)",
+def build_specs(args: argparse.Namespace, c: Common) -> list[OptSpec]:
+    specs = [adamw_spec(c)]
+    specs += [shampoo_spec(c, f, "eigh") for f in args.frequencies]
+    names = (
+        solvers.available() if args.solvers == ["all"] else [] if args.solvers == ["none"] else args.solvers
     )
-    ap.add_argument("--root-solver", default="eigh")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    for s in names:
+        if s not in solvers.available():
+            raise SystemExit(f"--solvers: unknown solver {s!r}; registered: {', '.join(solvers.available())}")
+        if s != "eigh" or c.frequency not in args.frequencies:
+            specs.append(shampoo_spec(c, c.frequency, s))
+    if args.soap != "off":
+        specs.append(soap_spec(c, c.frequency))
+    peers = list(PEERS) if args.peers == ["all"] else [] if args.peers == ["none"] else args.peers
+    specs += peer_specs(peers, c)
+    if args.only:
+        specs = [s for s in specs if s.name in args.only or s.kind == "adamw"]
+    return specs
+
+
+def git_describe(path: Path) -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(path), "log", "-1", "--format=%h %cI"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(path), "status", "--porcelain", "--", "."],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return out.stdout.strip() + (" (modified)" if dirty.stdout.strip() else "")
+
+
+def run_size(
+    size_name: str, specs: list[OptSpec], args: argparse.Namespace, c: Common
+) -> list[dict[str, Any]]:
+    size = SIZES[size_name]
+    dev = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    init = EncoderLM(size).state_dict()
+    batches = make_batches(size, args.seed, device=args.device)
     timed = args.rounds * args.chunk
-    for f in args.frequencies:
-        if timed % f:
+    eq = args.eigh_gemm_eq
+    probe = EncoderLM(size)
+    ns = sorted(factor_sizes([tuple(p.shape) for p in probe.parameters()], c.block))
+    eigh_eq = {n: eq for n in ns} if eq is not None else measure_eigh_gemm_eq(ns, device=args.device)
+    rows: list[dict[str, Any]] = []
+    load = [os.getloadavg()[0]]
+    print(
+        f"\n=== d_model {size.d_model} ({size_name}): {size.heads} heads, ff {size.ff}, {size.layers} layers, "
+        f"seq {size.seq}, batch {size.batch}, vocab {size.vocab}; eigh = "
+        + ", ".join(f"{v:.1f} GEMMs at n={n}" for n, v in eigh_eq.items())
+        + (" (given)" if eq is not None else " (measured)"),
+        flush=True,
+    )
+    runs: list[Run] = []
+    skipped: dict[str, str] = {s.name: f"unavailable: {s.unavailable}" for s in specs if s.build is None}
+    with root_clock(dev) as clock:
+        if not clock.hooked:
+            print("note: shampoo.roots.compute_roots not found; root time is the optimizer's wall clock")
+        for spec in specs:
+            if spec.build is None:
+                print(f"  {spec.name}: {skipped[spec.name]}")
+                continue
+            m = EncoderLM(size)
+            m.load_state_dict(init)
+            m.to(dev)
+            try:
+                run = Run(spec, m, spec.build(m), dev, clock)
+                for i in range(args.warmup):  # includes Shampoo's first, cold, root round
+                    run.step(batches[i % len(batches)])
+            except Exception as exc:  # a peer or solver that cannot run here: reported, not fatal
+                skipped[spec.name] = f"failed: {type(exc).__name__}: {exc}"[:300]
+                print(f"  {spec.name}: {skipped[spec.name]}")
+                continue
+            per_step = statistics.median(run.cpu_total[1:] or run.cpu_total)
+            if args.max_config_seconds and per_step * timed > args.max_config_seconds:
+                skipped[spec.name] = (
+                    f"too slow: {per_step:.2f} s/step in warm-up, ~{per_step * timed:.0f} s for {timed} timed steps "
+                    f"> --max-config-seconds {args.max_config_seconds:g}"
+                )
+                print(f"  {spec.name}: {skipped[spec.name]}")
+                continue
+            run.clear()
+            runs.append(run)
+        for f in {r.spec.frequency for r in runs if r.spec.frequency}:
+            if timed % f:
+                print(
+                    f"warning: {timed} timed steps is not a multiple of frequency {f}; roots enter at the wrong rate"
+                )
+        for r in range(args.rounds):
+            order = runs if r % 2 == 0 else runs[::-1]
+            for run in order:
+                for i in range(args.chunk):
+                    run.step(batches[(r * args.chunk + i) % len(batches)])
+            load.append(os.getloadavg()[0])
             print(
-                f"warning: {timed} timed steps is not a multiple of frequency {f}; roots enter at the wrong rate"
+                f"round {r + 1}/{args.rounds} (load {load[-1]:.1f}): "
+                + ", ".join(f"{x.name} {statistics.fmean(x.cpu_total[-args.chunk :]):.3f}s" for x in runs),
+                flush=True,
             )
 
-    g = torch.Generator().manual_seed(args.seed)
-    batches = [torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g) for _ in range(8)]
-    modes = ("none", "lazy", "eager") if args.symmetrisation == "compare" else ("lazy",)
-    runs = make_runs(args.frequencies, args.root_solver, args.seed, modes)
-    load = [os.getloadavg()[0]]
-    for run in runs:  # warm-up (includes Shampoo's first, cold, root computation)
-        for i in range(args.warmup):
-            b = batches[i % len(batches)]
-            run.step(b[:, :-1], b[:, 1:])
-        run.clear()
-        if isinstance(run.opt, shampoo.Shampoo):
-            run.opt.timing.reset()
-    for r in range(args.rounds):
-        order = runs if r % 2 == 0 else runs[::-1]  # ABC CBA ...: neighbours share the machine's mood
-        for run in order:
-            for i in range(args.chunk):
-                b = batches[(r * args.chunk + i) % len(batches)]
-                run.step(b[:, :-1], b[:, 1:])
-        load.append(os.getloadavg()[0])
-        print(
-            f"round {r + 1}/{args.rounds} (load {load[-1]:.1f}): "
-            + ", ".join(f"{x.name} {statistics.fmean(x.total[-args.chunk :]):.3f}s" for x in runs),
-            flush=True,
-        )
+    def rounds_of(run: Run, attr: str) -> list[float]:  # root rounds of every run with this solver
+        same = [x for x in runs if x.spec.kind == run.spec.kind and x.spec.solver == run.spec.solver]
+        return [t for x in same for t in getattr(x, attr) if t > 0]
 
-    rounds = [r for run in runs for r in run.roots if r > 0]
-    base = runs[0]
-    base_mean = statistics.fmean(base.total), statistics.fmean(base.optim)
-    base_rob = estimate(base, args.chunk, None, rounds, statistics.median)
-    base_best = estimate(base, args.chunk, None, rounds, min)
-    results = {
-        "workload": "W1",
-        "threads": args.threads,
-        "timed_steps": timed,
-        "root_solver": args.root_solver,
-        "torch": torch.__version__,
-        "machine": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "load_average_1min": load,
-        "root_rounds_s": rounds,
-        "configs": {},
-    }
-    print()
-    print(
-        f"W1, {args.threads} threads, {timed} timed steps per configuration; load average "
-        f"{min(load):.1f}-{max(load):.1f}; {len(rounds)} root rounds, median {statistics.median(rounds or [0]):.3f}s"
-    )
-    print(
-        "per step. robust: median over chunks of the time without root work + median root round / frequency; "
-        "best: the same with minima; mean: all timed steps as they came"
-    )
-    header = (
-        f"{'config':<22}{'total s':>9}{'optim s':>9}{'roots s':>9}{'root share':>11}"
-        f"{'total/AdamW':>12}{'optim/AdamW':>12}{'best':>8}{'mean':>8}"
-    )
-    print(header)
-    print("-" * len(header))
+    est: dict[str, dict[str, Any]] = {}
     for run in runs:
-        f = run.frequency
-        # compare: each variant's own root rounds (the lazy mirror runs inside them); else pooled
-        own = [r for r in run.roots if r > 0] if args.symmetrisation == "compare" else rounds
-        rob = estimate(run, args.chunk, f, own, statistics.median)
-        best = estimate(run, args.chunk, f, own, min)
-        root = statistics.median(own) / f if f and own else 0.0
-        entry = {
-            "total_s": rob[0],
-            "optimizer_s": rob[1],
-            "fwd_bwd_s": rob[0] - rob[1],
-            "root_s_per_step": root,
-            "root_share_of_total": root / rob[0],
-            "root_share_of_optimizer": root / rob[1],
-            "total_ratio": rob[0] / base_rob[0],
-            "optimizer_ratio": rob[1] / base_rob[1],
-            "best_total_ratio": best[0] / base_best[0],
-            "best_optimizer_ratio": best[1] / base_best[1],
-            "mean_total_s": statistics.fmean(run.total),
-            "mean_total_ratio": statistics.fmean(run.total) / base_mean[0],
-            "mean_optimizer_ratio": statistics.fmean(run.optim) / base_mean[1],
+        f = run.spec.frequency if run.spec.kind in ("shampoo", "soap") else None
+        rc, rw = (rounds_of(run, "root_cpu"), rounds_of(run, "root_wall")) if f else ([], [])
+        med = statistics.median
+        cpu = estimate(run.cpu_total, run.cpu_optim, run.root_cpu, args.chunk, f, rc, med)
+        wall = estimate(run.wall_total, run.wall_optim, run.root_wall, args.chunk, f, rw, med)
+        best = estimate(run.cpu_total, run.cpu_optim, run.root_cpu, args.chunk, f, rc, min)
+        root = med(rc) / f if f and rc else 0.0
+        est[run.name] = {
+            "cpu": cpu,
+            "wall": wall,
+            "best": best,
+            "mean": statistics.fmean(run.cpu_total),
+            "root": root,
         }
-        results["configs"][run.name] = entry
+    base = est.get("adamw")
+    peer_names = [r.name for r in runs if r.spec.kind == "peer"]
+    model_info = {
+        "size": size_name, "d_model": size.d_model, "heads": size.heads, "ff": size.ff, "layers": size.layers,
+        "seq": size.seq, "batch": size.batch, "vocab": size.vocab, "tokens": size.tokens,
+    }  # fmt: skip
+    for spec in specs:
+        floor = compute_floor(
+            probe, tokens=size.tokens, layers=size.layers, batch=size.batch, seq=size.seq, d_model=size.d_model,
+            block=c.block, frequency=spec.frequency or c.frequency, eigh_gemm_eq=eigh_eq,
+        )  # fmt: skip
+        row: dict[str, Any] = {
+            **model_info, "matmul_params": matmul_params(probe), "config": spec.name,
+            "kind": spec.kind, "solver": spec.solver or "", "frequency": spec.frequency or "",
+            "status": skipped.get(spec.name, "ok"), "device": args.device, "threads": args.threads,
+            "settings": format_settings(spec.settings), "load_min": min(load), "load_max": max(load),
+        }  # fmt: skip
+        if spec.kind != "adamw":
+            row.update(
+                floor_ratio=floor.ratio, floor_ratio_6tp=floor.ratio_6tp, floor_root_share=floor.root_share
+            )
+        else:
+            row.update(floor_ratio=1.0, floor_ratio_6tp=1.0, floor_root_share=0.0)
+        e = est.get(spec.name)
+        if e is not None:
+            run = next(r for r in runs if r.name == spec.name)
+            row.update(
+                cpu_total_s=e["cpu"][0], cpu_optim_s=e["cpu"][1], wall_total_s=e["wall"][0],
+                wall_optim_s=e["wall"][1], root_cpu_s_per_step=e["root"], root_share=e["root"] / e["cpu"][0],
+                final_loss=run.loss,
+            )  # fmt: skip
+            if base is not None:
+                row.update(
+                    ratio_adamw_cpu=e["cpu"][0] / base["cpu"][0], ratio_adamw_wall=e["wall"][0] / base["wall"][0],
+                    optim_ratio_adamw_cpu=e["cpu"][1] / base["cpu"][1],
+                    best_ratio_adamw_cpu=e["best"][0] / base["best"][0], mean_ratio_adamw_cpu=e["mean"] / base["mean"],
+                )  # fmt: skip
+                row["floor_gap"] = row["ratio_adamw_cpu"] - row["floor_ratio"]
+            for p in peer_names:
+                row[f"ratio_to_{p}"] = e["cpu"][0] / est[p]["cpu"][0]
+        rows.append(row)
+    print_size(rows, peer_names, load)
+    return rows
+
+
+def _f(x: Any, fmt: str) -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) else "-"
+
+
+def print_size(rows: list[dict[str, Any]], peers: list[str], load: list[float]) -> None:
+    r0 = rows[0]
+    print(
+        f"\nd_model {r0['d_model']}: {r0['matmul_params'] / 1e6:.2f} M matmul params, {r0['tokens']} tokens/step, "
+        f"load average {min(load):.1f}-{max(load):.1f}; per step, robust estimate (median chunk without roots + "
+        "median root round / frequency); ratios of CPU time unless marked wall"
+    )
+    head = (
+        f"{'config':<28}{'cpu ms':>9}{'wall ms':>9}{'optim ms':>9}{'root ms':>8}{'root %':>7}{'/AdamW':>8}"
+        f"{'wall':>7}{'optim':>7}{'best':>7}{'floor':>7}{'gap':>7}"
+        + "".join(f"{'/' + p[:10]:>12}" for p in peers)
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"{r['config']:<28}{r['status']}")
+            continue
         print(
-            f"{run.name:<22}{rob[0]:>9.4f}{rob[1]:>9.4f}{root:>9.4f}{100 * entry['root_share_of_total']:>10.1f}%"
-            f"{entry['total_ratio']:>11.3f}x{entry['optimizer_ratio']:>11.2f}x"
-            f"{entry['best_total_ratio']:>7.3f}x{entry['mean_total_ratio']:>7.3f}x"
+            f"{r['config']:<28}{_f(1e3 * r['cpu_total_s'], '9.1f')}{_f(1e3 * r['wall_total_s'], '9.1f')}"
+            f"{_f(1e3 * r['cpu_optim_s'], '9.1f')}{_f(1e3 * r['root_cpu_s_per_step'], '8.1f')}"
+            f"{_f(100 * r['root_share'], '6.1f')}%{_f(r.get('ratio_adamw_cpu'), '7.3f')}x"
+            f"{_f(r.get('ratio_adamw_wall'), '6.3f')}x{_f(r.get('optim_ratio_adamw_cpu'), '6.2f')}x"
+            f"{_f(r.get('best_ratio_adamw_cpu'), '6.3f')}x{_f(r['floor_ratio'], '7.3f')}"
+            f"{_f(r.get('floor_gap'), '+7.3f')}"
+            + "".join(f"{_f(r.get(f'ratio_to_{p}'), '11.3f')}x" for p in peers)
         )
-    for run in runs[1:]:
-        e = results["configs"][run.name]
-        print(
-            f"{run.name}: total step {e['total_ratio']:.3f}x AdamW (best {e['best_total_ratio']:.3f}x, mean "
-            f"{e['mean_total_ratio']:.3f}x); optimizer step alone {1e3 * e['optimizer_s']:.1f} ms = "
-            f"{e['optimizer_ratio']:.1f}x AdamW's; root computation {1e3 * e['root_s_per_step']:.1f} ms/step = "
-            f"{100 * e['root_share_of_total']:.1f}% of the step, {100 * e['root_share_of_optimizer']:.0f}% of the "
-            "optimizer step"
+    print("settings:")
+    for r in rows:
+        print(f"  {r['config']}: {r['settings']}")
+
+
+def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    import csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    extra = sorted({k for r in rows for k in r if k.startswith("ratio_to_")})
+    with open(out / "bench_step.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS + extra, restval="")
+        w.writeheader()
+        w.writerows(rows)
+    (out / "bench_step.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str))
+    sizes = list(dict.fromkeys(r["size"] for r in rows))
+    lines = [
+        f"Step time per configuration, ratio to AdamW (process CPU time, robust estimate) and [arithmetic floor]; "
+        f"{meta['device']}, {meta['threads']} thread(s), {meta['rounds']} rounds x {meta['chunk']} steps, "
+        f"load average {meta['load']}; shampoo {meta['shampoo']}.",
+        "",
+        "| config | " + " | ".join(f"d {SIZES[s].d_model}" for s in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
+    for name in dict.fromkeys(r["config"] for r in rows):
+        cells = []
+        for s in sizes:
+            r = next((x for x in rows if x["config"] == name and x["size"] == s), None)
+            if r is None or r["status"] != "ok":
+                cells.append("-" if r is None else r["status"].split(":")[0])
+            else:
+                share = f", roots {100 * r['root_share']:.1f}%" if r.get("root_share") else ""
+                cells.append(f"{_f(r.get('ratio_adamw_cpu'), '.3f')} [{r['floor_ratio']:.3f}]{share}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for p in extra:
+        lines += ["", f"Ratio to {p[len('ratio_to_') :]} (CPU):", "", "| config | " + " | ".join(f"d {SIZES[s].d_model}" for s in sizes) + " |", "|---|" + "---|" * len(sizes)]  # fmt: skip
+        for name in dict.fromkeys(r["config"] for r in rows if r["kind"] in ("shampoo", "soap")):
+            cells = [
+                _f(next((x.get(p) for x in rows if x["config"] == name and x["size"] == s), None), ".3f")
+                for s in sizes
+            ]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    (out / "bench_step.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--sizes",
+        nargs="+",
+        default=None,
+        choices=list(SIZES),
+        help="d_model sizes (default 128 256 512 1024)",
+    )
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 10)")
+    ap.add_argument("--chunk", type=int, default=None, help="steps per configuration per round (default 10)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps per configuration (default 3)")
+    ap.add_argument(
+        "--frequencies", type=int, nargs="+", default=None, help="eigh Shampoo frequencies (default 1 10 100)"
+    )
+    ap.add_argument(
+        "--frequency", type=int, default=None, help="frequency of the solver comparison and the peers (10)"
+    )
+    ap.add_argument(
+        "--solvers",
+        nargs="+",
+        default=["all"],
+        help="root solvers at --frequency: all (default), none, or names",
+    )
+    ap.add_argument(
+        "--soap", choices=["auto", "off"], default="auto", help="shampoo's SOAP variant if it has one"
+    )
+    ap.add_argument(
+        "--peers", nargs="+", default=["all"], help=f"all (default), none, or names: {', '.join(PEERS)}"
+    )
+    ap.add_argument("--only", nargs="+", default=None, help="keep only these configuration names (and AdamW)")
+    ap.add_argument(
+        "--max-config-seconds",
+        type=float,
+        default=None,
+        help="skip (and say so) a configuration whose timed run would take longer",
+    )
+    ap.add_argument(
+        "--eigh-gemm-eq",
+        type=float,
+        default=None,
+        help="eigh cost in n^3 GEMMs for the floor (default: measured)",
+    )
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--quick", action="store_true", help="smoke run: tiny model, 2 rounds x 2 steps, frequencies 1 2"
+    )
+    ap.add_argument("--out", type=Path, default=None, help="directory for bench_step.csv / .md / .json")
+    args = ap.parse_args(argv)
+    q = args.quick
+    for key, normal, quick in (
+        ("sizes", ["128", "256", "512", "1024"], ["tiny"]), ("rounds", 10, 2), ("chunk", 10, 2),
+        ("warmup", 3, 1), ("frequencies", [1, 10, 100], [1, 2]), ("frequency", 10, 2),
+    ):  # fmt: skip
+        if getattr(args, key) is None:
+            setattr(args, key, quick if q else normal)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(
+            f"--device {args.device}: CUDA is not available here (torch {torch.__version__}, "
+            f"cuda build {torch.version.cuda or 'none'}); run on a machine with a GPU and a CUDA build of torch, "
+            "or use --device cpu"
         )
+    torch.set_num_threads(args.threads)
+    c = Common(frequency=args.frequency)
+    specs = build_specs(args, c)
+    for s in specs:
+        if s.kind == "peer" and s.build is not None and args.chunk % c.frequency:
+            print(f"warning: --chunk {args.chunk} is not a multiple of the peers' frequency {c.frequency}")
+            break
+    meta = {
+        "device": args.device, "threads": args.threads, "rounds": args.rounds, "chunk": args.chunk,
+        "torch": torch.__version__, "python": platform.python_version(),
+        "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+        "shampoo": f"{Path(shampoo.__file__).parent} @ {git_describe(Path(shampoo.__file__).parent)}",
+        "argv": sys.argv[1:] if argv is None else argv,
+    }  # fmt: skip
+    print(
+        f"bench_step: {args.device}, {args.threads} thread(s), torch {meta['torch']}, shampoo from {meta['shampoo']}; "
+        f"{args.rounds} rounds x {args.chunk} steps per configuration, {args.warmup} warm-up steps; "
+        f"configurations: {', '.join(s.name for s in specs)}",
+        flush=True,
+    )
+    rows: list[dict[str, Any]] = []
+    loads = []
+    for s in args.sizes:
+        rows += run_size(s, specs, args, c)
+        loads += [rows[-1]["load_min"], rows[-1]["load_max"]]
+    meta["load"] = f"{min(loads):.1f}-{max(loads):.1f}"
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2))
-    return results
+        write_outputs(args.out, rows, meta)
+        print(f"\nwrote {args.out}/bench_step.csv, .md, .json")
+    return rows
 
 
 if __name__ == "__main__":
