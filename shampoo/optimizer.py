@@ -47,6 +47,7 @@ from .engine import GroupEngine
 from .errors import NonFiniteGradientWarning, ShampooError, StateDictError
 from .optim_compat import GROUP_ONLY_KEYS, IMPL_FLAGS, check_impl_flags, check_state_dict, match_keys
 from .state import ParamState, flatten, restore
+from .transforms.kronecker import statistics_updates
 
 log = logging.getLogger("shampoo")
 
@@ -135,6 +136,12 @@ class Shampoo(torch.optim.Optimizer):
             identical on every rank (DistributedDataParallel, or an all-reduce before ``step``).
         maximize: maximise the objective (the gradient is negated before the statistics, as in
             torch.optim; the factors G G^T do not change, the direction flips).
+        statistics_frequency: update the Kronecker factors every this many steps (at the steps t
+            with (t - start_preconditioning_step) % k == 0, with that step's gradient; beta2 and the
+            bias correction count updates). statistics_dtype: None or torch.bfloat16 (G rounded to
+            bf16, G G^T accumulated in factor_dtype). statistics_product: "gemm" (baddbmm), "syrk"
+            (BLAS, upper triangle, CPU) or "auto". Exact semantics and measured costs:
+            :class:`shampoo.config.GroupOptions`.
         foreach, fused, capturable, differentiable: torch.optim's implementation flags. Shampoo always
             uses the ``torch._foreach_*`` kernels, so ``foreach`` may be None or True (False is
             refused); ``fused=True``, ``capturable=True`` (CUDA-graph capture: the failure policy
@@ -185,6 +192,9 @@ class Shampoo(torch.optim.Optimizer):
         diagnostics: DiagnosticsConfig | None = None,
         distributed: Any = None,
         maximize: bool = False,
+        statistics_frequency: int = 1,
+        statistics_dtype: torch.dtype | None = None,
+        statistics_product: str = "gemm",
         foreach: bool | None = None,
         fused: bool | None = None,
         capturable: bool = False,
@@ -439,13 +449,15 @@ class Shampoo(torch.optim.Optimizer):
                 continue
             opts = GroupOptions.from_group(self.param_groups[gi])
             for st in eng.states:
-                bc = 1.0 - opts.beta2**st.step if opts.use_bias_correction and opts.beta2 < 1.0 else 1.0
+                u = statistics_updates(st.step, opts.statistics_frequency, opts.start_preconditioning_step)
+                bc = 1.0 - opts.beta2**u if opts.use_bias_correction and opts.beta2 < 1.0 else 1.0
                 extra = {
                     "step": self._global_step,
                     "param_step": st.step,
                     "beta2": opts.beta2,
                     "eps": opts.eps,
                     "eps_mode": opts.eps_mode,
+                    "statistics_updates": u,
                 }
                 for b in st.blocks:
                     for f in b.factors if b.owned else []:

@@ -41,7 +41,7 @@ def pipeline_for(kind: BlockKind, opts: GroupOptions) -> Pipeline:
     """
     pre: Preconditioner | None
     if kind is BlockKind.SHAMPOO:
-        pre = opts.preconditioner if opts.preconditioner is not None else Kronecker(beta2=opts.beta2)
+        pre = opts.preconditioner if opts.preconditioner is not None else kronecker_for(opts)
     elif kind is BlockKind.DIAGONAL:
         pre = Diagonal(beta2=opts.beta2, eps=opts.diagonal_eps, use_bias_correction=opts.use_bias_correction)
     else:
@@ -50,6 +50,18 @@ def pipeline_for(kind: BlockKind, opts: GroupOptions) -> Pipeline:
         first_moment=FirstMoment(opts.beta1, opts.use_bias_correction) if opts.beta1 > 0 else None,
         preconditioner=pre,
         grafting=opts.grafting.transform(),
+    )
+
+
+def kronecker_for(opts: GroupOptions) -> Kronecker:
+    """The Kronecker transform of a group: beta2 and the statistics options (statistics_frequency,
+    statistics_dtype, statistics_product; see :class:`shampoo.config.GroupOptions`)."""
+    return Kronecker(
+        beta2=opts.beta2,
+        statistics_frequency=opts.statistics_frequency,
+        start=opts.start_preconditioning_step,
+        statistics_dtype=opts.statistics_dtype,
+        statistics_product=opts.statistics_product,
     )
 
 
@@ -126,6 +138,7 @@ class BlockBucket:
 __all__ = [
     "BlockBucket",
     "block_norms",
+    "kronecker_for",
     "matricize",
     "mirror_upper_",
     "per_block",

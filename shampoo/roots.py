@@ -58,6 +58,9 @@ class RootJob:
     positions: list[int]  # rows due
     steps: list[int]  # each due row's parameter step (for bias correction and bookkeeping)
     label: Callable[[int], str]
+    # each due row's count of statistics updates, the t of its bias correction 1 - beta2^t (None: its
+    # step; differs under statistics_frequency > 1, see shampoo.transforms.kronecker)
+    updates: list[int] | None = None
 
 
 @dataclass
@@ -481,7 +484,8 @@ def _inputs(group: list[RootJob], dtype: torch.dtype, beta2: float | None) -> to
             else store.index_select(0, torch.tensor(job.positions, device=store.device))
         )
         dst = out[start : start + len(job.positions)]
-        divs = [1.0 - beta2**t for t in job.steps] if beta2 is not None else [1.0]
+        counts = job.updates if job.updates is not None else job.steps
+        divs = [1.0 - beta2**t for t in counts] if beta2 is not None else [1.0]
         if all(d == divs[0] for d in divs) and divs[0] == 1.0:
             dst.copy_(F)
         elif all(d == divs[0] for d in divs):

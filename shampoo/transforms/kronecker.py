@@ -10,6 +10,25 @@ G x_1 L_1^{-1/p_1} x_2 ... x_k L_k^{-1/p_k} (for matrices, L^{-1/4} G R^{-1/4}).
 
 Statistics accumulate their upper triangle (see :func:`shampoo.state.mirror_upper_`); the periodic
 ``refresh`` hands the due factors to :mod:`shampoo.roots` as plain stacked tensors.
+
+Options that reduce the statistics work (GroupOptions fields; all off by default):
+
+* ``statistics_frequency = k`` (Anil et al. 2020, §5; Google's scalable_shampoo
+  ``statistics_compute_steps``): the factors are updated only at the parameter steps t with
+  ``(t - start_preconditioning_step) % k == 0``, each time with the gradient of that step alone (the
+  gradients of the steps in between do not enter the factors; first moment, grafting and diagonal
+  statistics still see every gradient). The EMA counts updates, not steps: after u updates
+  L = (1 - beta2) sum_j beta2^(u - j) G_j G_j^T over the updated steps (horizon k / (1 - beta2)
+  steps; beta2^k keeps the horizon in steps), and the bias correction is 1 - beta2^u with
+  u = :func:`statistics_updates` (t) instead of 1 - beta2^t. The schedule is a closed form of t,
+  k and start mod k: no state, so checkpoints resume bitwise mid-period and every rank of a
+  distributed run updates the same steps. See :class:`shampoo.config.GroupOptions`.
+* ``statistics_dtype = torch.bfloat16``: G is rounded to bf16 and G G^T accumulated in the factor's
+  dtype (fp32): the semantics of a bf16 GEMM with fp32 accumulation and output (CUDA: one
+  ``baddbmm`` with ``out_dtype``; CPU has no such kernel, so the bf16-rounded G is multiplied by the
+  fp32 kernel, exact products and the same fp32 sums).
+* ``statistics_product = "syrk"`` (or ``"auto"``): the symmetric rank-m update of BLAS ``?syrk``
+  (upper triangle only, half the flops; CPU fp32/fp64 through scipy's BLAS, one call per block).
 """
 
 from __future__ import annotations
@@ -21,6 +40,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..config import STATISTICS_PRODUCTS
 from ..roots import RootJob
 from ..state import FactorState
 from .base import Stack, StepContext
@@ -65,11 +85,86 @@ class KroneckerState:
     records: list[list[FactorState]] = field(default_factory=list)  # [slot][position]
 
 
+#: Block sizes from which ``statistics_product="auto"`` uses syrk on CPU: measured
+#: (experiments/bench_work_options.py gemm, one thread, fp32): syrk / baddbmm = 1.41 at n 64,
+#: 0.97 at 128, 0.72 at 256, 0.63 at 512, 0.58 at 1024.
+SYRK_MIN_N = 256
+
+
+def statistics_due(t: int, k: int, start: int) -> bool:
+    """Whether parameter step t updates the factors (``statistics_frequency`` k)."""
+    return k == 1 or (t - start) % k == 0
+
+
+def statistics_updates(t: int, k: int, start: int) -> int:
+    """Factor updates after parameter step t: the steps s in [1, t] with (s - start) % k == 0.
+
+    The first is s0 = 1 + (start - 1) % k (<= min(k, start)); k = 1 gives t.
+    """
+    if k == 1:
+        return t
+    first = 1 + (start - 1) % k
+    return 0 if t < first else (t - first) // k + 1
+
+
+def syrk_available(F: torch.Tensor) -> bool:
+    """Whether the BLAS syrk path can update F (CPU, fp32/fp64, scipy importable)."""
+    if F.device.type != "cpu" or F.dtype not in (torch.float32, torch.float64):
+        return False
+    try:
+        import scipy.linalg.blas  # noqa: F401
+    except ImportError:  # pragma: no cover - scipy is a dependency of matroots
+        return False
+    return True
+
+
+def _syrk_(F: torch.Tensor, X: torch.Tensor, beta: float, alpha: float) -> None:
+    """F[i] <- beta F[i] + alpha X[i] X[i]^T on the upper triangle of each (contiguous) F[i], by BLAS
+    ``?syrk``, in place. The lower triangles are not written (scratch, see ``mirror_upper_``)."""
+    from scipy.linalg import blas
+
+    syrk = blas.ssyrk if F.dtype == torch.float32 else blas.dsyrk
+    if X.dtype != F.dtype:
+        X = X.to(F.dtype)
+    for f, x in zip(F, X, strict=True):
+        c = f.numpy().T  # column-major view of F[i]^T: its lower triangle is F[i]'s upper one
+        if x.stride(-1) == 1:  # row-major x: its transpose is column-major, x x^T = (x^T)^T (x^T)
+            syrk(alpha, x.numpy().T, beta=beta, c=c, trans=1, lower=1, overwrite_c=1)
+        elif x.stride(-2) == 1:  # column-major x (a transposed view)
+            syrk(alpha, x.numpy(), beta=beta, c=c, trans=0, lower=1, overwrite_c=1)
+        else:
+            syrk(alpha, x.contiguous().numpy().T, beta=beta, c=c, trans=1, lower=1, overwrite_c=1)
+
+
 @dataclass(frozen=True)
 class Kronecker:
-    """Shampoo's per-block preconditioner: beta2 is the factor EMA (1.0: a sum, as AdaGrad)."""
+    """Shampoo's per-block preconditioner: beta2 is the factor EMA (1.0: a sum, as AdaGrad).
+
+    ``statistics_frequency``, ``start``, ``statistics_dtype`` and ``statistics_product`` are the
+    group's options of the same names (``start`` = ``start_preconditioning_step``); see the module
+    docstring and :class:`shampoo.config.GroupOptions`.
+    """
 
     beta2: float
+    statistics_frequency: int = 1
+    start: int = 1
+    statistics_dtype: torch.dtype | None = None
+    statistics_product: str = "gemm"
+
+    def due(self, t: int) -> bool:
+        return statistics_due(t, self.statistics_frequency, self.start)
+
+    def updates(self, t: int) -> int:
+        return statistics_updates(t, self.statistics_frequency, self.start)
+
+    def uses_syrk(self, F: torch.Tensor) -> bool:
+        """Whether the factor stack F is updated by syrk (``statistics_product``; "auto": where it was
+        measured cheaper, CPU and n >= :data:`SYRK_MIN_N`)."""
+        if self.statistics_product == "gemm":
+            return False
+        if self.statistics_product == "syrk":
+            return True
+        return F.shape[-1] >= SYRK_MIN_N and syrk_available(F)
 
     def init(self, stack: Stack) -> KroneckerState:
         dims = tuple(i for i, p in enumerate(stack.roots) if p is not None)
@@ -78,6 +173,12 @@ class Kronecker:
         for d in dims:
             n = stack.shape[d]
             st.factors.append(torch.zeros(b, n, n, dtype=stack.factor_dtype, device=stack.device))
+            if self.statistics_product == "syrk" and not syrk_available(st.factors[-1]):
+                raise ValueError(
+                    f"statistics_product='syrk' needs CPU factors in float32 or float64 (BLAS ?syrk "
+                    f"through scipy), got {stack.factor_dtype} on {stack.device}; use 'auto' (syrk "
+                    "where available and cheaper, else baddbmm) or 'gemm'"
+                )
             eye = torch.eye(n, dtype=stack.dtype, device=stack.device)
             st.roots.append(eye.expand(b, n, n).clone())
             st.records.append([])
@@ -100,16 +201,38 @@ class Kronecker:
     def update(self, state: KroneckerState, G: torch.Tensor, ctx: StepContext) -> None:
         if not state.factors:
             return
-        Gf = G if G.dtype == state.factors[0].dtype else G.to(state.factors[0].dtype)
+        rows: torch.Tensor | None = None  # positions of G (and of ctx's selection) that update
+        if self.statistics_frequency > 1:
+            due = [self.due(t) for t in ctx.steps]
+            if not any(due):
+                return
+            if not all(due):
+                rows = torch.tensor([i for i, d in enumerate(due) if d], device=G.device)
+                G = G.index_select(0, rows)
+        fdtype = state.factors[0].dtype
+        Gs = G
+        if self.statistics_dtype is not None and G.dtype != self.statistics_dtype:
+            Gs = G.to(self.statistics_dtype)  # the rounded gradient whose statistics are accumulated
+        fused = (
+            Gs.device.type == "cuda" and Gs.dtype != fdtype and Gs.dtype in (torch.bfloat16, torch.float16)
+        )
+        if not fused and Gs.dtype != fdtype:
+            Gs = Gs.to(fdtype)  # exact: products of bf16 values are exact in fp32; sums in fdtype
         b2 = self.beta2
+        beta, alpha = (1.0, 1.0) if b2 == 1.0 else (b2, 1.0 - b2)
+        sel = ctx.sel if rows is None else (rows if ctx.sel is None else ctx.sel.index_select(0, rows))
         for k, d in enumerate(state.dims):
-            F = ctx.take(state.factors[k])
-            Gi = matricize(Gf, d)
-            if b2 == 1.0:
-                F.baddbmm_(Gi, Gi.mT)
+            store = state.factors[k]
+            F = store if sel is None else store.index_select(0, sel)
+            Gi = matricize(Gs, d)
+            if fused:  # bf16/fp16 GEMM, fp32 accumulation and output (cuBLAS); not run on CPU
+                F.copy_(torch.baddbmm(F, Gi, Gi.mT, out_dtype=fdtype, beta=beta, alpha=alpha))
+            elif self.uses_syrk(F):
+                _syrk_(F, Gi, beta, alpha)
             else:
-                F.baddbmm_(Gi, Gi.mT, beta=b2, alpha=1.0 - b2)
-            ctx.put(state.factors[k], F)
+                F.baddbmm_(Gi, Gi.mT, beta=beta, alpha=alpha)
+            if sel is not None:
+                store.index_copy_(0, sel, F)
 
     def direction(
         self, state: KroneckerState, m: torch.Tensor, ctx: StepContext
@@ -136,6 +259,7 @@ class Kronecker:
                 positions=positions,
                 steps=steps,
                 label=lambda j, d=d: label(j, d),
+                updates=None if self.statistics_frequency == 1 else [self.updates(t) for t in steps],
             )
             for k, d in enumerate(state.dims)
         ]
@@ -144,4 +268,12 @@ class Kronecker:
         return []  # non-finite statistics are reset by shampoo.roots at the next root round
 
 
-__all__ = ["Kronecker", "KroneckerState", "matricize", "precondition"]
+__all__ = [
+    "STATISTICS_PRODUCTS",
+    "Kronecker",
+    "KroneckerState",
+    "matricize",
+    "precondition",
+    "statistics_due",
+    "statistics_updates",
+]
