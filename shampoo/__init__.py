@@ -31,6 +31,7 @@ from .errors import (
     StateDictError,
 )
 from .optimizer import Shampoo, StepTiming
+from .transforms.soap import SOAP
 
 __all__ = [
     "AdaGradGrafting",
@@ -53,6 +54,7 @@ __all__ = [
     "RootComputationError",
     "RootFailureWarning",
     "SGDGrafting",
+    "SOAP",
     "Shampoo",
     "ShampooError",
     "StateDictError",

@@ -551,6 +551,10 @@ def normalise_group(group: dict[str, Any], device: torch.device | None) -> None:
     """Replace names by config objects in a param-group dict, in place (then validate it)."""
     group["grafting"] = resolve_grafting(group["grafting"])
     group["root_solver"] = resolve_root_solver(group["root_solver"], device)
+    if isinstance(group.get("preconditioner"), str):  # a name ("soap"): its transform
+        from .transforms.soap import preconditioner_named
+
+        group["preconditioner"] = preconditioner_named(group["preconditioner"])
     group["exponent_override"] = ExponentOverride.from_mapping(group["exponent_override"])
     group["factor_dtype"] = precision.as_dtype(group["factor_dtype"])
     group["root_dtype"] = precision.as_dtype(group["root_dtype"])

@@ -431,7 +431,7 @@ def sharding_of(optimizer: Any) -> BlockSharding | None:
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes of optimizer state held by this process, split into ``blocks`` (factor statistics, roots,
-    first moments, grafting and diagonal state of the owned blocks) and ``replicated`` (per-parameter
+    first moments, grafting and diagonal state, transform state of the owned blocks) and ``replicated`` (per-parameter
     momentum buffers)."""
     blocks = replicated = 0
     for st in optimizer.state.values():
@@ -442,7 +442,11 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
                 if t is not None:
                     blocks += t.numel() * t.element_size()
             for f in b.factors:
-                blocks += f.matrix.numel() * f.matrix.element_size() + f.root.numel() * f.root.element_size()
+                for t in (f.matrix, f.root):
+                    if t is not None:
+                        blocks += t.numel() * t.element_size()
+            for t in b.tensors.values():  # transform state (e.g. SOAP's eigenbases and second moments)
+                blocks += t.numel() * t.element_size()
         mom = getattr(st, "momentum_buffer", None)
         if mom is not None:
             replicated += mom.numel() * mom.element_size()

@@ -4,6 +4,15 @@ Tensors in :class:`BlockState` and :class:`FactorState` are views into the stack
 bucket (:class:`shampoo.preconditioner.BlockBucket`), so batched kernels update them in place while
 each block still has typed, inspectable state. ``flatten``/``restore`` turn a :class:`ParamState`
 into a plain dict of tensors and numbers (picklable with ``torch.load(weights_only=True)``) and back.
+
+Transform state: besides the fixed fields (first moment, grafting and diagonal accumulators, Kronecker
+factors), a transform declares its own named tensors for a block in its ``bind`` with
+:func:`declare` (views into its stacked storage, e.g. SOAP's ``second_moment`` and
+``factors.<d>.eigenbasis``). They are :attr:`BlockState.tensors`: saved under
+``blocks.<index>.<name>``, restored in place (a declared name missing from a saved state is a
+:class:`~shampoo.errors.StateDictError`), and merged across the shards of a distributed run with the
+rest of their block (:func:`merge_shards`). A transform that declares nothing (Kronecker, diagonal)
+keeps the version-1 format exactly.
 """
 
 from __future__ import annotations
@@ -30,7 +39,9 @@ class FactorState:
     # (n, n) view into the bucket's factor storage; its upper triangle is the statistic (the lower one
     # is mirrored from it, bitwise, at each root round, state_dict() and dump: see mirror_upper_)
     matrix: torch.Tensor
-    root: torch.Tensor  # (n, n) view into the bucket's root storage; identity until the first root
+    # (n, n) view into the bucket's root storage; identity until the first root. None for factors of
+    # transforms that keep no root (SOAP keeps an eigenbasis, declared as block tensor state instead)
+    root: torch.Tensor | None
     has_root: bool = False
     root_step: int = 0  # parameter step of the current root
     consecutive_failures: int = 0  # rounds in a row without a usable root from any solver
@@ -72,6 +83,32 @@ class BlockState:
     graft_state: torch.Tensor | None = None  # second moment of the grafting method
     diagonal: torch.Tensor | None = None  # diagonal preconditioner accumulator (DIAGONAL blocks)
     factors: list[FactorState] = field(default_factory=list)
+    # Transform state: named tensors declared by a transform's bind (see the module docstring)
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+_BLOCK_FIXED = ("shape", "first_moment", "graft_state", "diagonal")
+
+
+def declare(block: BlockState, name: str, tensor: torch.Tensor) -> None:
+    """Declare ``tensor`` (a view into a transform's stacked storage) as block state named ``name``.
+
+    The name is the checkpoint key within the block (``blocks.<index>.<name>``); it must not be one of
+    the fixed entries (shape, first_moment, graft_state, diagonal, or a Kronecker factor's
+    ``factors.<d>.<field>``) nor be declared twice.
+    """
+    reserved = name in _BLOCK_FIXED or (
+        name.startswith("factors.")
+        and name.rpartition(".")[2] in {f.name for f in dataclasses.fields(FactorState)}
+    )
+    if not name or reserved or name in block.tensors:
+        raise ValueError(
+            f"transform state name {name!r} of block {block.spec.index} is empty, reserved (shape, "
+            "first_moment, graft_state, diagonal, factors.<d>.<FactorState field>) or already declared"
+        )
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"transform state {name!r} must be a tensor, got {type(tensor).__name__}")
+    block.tensors[name] = tensor
 
 
 @dataclass
@@ -108,12 +145,15 @@ def flatten_block(b: BlockState) -> dict[str, Any]:
     for f in b.factors:
         fp = f"factors.{f.dim}."
         out[fp + "matrix"] = mirror_upper_(f.matrix).clone()
-        out[fp + "root"] = f.root.clone()
+        if f.root is not None:
+            out[fp + "root"] = f.root.clone()
         if f.basis is not None:
             out[fp + "basis"] = f.basis.clone()
         for fld in dataclasses.fields(FactorState):
             if fld.name not in _FACTOR_FIXED:
                 out[fp + fld.name] = getattr(f, fld.name)
+    for name, t in b.tensors.items():
+        out[name] = t.clone()
     return out
 
 
@@ -237,16 +277,24 @@ def restore(state: ParamState, flat: dict[str, Any]) -> None:
                 if pre + name not in flat:
                     raise StateDictError(f"parameter {key!r} block {b.spec.index}: {name} missing from state")
                 _copy_into(t, flat[pre + name], f"{key!r} block {b.spec.index} {name}")
+        for name, t in b.tensors.items():  # transform state, declared by the transforms' bind
+            if pre + name not in flat:
+                raise StateDictError(
+                    f"parameter {key!r} block {b.spec.index}: {name} missing from state (the saved state "
+                    "was written with a different preconditioner, or is incomplete)"
+                )
+            _copy_into(t, flat[pre + name], f"{key!r} block {b.spec.index} {name}", finite=True)
         for f in b.factors:
             fp = f"{pre}factors.{f.dim}."
-            if fp + "matrix" not in flat or fp + "root" not in flat:
+            if fp + "matrix" not in flat or (f.root is not None and fp + "root" not in flat):
                 raise StateDictError(f"parameter {key!r} block {b.spec.index}: factor {f.dim} missing")
             # Non-finite statistics are accepted (the next root round resets them, with a warning);
             # a non-finite root is refused: it would be applied as it is until the next round.
             _copy_into(f.matrix, flat[fp + "matrix"], f"{key!r} {fp}matrix")
-            _copy_into(f.root, flat[fp + "root"], f"{key!r} {fp}root", finite=True)
+            if f.root is not None:
+                _copy_into(f.root, flat[fp + "root"], f"{key!r} {fp}root", finite=True)
             f.basis = None
-            if fp + "basis" in flat:  # a warm-start eigenbasis (eigh_warm); eigh_warm checks it again
+            if f.root is not None and fp + "basis" in flat:  # eigh_warm's warm start; it checks it again
                 f.basis = torch.empty_like(f.root)
                 _copy_into(f.basis, flat[fp + "basis"], f"{key!r} {fp}basis", finite=True)
             for fld in dataclasses.fields(FactorState):
@@ -276,6 +324,7 @@ __all__ = [
     "BlockState",
     "FactorState",
     "ParamState",
+    "declare",
     "flatten",
     "flatten_block",
     "join_blocks",

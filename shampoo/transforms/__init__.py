@@ -14,6 +14,7 @@ from .base import (
 from .diagonal import Diagonal, DiagonalState
 from .kronecker import Kronecker, KroneckerState, matricize, precondition
 from .moments import FirstMoment, FirstMomentState
+from .soap import SOAP, SOAPState, preconditioner_named, rotate
 
 __all__ = [
     "Diagonal",
@@ -26,10 +27,14 @@ __all__ = [
     "Pipeline",
     "PipelineState",
     "Preconditioner",
+    "SOAP",
+    "SOAPState",
     "Stack",
     "StepContext",
     "block_norms",
     "matricize",
     "per_block",
     "precondition",
+    "preconditioner_named",
+    "rotate",
 ]
