@@ -21,10 +21,16 @@ What is counted (flops; a multiply-add is 2):
 * **Not counted**: elementwise work (grafting's Adam moments, momentum, weight decay, the update),
   which mirrors AdamW's own elementwise step, so it cancels to first order in the ratio.
 
-floor ratio = 1 + (statistics + preconditioning + roots / frequency) / model. It assumes Shampoo's
-GEMMs run at the model's flop rate; the measured ratio minus the floor is the overhead the
-implementation adds above the algorithm (validation, copies, small kernels, the root solver's
-extra work).
+floor ratio = 1 + (statistics + preconditioning + roots / frequency) / model: the flop ratio. It
+assumes Shampoo's GEMMs run at the model's flop rate, which on a CPU they beat (the model's step also
+holds softmax, norms, dropout, activations and small GEMMs), so a measured ratio can sit below it.
+
+time floor ratio = 1 + (statistics + preconditioning flops / GEMM rate + root round seconds /
+frequency) / AdamW's measured step: the same extra work at the speed this machine runs it, with the
+GEMM rate of a batched ``block x block x block`` matmul and the root round as per-factor ``eigh`` +
+one GEMM, all measured in the same process (:func:`measure_kernels`). The measured ratio minus the
+time floor is the overhead the implementation adds above the algorithm (validation, copies, small
+kernels, elementwise passes, the root solver's extra work).
 """
 
 from __future__ import annotations
@@ -106,6 +112,12 @@ class Floor:
     frequency: int
     factor_sizes: dict[int, int]  # n -> number of factors
     eigh_gemm_eq: dict[int, float]
+    gemm_seconds: float = math.nan  # statistics + preconditioning at the measured GEMM rate
+    root_seconds: float = math.nan  # one root round at the measured eigh + GEMM times
+
+    def time_ratio(self, base_seconds: float) -> float:
+        """1 + (GEMM seconds + root round seconds / frequency) / ``base_seconds`` (AdamW's step)."""
+        return 1.0 + (self.gemm_seconds + self.root_seconds / self.frequency) / base_seconds
 
     @property
     def extra(self) -> float:
@@ -153,14 +165,25 @@ def compute_floor(
     block: int,
     frequency: int,
     eigh_gemm_eq: dict[int, float],
+    kernel_seconds: dict[int, tuple[float, float]] | None = None,
 ) -> Floor:
+    """The floor of ``model``; ``kernel_seconds`` (n -> (eigh, GEMM) seconds, :func:`measure_kernels`)
+    adds the time floor, with the GEMM rate of the largest n."""
     shapes = [tuple(p.shape) for p in model.parameters()]
     mf = model_flops(model, tokens, layers=layers, batch=batch, seq=seq, d_model=d_model)
     sizes = dict(factor_sizes(shapes, block))
     missing = sorted(set(sizes) - set(eigh_gemm_eq))
     if missing:
         raise ValueError(f"eigh_gemm_eq lacks factor sizes {missing}")
+    gemm_s = root_s = math.nan
+    if kernel_seconds is not None:
+        top = max(kernel_seconds)
+        rate = 2 * top**3 / kernel_seconds[top][1]
+        gemm_s = gemm_flops(shapes, block) / rate
+        root_s = sum(k * (kernel_seconds[n][0] + kernel_seconds[n][1]) for n, k in sizes.items())
     return Floor(
+        gemm_seconds=gemm_s,
+        root_seconds=root_s,
         model=mf["total"],
         model_6tp=mf["linear"],
         gemm=gemm_flops(shapes, block),
@@ -176,10 +199,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_eigh_gemm_eq(
+def measure_kernels(
     sizes: Iterable[int], *, device: str = "cpu", batch: int = 8, repeats: int = 5, seed: int = 0
-) -> dict[int, float]:
-    """Per n: median time of ``torch.linalg.eigh`` over the median time of one ``n x n x n`` matmul.
+) -> dict[int, tuple[float, float]]:
+    """Per n: median seconds of one ``torch.linalg.eigh`` and of one ``n x n x n`` matmul (per matrix).
 
     Both on a batch of ``batch`` fp32 SPD matrices ``G G^T / n + 1e-3 I`` (the shape of Shampoo's
     factors), timed with process CPU time on CPU and with synchronised wall time on CUDA.
@@ -187,7 +210,7 @@ def measure_eigh_gemm_eq(
     dev = torch.device(device)
     clock = time.process_time if dev.type == "cpu" else time.perf_counter
     g = torch.Generator().manual_seed(seed)
-    out: dict[int, float] = {}
+    out: dict[int, tuple[float, float]] = {}
     for n in sorted(set(sizes)):
         G = torch.randn(batch, n, n, generator=g).to(dev)
         A = G @ G.mT / n + 1e-3 * torch.eye(n, device=dev)
@@ -204,10 +227,15 @@ def measure_eigh_gemm_eq(
                 torch.bmm(A, G)
             _sync(dev)
             t2 = clock()
-            te.append(t1 - t0)
-            tg.append((t2 - t1) / 4)
-        out[n] = statistics.median(te) / max(statistics.median(tg), 1e-12)
+            te.append((t1 - t0) / batch)
+            tg.append((t2 - t1) / (4 * batch))
+        out[n] = (statistics.median(te), max(statistics.median(tg), 1e-12))
     return out
+
+
+def measure_eigh_gemm_eq(sizes: Iterable[int], **kwargs: object) -> dict[int, float]:
+    """Per n: eigh time over GEMM time (:func:`measure_kernels`)."""
+    return {n: te / tg for n, (te, tg) in measure_kernels(sizes, **kwargs).items()}  # type: ignore[arg-type]
 
 
 __all__ = [
@@ -219,6 +247,7 @@ __all__ = [
     "gemm_flops",
     "matmul_params",
     "measure_eigh_gemm_eq",
+    "measure_kernels",
     "model_flops",
     "root_flops",
 ]
