@@ -93,11 +93,12 @@ class W1Model(EncoderLM):
 CSV_COLUMNS = [
     "size", "d_model", "heads", "ff", "layers", "seq", "batch", "vocab", "matmul_params", "tokens",
     "config", "kind", "solver", "frequency", "status",
-    "cpu_total_s", "cpu_optim_s", "wall_total_s", "wall_optim_s", "root_cpu_s_per_step", "root_share",
+    "cpu_total_s", "cpu_optim_s", "wall_total_s", "wall_optim_s", "root_cpu_s_per_step", "root_wall_s_per_step",
+    "root_share",
     "ratio_adamw_cpu", "ratio_adamw_wall", "optim_ratio_adamw_cpu", "best_ratio_adamw_cpu",
     "mean_ratio_adamw_cpu", "floor_ratio", "floor_ratio_6tp", "floor_root_share", "floor_gap",
     "floor_time_ratio", "floor_time_gap",
-    "final_loss", "load_min", "load_max", "device", "threads", "settings",
+    "final_loss", "load_min", "load_max", "device", "threads", "clock", "settings",
 ]  # fmt: skip
 
 
@@ -377,15 +378,12 @@ def run_size(
         cpu = estimate(run.cpu_total, run.cpu_optim, run.root_cpu, args.chunk, f, rc, med)
         wall = estimate(run.wall_total, run.wall_optim, run.root_wall, args.chunk, f, rw, med)
         best = estimate(run.cpu_total, run.cpu_optim, run.root_cpu, args.chunk, f, rc, min)
-        root = med(rc) / f if f and rc else 0.0
         est[run.name] = {
-            "cpu": cpu,
-            "wall": wall,
-            "best": best,
-            "mean": statistics.fmean(run.cpu_total),
-            "root": root,
-        }
+            "cpu": cpu, "wall": wall, "best": best, "mean": statistics.fmean(run.cpu_total),
+            "root_cpu": med(rc) / f if f and rc else 0.0, "root_wall": med(rw) / f if f and rw else 0.0,
+        }  # fmt: skip
     base = est.get("adamw")
+    hc = args.clock  # the headline clock: floors' gaps, root share and peer ratios use it
     peer_names = [r.name for r in runs if r.spec.kind == "peer"]
     model_info = {
         "size": size_name, "d_model": size.d_model, "heads": size.heads, "ff": size.ff, "layers": size.layers,
@@ -400,7 +398,7 @@ def run_size(
             **model_info, "matmul_params": matmul_params(probe), "config": spec.name,
             "kind": spec.kind, "solver": spec.solver or "", "frequency": spec.frequency or "",
             "status": skipped.get(spec.name, "ok"), "device": args.device, "threads": args.threads,
-            "settings": format_settings(spec.settings), "load_min": min(load), "load_max": max(load),
+            "settings": format_settings(spec.settings), "load_min": min(load), "load_max": max(load), "clock": hc,
         }  # fmt: skip
         if spec.kind != "adamw":
             row.update(
@@ -413,8 +411,8 @@ def run_size(
             run = next(r for r in runs if r.name == spec.name)
             row.update(
                 cpu_total_s=e["cpu"][0], cpu_optim_s=e["cpu"][1], wall_total_s=e["wall"][0],
-                wall_optim_s=e["wall"][1], root_cpu_s_per_step=e["root"], root_share=e["root"] / e["cpu"][0],
-                final_loss=run.loss,
+                wall_optim_s=e["wall"][1], root_cpu_s_per_step=e["root_cpu"], root_wall_s_per_step=e["root_wall"],
+                root_share=e[f"root_{hc}"] / e[hc][0], final_loss=run.loss,
             )  # fmt: skip
             if base is not None:
                 row.update(
@@ -422,11 +420,11 @@ def run_size(
                     optim_ratio_adamw_cpu=e["cpu"][1] / base["cpu"][1],
                     best_ratio_adamw_cpu=e["best"][0] / base["best"][0], mean_ratio_adamw_cpu=e["mean"] / base["mean"],
                 )  # fmt: skip
-                row["floor_gap"] = row["ratio_adamw_cpu"] - row["floor_ratio"]
-                ft = floor.time_ratio(base["cpu"][0]) if spec.kind != "adamw" else 1.0
-                row.update(floor_time_ratio=ft, floor_time_gap=row["ratio_adamw_cpu"] - ft)
+                row["floor_gap"] = row[f"ratio_adamw_{hc}"] - row["floor_ratio"]
+                ft = floor.time_ratio(base[hc][0]) if spec.kind != "adamw" else 1.0
+                row.update(floor_time_ratio=ft, floor_time_gap=row[f"ratio_adamw_{hc}"] - ft)
             for p in peer_names:
-                row[f"ratio_to_{p}"] = e["cpu"][0] / est[p]["cpu"][0]
+                row[f"ratio_to_{p}"] = e[hc][0] / est[p][hc][0]
         rows.append(row)
     print_size(rows, peer_names, load)
     return rows
@@ -441,7 +439,8 @@ def print_size(rows: list[dict[str, Any]], peers: list[str], load: list[float]) 
     print(
         f"\nd_model {r0['d_model']}: {r0['matmul_params'] / 1e6:.2f} M matmul params, {r0['tokens']} tokens/step, "
         f"load average {min(load):.1f}-{max(load):.1f}; per step, robust estimate (median chunk without roots + "
-        "median root round / frequency); ratios of CPU time unless marked wall"
+        f"median root round / frequency); /AdamW: CPU time, wall: wall time; floors' gaps, root % and peer "
+        f"ratios of {r0['clock']} time"
     )
     head = (
         f"{'config':<28}{'cpu ms':>9}{'wall ms':>9}{'optim ms':>9}{'root ms':>8}{'root %':>7}{'/AdamW':>8}"
@@ -480,7 +479,8 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -
     (out / "bench_step.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str))
     sizes = list(dict.fromkeys(r["size"] for r in rows))
     lines = [
-        f"Step time per configuration, ratio to AdamW (process CPU time, robust estimate) and [flop floor / time floor]; "
+        f"Step time per configuration, ratio to AdamW ({meta['clock']} time, robust estimate) and "
+        f"[flop floor / time floor]; "
         f"{meta['device']}, {meta['threads']} thread(s), {meta['rounds']} rounds x {meta['chunk']} steps, "
         f"load average {meta['load']}; shampoo {meta['shampoo']}.",
         "",
@@ -496,10 +496,10 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -
             else:
                 share = f", roots {100 * r['root_share']:.1f}%" if r.get("root_share") else ""
                 fl = f"{r['floor_ratio']:.3f} / {_f(r.get('floor_time_ratio'), '.3f')}"
-                cells.append(f"{_f(r.get('ratio_adamw_cpu'), '.3f')} [{fl}]{share}")
+                cells.append(f"{_f(r.get('ratio_adamw_' + r['clock']), '.3f')} [{fl}]{share}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for p in extra:
-        lines += ["", f"Ratio to {p[len('ratio_to_') :]} (CPU):", "", "| config | " + " | ".join(f"d {SIZES[s].d_model}" for s in sizes) + " |", "|---|" + "---|" * len(sizes)]  # fmt: skip
+        lines += ["", f"Ratio to {p[len('ratio_to_') :]} ({meta['clock']} time):", "", "| config | " + " | ".join(f"d {SIZES[s].d_model}" for s in sizes) + " |", "|---|" + "---|" * len(sizes)]  # fmt: skip
         for name in dict.fromkeys(r["config"] for r in rows if r["kind"] in ("shampoo", "soap")):
             cells = [
                 _f(next((x.get(p) for x in rows if x["config"] == name and x["size"] == s), None), ".3f")
@@ -553,6 +553,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         help="eigh cost in n^3 GEMMs for the floor (default: measured)",
     )
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
+    ap.add_argument(
+        "--clock", choices=["cpu", "wall"], default=None, help="headline clock (cpu; wall on cuda)"
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -573,6 +576,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             f"cuda build {torch.version.cuda or 'none'}); run on a machine with a GPU and a CUDA build of torch, "
             "or use --device cpu"
         )
+    args.clock = args.clock or ("cpu" if args.device == "cpu" else "wall")
     torch.set_num_threads(args.threads)
     c = Common(frequency=args.frequency)
     specs = build_specs(args, c)
@@ -581,7 +585,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             print(f"warning: --chunk {args.chunk} is not a multiple of the peers' frequency {c.frequency}")
             break
     meta = {
-        "device": args.device, "threads": args.threads, "rounds": args.rounds, "chunk": args.chunk,
+        "device": args.device, "threads": args.threads, "clock": args.clock, "rounds": args.rounds, "chunk": args.chunk,
         "torch": torch.__version__, "python": platform.python_version(),
         "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
         "shampoo": f"{Path(shampoo.__file__).parent} @ {git_describe(Path(shampoo.__file__).parent)}",
@@ -598,10 +602,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for s in args.sizes:
         rows += run_size(s, specs, args, c)
         loads += [rows[-1]["load_min"], rows[-1]["load_max"]]
-    meta["load"] = f"{min(loads):.1f}-{max(loads):.1f}"
-    if args.out is not None:
-        write_outputs(args.out, rows, meta)
-        print(f"\nwrote {args.out}/bench_step.csv, .md, .json")
+        meta["load"] = f"{min(loads):.1f}-{max(loads):.1f}"
+        if args.out is not None:  # after every size, so a long run keeps what it has measured
+            write_outputs(args.out, rows, meta)
+            print(f"\nwrote {args.out}/bench_step.csv, .md, .json", flush=True)
     return rows
 
 
