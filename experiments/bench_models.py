@@ -1,6 +1,6 @@
 """Models and optimizer configurations of the step-time benchmark (experiments/bench_step.py).
 
-Models: the W1 family (docs/design.md §7, workload W1): token + position embedding, a 4-layer
+Models: the W1 family (docs/design.md §8, workload W1): token + position embedding, a 4-layer
 ``nn.TransformerEncoder`` (torch's default dropout 0.1) and an LM head over a vocabulary of 512,
 sequences of 128 tokens, batch 16. Sizes scale d_model with a head dimension of 64 and a
 feed-forward width of 4 d_model; W1 itself is d_model 256 (4 heads, ff 1024) exactly as before:

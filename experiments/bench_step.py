@@ -1,12 +1,14 @@
 """Step time of Shampoo side by side with AdamW and the peers users would pick instead.
 
 Models: the W1 family of experiments/bench_models.py (a 4-layer ``nn.TransformerEncoder`` LM,
-d_model 128 / 256 (= workload W1, docs/design.md §7) / 512 / 1024, head dim 64, feed-forward
+d_model 128 / 256 (= workload W1, docs/design.md §8) / 512 / 1024, head dim 64, feed-forward
 4 d_model, seq 128, batch 16, vocab 512). Optimizers: AdamW; this project's Shampoo (blocks 256, Adam
 grafting) with eigh roots at each ``--frequencies`` and with every registered root solver at
 ``--frequency``; its SOAP variant when ``shampoo`` has one; the peers (heavyball SOAP and KL-Shampoo,
 pytorch-optimizer Shampoo and ScalableShampoo; ``pip install -e '.[peers]'``) with settings matched to
 ours, printed with the results.
+
+Threads: 1 by default (a shared machine; docs/design.md §8's W1 setting is ``--threads 2``).
 
 Method: at each size every configuration trains its own copy of the model from the same initial
 weights on the same batches, in one process; configurations run in chunks of ``--chunk`` steps,

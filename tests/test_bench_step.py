@@ -290,6 +290,48 @@ def test_cli_with_fake_peer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert "Ratio to fake" in (tmp_path / "bench_step.md").read_text()
 
 
+class _FailingPeerOpt(_FakePeerOpt):
+    """Fails at its third step, as a peer whose decomposition breaks down mid-run."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.steps = 0
+
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        self.steps += 1
+        if self.steps == 3:
+            raise torch.linalg.LinAlgError("svd failed to converge")
+        return super().step(closure)
+
+
+def test_cli_reports_failed_and_too_slow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = _fake_module()
+    mod.FailingOpt = _FailingPeerOpt  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fakepeer", mod)
+    bad = bench_models.PeerAdapter("fakebad", "fakepeer", "FailingOpt", _fake_adapter().settings)
+    monkeypatch.setitem(bench_models.PEERS, "fakebad", bad)
+    argv = ["--sizes", "tiny", "--rounds", "2", "--chunk", "2", "--warmup", "1", "--frequencies", "2"]
+    argv += [
+        "--frequency",
+        "2",
+        "--solvers",
+        "none",
+        "--soap",
+        "off",
+        "--peers",
+        "fakebad",
+        "--out",
+        str(tmp_path),
+    ]
+    bench_step.main(argv)
+    by = {r["config"]: r for r in _read(tmp_path)[1]}
+    assert by["fakebad"]["status"].startswith("failed in round 1: _LinAlgError: svd failed")
+    assert by["shampoo_f2"]["status"] == "ok" and by["adamw"]["status"] == "ok"  # the others go on
+    bench_step.main([*argv, "--max-config-seconds", "1e-9"])
+    by = {r["config"]: r for r in _read(tmp_path)[1]}
+    assert by["shampoo_f2"]["status"].startswith("too slow:")
+
+
 def _importable(module: str) -> bool:
     try:
         importlib.import_module(module)
