@@ -16,12 +16,13 @@ of numpy/scipy limited to one thread), configurations interleaved ABAB... in one
   - ``bf16_out``: a bf16 ``bmm`` whose output is rounded to bf16 (what CPU torch offers natively,
     AMX/oneDNN) added into the fp32 factor: *not* fp32 accumulation, shown for its speed only.
 
-* ``w1``: the step of workload W1 (docs/design.md §7; 4-layer encoder, d_model 256, blocks 256,
-  precondition_frequency 10, Adam grafting, eigh) per Shampoo option setting against AdamW, whole
-  training step (zero_grad + forward + backward + optimizer step) and the optimizer step alone.
+* ``w1``: the optimizer step of workload W1 (docs/design.md §7; 4-layer encoder, d_model 256,
+  blocks 256, precondition_frequency 10, Adam grafting, eigh) per Shampoo option setting, on real W1
+  gradients replayed in the same order for every configuration, against AdamW; the saving per step,
+  and its share of the whole training step (forward + backward measured in the same process).
 
     nice -n 5 .venv/bin/python experiments/bench_work_options.py gemm --repeats 7
-    nice -n 5 .venv/bin/python experiments/bench_work_options.py w1 --rounds 6 --steps 20
+    nice -n 5 .venv/bin/python experiments/bench_work_options.py w1 --rounds 9 --steps 20
 """
 
 from __future__ import annotations
@@ -100,19 +101,20 @@ def kernels(F: torch.Tensor, G: torch.Tensor, b2: float) -> dict[str, Callable[[
     }
 
 
-def bench_gemm(sizes: list[int], blocks: int, repeats: int, budget: float) -> None:
-    print(f"# G G^T update of {blocks} blocks (n x n), fp32 factor, CPU time per call, 1 thread")
+def bench_gemm(sizes: list[int], blocks: int, repeats: int, budget: float, inner: list[int]) -> None:
+    shape = "n x n" if not inner else f"n x m, m in {inner}"
+    print(f"# G G^T update of {blocks} blocks ({shape}), fp32 factor, CPU time per call, 1 thread")
     print(
         f"# load average {os.getloadavg()[0]:.2f}; median of {repeats} interleaved rounds; ratio = t / baddbmm"
     )
     names = list(kernels(torch.zeros(1, 4, 4), torch.zeros(1, 4, 4), 0.9))
-    print(f"{'n':>5} " + " ".join(f"{k:>18}" for k in names))
+    print(f"{'n':>5} {'m':>5} " + " ".join(f"{k:>18}" for k in names))
     torch.manual_seed(0)
-    for n in sizes:
+    for n, m in [(s, m) for s in sizes for m in (inner or [s])]:
         F = torch.zeros(blocks, n, n)
-        G = torch.randn(blocks, n, n)
+        G = torch.randn(blocks, n, m)
         ks = kernels(F, G, 0.999)
-        flops = 2.0 * blocks * n**3
+        flops = 2.0 * blocks * n * n * m
         reps = max(1, int(budget / (flops / 5e10)))
         times: dict[str, list[float]] = {k: [] for k in ks}
         for k in ks:  # warm-up
@@ -123,7 +125,7 @@ def bench_gemm(sizes: list[int], blocks: int, repeats: int, budget: float) -> No
         med = {k: statistics.median(v) for k, v in times.items()}
         base = med["baddbmm"]
         cells = " ".join(f"{med[k] * 1e3:9.3f}ms {med[k] / base:5.2f}x" for k in names)
-        print(f"{n:>5} {cells}", flush=True)
+        print(f"{n:>5} {m:>5} {cells}", flush=True)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -146,77 +148,80 @@ class W1(nn.Module):
 
 
 W1_OPTIONS: dict[str, dict[str, object]] = {
-    "shampoo": {},
+    "off": {},
     "statfreq2": {"statistics_frequency": 2},
     "statfreq5": {"statistics_frequency": 5},
     "statfreq10": {"statistics_frequency": 10},
     "bf16stats": {"statistics_dtype": torch.bfloat16},
+    "syrk": {"statistics_product": "syrk"},
+    "auto": {"statistics_product": "auto"},
+    "allon": {"statistics_frequency": 5, "statistics_dtype": torch.bfloat16, "statistics_product": "auto"},
 }
 
 
 def bench_w1(rounds: int, steps: int, configs: list[str]) -> None:
+    """Optimizer step of each config on W1's real gradients (captured once from 10 backward passes
+    and replayed in order, so every config sees the same gradients), interleaved; the forward +
+    backward time (measured here too) turns the saving into a share of the whole training step."""
     torch.manual_seed(0)
-    base = W1()
-    data = [torch.randint(0, VOCAB, (BATCH, SEQ + 1)) for _ in range(8)]
-    runs: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {}
+    model = W1()
+    data = [torch.randint(0, VOCAB, (BATCH, SEQ + 1)) for _ in range(10)]
+    grads, fb = [], []
+    for batch in data:
+        t0 = time.process_time()
+        model.zero_grad(set_to_none=True)
+        logits = model(batch[:, :-1])
+        nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1)).backward()
+        fb.append(time.process_time() - t0)
+        grads.append([p.grad.clone() for p in model.parameters()])
+    t_fb = statistics.median(fb)
+    runs: dict[str, tuple[list[nn.Parameter], torch.optim.Optimizer]] = {}
     for name in ["adamw", *configs]:
-        model = W1()
-        model.load_state_dict(base.state_dict())
+        params = [nn.Parameter(p.detach().clone()) for p in model.parameters()]
+        named = [(n, q) for (n, _), q in zip(model.named_parameters(), params, strict=True)]
         if name == "adamw":
-            opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            opt: torch.optim.Optimizer = torch.optim.AdamW(params, lr=1e-3)
         else:
             opt = shampoo.Shampoo(
-                model.named_parameters(), lr=1e-3, max_preconditioner_dim=256, precondition_frequency=10,
+                named, lr=1e-3, max_preconditioner_dim=256, precondition_frequency=10,
                 grafting="adam", root_solver="eigh", **W1_OPTIONS[name],  # type: ignore[arg-type]
             )  # fmt: skip
-        runs[name] = (model, opt)
-    total: dict[str, list[float]] = {k: [] for k in runs}
-    optim: dict[str, list[float]] = {k: [] for k in runs}
-    counter = 0
+        runs[name] = (params, opt)
+    times: dict[str, list[float]] = {k: [] for k in runs}
 
-    def one(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[float, float]:
-        nonlocal counter
-        batch = data[counter % len(data)]
-        counter += 1
-        t0 = time.process_time()
-        opt.zero_grad(set_to_none=True)
-        logits = model(batch[:, :-1])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
-        loss.backward()
-        t1 = time.process_time()
-        opt.step()
-        t2 = time.process_time()
-        return t2 - t0, t2 - t1
+    def window(params: list[nn.Parameter], opt: torch.optim.Optimizer) -> float:
+        total = 0.0
+        for i in range(steps):
+            for p, g in zip(params, grads[i % len(grads)], strict=True):
+                p.grad = g
+            t0 = time.process_time()
+            opt.step()
+            total += time.process_time() - t0
+        return total / steps
 
-    for model, opt in runs.values():  # warm-up: 10 steps (first roots, allocator)
-        for _ in range(10):
-            one(model, opt)
+    for params, opt in runs.values():  # warm-up: first roots, allocator
+        window(params, opt)
     loads = []
     for _ in range(rounds):
         loads.append(os.getloadavg()[0])
-        for name, (model, opt) in runs.items():
-            t_tot = t_opt = 0.0
-            for _ in range(steps):
-                a, b = one(model, opt)
-                t_tot, t_opt = t_tot + a, t_opt + b
-            total[name].append(t_tot / steps)
-            optim[name].append(t_opt / steps)
-    print("# W1 (blocks 256, precondition_frequency 10, Adam grafting, eigh), 1 thread, CPU time per step")
-    print(
-        f"# {rounds} interleaved rounds x {steps} steps (a multiple of 10: roots at their true rate); medians"
-    )
+        for name, (params, opt) in runs.items():
+            times[name].append(window(params, opt))
+    print("# W1 (blocks 256, precondition_frequency 10, Adam grafting, eigh), 1 thread, process CPU time")
+    print(f"# optimizer step on replayed real gradients: {rounds} interleaved rounds x {steps} steps (roots")
+    print(f"# at their true rate), medians; forward+backward {t_fb * 1e3:.1f} ms (median of 10)")
     print(f"# load average per round: {' '.join(f'{x:.1f}' for x in loads)}")
-    t_adam = statistics.median(total["adamw"])
-    t_sh = statistics.median(total[configs[0]]) if configs else float("nan")
-    o_sh = statistics.median(optim[configs[0]]) if configs else float("nan")
+    ref = statistics.median(times[configs[0]])
+    t_adam = statistics.median(times["adamw"])
     print(
-        f"{'config':>12} {'step ms':>9} {'x AdamW':>8} {'optim ms':>9} {'saved/step ms':>14} {'saved %step':>12}"
+        f"{'config':>12} {'optim ms':>9} {'spread':>7} {'saved ms':>9} {'saved %optim':>13} {'step x AdamW':>13} {'saved %step':>12}"
     )
     for name in runs:
-        t, o = statistics.median(total[name]), statistics.median(optim[name])
+        v = times[name]
+        o = statistics.median(v)
+        spread = (max(v) - min(v)) / o
         print(
-            f"{name:>12} {t * 1e3:9.2f} {t / t_adam:8.3f} {o * 1e3:9.2f} {(o_sh - o) * 1e3:14.2f} "
-            f"{(t_sh - t) / t_sh * 100:11.1f}%"
+            f"{name:>12} {o * 1e3:9.2f} {spread:7.2f} {(ref - o) * 1e3:9.2f} {(ref - o) / ref * 100:12.1f}% "
+            f"{(t_fb + o) / (t_fb + t_adam):13.3f} {(ref - o) / (t_fb + ref) * 100:11.1f}%"
         )
 
 
@@ -228,14 +233,15 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--blocks", type=int, default=8)
     g.add_argument("--repeats", type=int, default=7)
     g.add_argument("--budget", type=float, default=0.05, help="CPU seconds per timing (approx.)")
+    g.add_argument("--inner", type=int, nargs="*", default=[], help="inner dims m (default: m = n)")
     w = sub.add_parser("w1")
-    w.add_argument("--rounds", type=int, default=6)
-    w.add_argument("--steps", type=int, default=20)
+    w.add_argument("--rounds", type=int, default=9)
+    w.add_argument("--steps", type=int, default=20, help="steps per window (a multiple of 10)")
     w.add_argument("--configs", nargs="+", default=list(W1_OPTIONS))
     args = ap.parse_args(argv)
     with _one_thread():
         if args.what == "gemm":
-            bench_gemm(args.sizes, args.blocks, args.repeats, args.budget)
+            bench_gemm(args.sizes, args.blocks, args.repeats, args.budget, args.inner)
         else:
             bench_w1(args.rounds, args.steps, args.configs)
 

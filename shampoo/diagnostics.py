@@ -4,7 +4,8 @@ Factor dumps use the layout documented in :mod:`matroots.factor_dump` (version 1
 ``matroots.factor_dump.load_shampoo_factors``): ``<dump_dir>/factors_step{step:07d}.npz`` with float64
 ``factor_k`` arrays (the raw statistics, before bias correction and eps) and a ``meta`` array of JSON
 strings with param, block, dim, step (the optimizer's global step), beta2, eps, plus n, root_p,
-eps_mode, param_step (the parameter's own step count) and bias_correction (the divisor 1 - beta2^t
+eps_mode, param_step (the parameter's own step count), statistics_updates (u: the factor updates so
+far, = param_step unless ``statistics_frequency`` > 1) and bias_correction (the divisor 1 - beta2^u
 applied before the root).
 """
 
