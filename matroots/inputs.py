@@ -291,6 +291,34 @@ def require_symmetric(
         )
 
 
+def symmetric_input(prob: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`symmetric_part` of ``prob.A``, or ``(prob.A, zero defects)`` without looking at it when
+    the caller declared the input exactly symmetric (``SolveOptions.trusted``).
+
+    For exactly symmetric input both are the same tensor and defects: :func:`symmetric_part` returns
+    the matrix itself and a zero defect, so a trusted solve is bitwise the validated one.
+    """
+    if prob.options.trusted:
+        A = _defect_dtype(prob.A)
+        return A, torch.zeros(A.shape[:-2], dtype=torch.float64)
+    return symmetric_part(prob.A)
+
+
+def max_abs(t: torch.Tensor) -> float:
+    """max |t| over all entries as a float (NaN or inf when an entry is not finite).
+
+    ``torch.aminmax`` is one vectorised pass without a temporary (``vector_norm(ord=inf)`` is ~10x
+    slower on the CPU, ``abs().max()`` allocates a copy); max(-min, max) is exactly max|t|.
+    """
+    if t.numel() == 0:
+        return 0.0
+    lo, hi = torch.aminmax(t.detach())
+    lo_f, hi_f = float(lo), float(hi)
+    if math.isnan(lo_f) or math.isnan(hi_f):
+        return math.nan
+    return max(-lo_f, hi_f)
+
+
 @dataclass
 class Problem:
     """A validated problem: input rounded to the working dtype and flattened to (batch, n, n).
@@ -311,6 +339,9 @@ class Problem:
     # the caller's tensor, flattened to (b, n, n), when it requires grad and grad mode is on (methods
     # with ``differentiable = True`` attach their result to it); None otherwise
     grad_source: torch.Tensor | None = None
+    # ``A`` is a buffer of this solve (prescaled, rounded or made contiguous), not the caller's
+    # storage: the psd policy may then shift it in place
+    private: bool = False
 
     @property
     def n(self) -> int:
@@ -339,6 +370,11 @@ class Problem:
     @property
     def record_history(self) -> bool:
         return self.options.record_history
+
+    @property
+    def trusted(self) -> bool:
+        """The caller guarantees finite, exactly symmetric input (:class:`matroots.SolveOptions`)."""
+        return self.options.trusted
 
     def symmetry_tol(self, override: float | None = None) -> float:
         """``override`` if given, else :func:`default_symmetry_tol` judged against the input's own format."""
@@ -476,7 +512,7 @@ def prepare(
     n = t.shape[-1]
     flat = t.reshape(-1, n, n)
     # max|A| in one pass; it is finite exactly when every entry is (NaN and Inf propagate)
-    amax = float(torch.linalg.vector_norm(flat, ord=math.inf))
+    amax = max_abs(flat)
     if not math.isfinite(amax):
         check_finite(t)
     _check_rounding_range(amax, t.dtype, wdtype)
@@ -490,15 +526,18 @@ def prepare(
         )
     info: dict[str, Any] = {}
     prescale = 2.0**k
+    exact_scaling = False
     if k != 0:
         info["prescale"] = prescale
         if flat.dtype == wdtype and abs(k) < 100:  # one pass, exact (barring subnormals, ~2^-126 max|A|)
             work = flat * prescale
+            # finite by construction: every |a| <= max|A| and 2^k max|A| < 2 (prescale_exponent)
+            exact_scaling = True
         else:
             work = _ldexp(flat.double(), torch.tensor(k)).to(wdtype)
     else:
         work = flat.to(wdtype)
-    if work.dtype != flat.dtype or k != 0:  # rounding can overflow; otherwise checked above
+    if (work.dtype != flat.dtype or k != 0) and not exact_scaling:  # rounding can overflow
         check_finite(work, what=f"input rounded to {precision.info(wdtype).name}", error=FormatRangeError)
     work = work.contiguous()  # a transposed or strided view is copied (solvers then never see the caller's)
     return Problem(
@@ -512,11 +551,16 @@ def prepare(
         info=info,
         source_dtype=t.dtype,
         grad_source=grad_source,
+        private=work.untyped_storage().data_ptr() != t.untyped_storage().data_ptr(),
     )
 
 
 def check_root_range(
-    root: torch.Tensor, dtype: torch.dtype, what: str = "root", log2_factor: Fraction | int = 0
+    root: torch.Tensor,
+    dtype: torch.dtype,
+    what: str = "root",
+    log2_factor: Fraction | int = 0,
+    amax: torch.Tensor | None = None,
 ) -> None:
     """Raise FormatRangeError when the batch ``root * 2^log2_factor`` (b, n, n) does not fit ``dtype``.
 
@@ -525,10 +569,12 @@ def check_root_range(
     finite root: overflow (an entry beyond the format's max) or underflow (a non-zero root whose
     largest entry is below the smallest normal number, so every entry would become a subnormal or
     zero) would turn a correct root into inf or into garbage on the final rounding. Non-finite roots
-    are left to the caller (reported as not converged).
+    are left to the caller (reported as not converged). ``amax``: the (b,) max|root| per matrix when
+    the caller has it (float64; computed here otherwise).
     """
     fmt = precision.info(dtype)
-    amax = root.detach().double().abs().flatten(1).amax(-1)
+    if amax is None:
+        amax = root.detach().double().abs().flatten(1).amax(-1)
     usable = torch.isfinite(amax) & (amax > 0)
     if not bool(usable.any()):
         return
@@ -547,6 +593,48 @@ def check_root_range(
         )
 
 
+_NARROW_ROOTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def rescale_root(root: torch.Tensor, dtype: torch.dtype, log2_factor: Fraction | int) -> torch.Tensor:
+    """The root of a prescaled problem returned to the caller's units: ``root * 2^log2_factor`` in
+    ``dtype``, after :func:`check_root_range` (FormatRangeError when it does not fit ``dtype``).
+
+    Bitwise the same as ``check_root_range(root, dtype, log2_factor=log2_factor)`` followed by
+    ``scale_by_power_of_two(root.double(), log2_factor).to(dtype)``, in fewer passes: for a root in
+    fp32 (or a 16-bit format) and |floor(log2_factor)| <= 800, with 2^log2_factor = 2^f 2^k
+    (0 <= f < 1), the float64 product x * (2^f 2^k) is exactly round(x 2^f) 2^k, because every
+    non-zero |x| >= 2^-149 keeps x 2^f and the result normal in float64 (multiplying by a power of
+    two then commutes with rounding). On the CPU the float64 work and max|root| run in cache-sized
+    chunks (the range check then raises after the chunks, before anything is returned). Other cases
+    (float64 roots, autograd, larger factors) take the reference path.
+    """
+    fr = Fraction(log2_factor)
+    k = math.floor(fr)
+    frac = fr - k
+    if root.dtype not in _NARROW_ROOTS or root.requires_grad or root.ndim != 3 or abs(k) > 800:
+        check_root_range(root, dtype, log2_factor=log2_factor)
+        return scale_by_power_of_two(root.double(), log2_factor).to(dtype)
+    c = (2.0 ** float(frac) if frac else 1.0) * 2.0**k  # exact: a float64 in [1, 2) times 2^k
+    if root.device.type != "cpu":
+        check_root_range(root, dtype, log2_factor=log2_factor, amax=root.abs().amax(dim=(-2, -1)).double())
+        return root.double().mul_(c).to(dtype)
+    b, n = root.shape[0], root.shape[-1]
+    step = max(1, 65536 // (n * n))  # ~512 KB of float64 per chunk
+    out = torch.empty(root.shape, dtype=dtype, device=root.device)
+    amax = torch.empty(b, dtype=torch.float64)
+    buf = torch.empty((min(step, b), n, n), dtype=torch.float64, device=root.device)
+    for i in range(0, b, step):
+        m = min(step, b - i)
+        w = buf[:m]
+        w.copy_(root[i : i + m])
+        amax[i : i + m] = w.abs().amax(dim=(-2, -1))  # max|x| of the unscaled root, exactly
+        w.mul_(c)
+        out[i : i + m].copy_(w)
+    check_root_range(root, dtype, log2_factor=log2_factor, amax=amax)  # raises before returning
+    return out
+
+
 __all__ = [
     "EPS_MODES",
     "Problem",
@@ -557,11 +645,14 @@ __all__ = [
     "check_warm_start",
     "default_symmetry_tol",
     "is_symmetric",
+    "max_abs",
     "parse_exponent",
     "prepare",
     "prescale_exponent",
     "require_symmetric",
+    "rescale_root",
     "scale_by_power_of_two",
+    "symmetric_input",
     "symmetric_part",
     "symmetry_defect",
     "to_tensor",

@@ -42,6 +42,21 @@ class SolveOptions:
         quiet: report non-convergence only in the result and a DEBUG log line, no ConvergenceWarning
             (for callers that handle failures themselves, e.g. Shampoo's failure policy), instead of
             a warnings filter around the call.
+        trusted: the caller guarantees that ``A`` is a torch tensor of shape (..., n, n), n >= 1, in a
+            supported float format, with finite entries and **exactly** symmetric (``A == A.mT``
+            bitwise), as Shampoo's own factors are (their upper triangle is the statistic and
+            :func:`shampoo.state.mirror_upper_` mirrors it bitwise). The solver then skips the
+            re-validation such input cannot fail: the symmetry test and symmetrisation (the matrix is
+            used as given), and the finiteness scans whose outcome is implied by the max|A| pass that
+            prescaling needs anyway. A non-finite input still raises NonFiniteInputError (from that
+            pass, at no cost); a non-symmetric one is **not** detected and is solved as the method
+            reads it (eigh: its lower triangle, as ``torch.linalg.eigh``; the Newton methods: the
+            matrix itself, with the symmetric-input scaling). Never skipped: argument validation of
+            this object, the exponent and shape checks, the psd policy, and every check of the
+            result (a non-finite root is reported as not converged, range checks raise
+            FormatRangeError, convergence flags are the method's own). For exactly symmetric finite
+            input the result is bitwise the same as with ``trusted=False``. Default False: a user
+            calling matroots directly gets full validation.
     """
 
     eps: float = 0.0
@@ -56,6 +71,7 @@ class SolveOptions:
     warm_start: Any = field(default=None, compare=False)
     psd: str | None = None
     quiet: bool = False
+    trusted: bool = False
 
     def __post_init__(self) -> None:
         arguments.store(
@@ -80,6 +96,7 @@ class SolveOptions:
             inverse=arguments.flag("inverse", self.inverse),
             psd=check_policy(self.psd) if self.psd is not None else None,
             quiet=arguments.flag("quiet", self.quiet),
+            trusted=arguments.flag("trusted", self.trusted),
         )
         check_warm_start(self.warm_start)
 

@@ -72,7 +72,11 @@ def floor_level(A: torch.Tensor, source_dtype: torch.dtype | None = None) -> tor
 def _gershgorin_lower(W: torch.Tensor) -> torch.Tensor:
     """min_i (a_ii - sum_{j != i} |a_ij|) per batch element (float64): a lower bound of lambda_min."""
     d = torch.diagonal(W, dim1=-2, dim2=-1).double()
-    r = W.abs().sum(-1).double() - d.abs()
+    # row sums of |W| in cache-sized chunks of the batch (per row the same reduction, so the same
+    # bits as one batched call, without a full-size |W| temporary)
+    step = max(1, 65536 // (W.shape[-1] * W.shape[-1]))
+    absrow = torch.cat([W[i : i + step].abs().sum(-1) for i in range(0, W.shape[0], step)])
+    r = absrow.double() - d.abs()
     return (d - r).min(-1).values
 
 
@@ -94,7 +98,8 @@ def certified_shift(
     cand = torch.zeros(b, dtype=torch.float64)
     calls = 0
     while todo.numel():
-        sub = W.index_select(0, todo.to(W.device))
+        # the matrices still searching, shifted (a fresh buffer; the whole batch needs no gather)
+        sub = W if todo.numel() == b else W.index_select(0, todo.to(W.device))
         test = add_to_diagonal(sub, (cand[todo] - f[todo]).to(W.device))
         _, info = torch.linalg.cholesky_ex(test)
         calls += 1
@@ -154,7 +159,10 @@ def apply(prob: Any, policy: str, *, on_eigenvalues: bool = False) -> None:
         info["psd_eigvalsh_calls"] = 1
         shift = meta_shift(lmin)
     if bool((shift > 0).any()):
-        prob.A = add_to_diagonal(A, shift.to(A.device))
+        if getattr(prob, "private", False):  # a buffer of this solve: shift it in place (same values)
+            torch.diagonal(A, dim1=-2, dim2=-1).add_(shift.to(device=A.device, dtype=A.dtype).unsqueeze(-1))
+        else:
+            prob.A = add_to_diagonal(A, shift.to(A.device))
     info["psd_shift"] = shift / s
 
 

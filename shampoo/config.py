@@ -306,7 +306,9 @@ class DiagnosticsConfig:
         dump_every: write the factor matrices every this many optimizer steps (0: never) to
             ``dump_dir`` in the .npz layout :mod:`shampoo.diagnostics` documents.
         dump_dir: directory of the dumps (created when needed).
-        kappa_power_iters: power-iteration steps of the per-factor condition number estimate.
+        kappa_power_iters: power-iteration steps of the per-factor condition number estimate, for
+            solvers that do not report the spectrum of the matrix they solved (eigh reports it, and
+            its kappa is then exact: :func:`shampoo.roots.solve_batch`).
     """
 
     log_level: int = logging.DEBUG

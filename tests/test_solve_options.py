@@ -34,6 +34,7 @@ NON_DEFAULT = {
     "warm_start": None,  # set per test (needs the result of a first solve)
     "psd": "shift",
     "quiet": True,
+    "trusted": True,
 }
 BAD = {
     "eps": -1.0,
@@ -48,6 +49,7 @@ BAD = {
     "warm_start": "previous",
     "psd": "clamp",
     "quiet": 0,
+    "trusted": 1,
 }
 
 

@@ -13,7 +13,7 @@ import torch
 
 from .. import psd as psd_policy
 from ..errors import ConvergenceError, ConvergenceWarning, InvalidArgumentError
-from ..inputs import Problem, all_finite, check_root_range, prepare, scale_by_power_of_two
+from ..inputs import Problem, all_finite, check_root_range, prepare, rescale_root
 from ..options import SolveOptions
 from ..result import RootResult
 
@@ -121,8 +121,8 @@ class SolverConfig:
             # root of (sA): (sA)^{-1/p} = s^{-1/p} A^{-1/p}; undo with the factor s^e in float64, formed
             # in steps (s^e alone can overflow float64, e.g. s = 2^997 with e = 100 for p = 0.01).
             log2_factor = round(math.log2(prob.prescale)) * (1 / prob.p) * (1 if inverse else -1)  # exact
-            check_root_range(root, prob.dtype, log2_factor=log2_factor)  # FormatRangeError, not inf or 0
-            root = scale_by_power_of_two(root.double(), log2_factor)
+            # FormatRangeError, not inf or 0; then the exact rescaling, rounded to prob.dtype
+            root = rescale_root(root, prob.dtype, log2_factor)
         elif root.dtype != prob.dtype:
             check_root_range(root, prob.dtype)
         root = root.to(prob.dtype)

@@ -91,7 +91,7 @@ import torch
 from .. import arguments, precision
 from ..conditioning import eigenvalue_conditions
 from ..errors import FormatRangeError, MatrootsError, NotPositiveDefiniteError, NotSymmetricError
-from ..inputs import Problem, symmetric_part
+from ..inputs import Problem, symmetric_input
 from ..regularize import working_shift
 from ..result import RootResult
 from ..spectral import SpectrumEstimate, lanczos_extremes, power_lambda_max
@@ -156,7 +156,7 @@ class CoupledNewtonConfig(SolverConfig):
         b = prob.A.shape[0]
         cdt = prob.compute_dtype
         check_resolvable_exponent(p, cdt, n, self.name)
-        A_sym, defect = symmetric_part(prob.A)
+        A_sym, defect = symmetric_input(prob)  # trusted input (SolveOptions.trusted) is used as given
         sym_tol = prob.symmetry_tol(self.symmetry_tol)
         sym = bool((defect <= sym_tol).all())
         # A stays in the working format (fp32 for the 16-bit ones); M_0 = (A + shift I)/c^p is rounded

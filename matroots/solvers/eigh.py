@@ -14,7 +14,7 @@ import torch
 from .. import arguments, precision
 from .. import psd as psd_policy
 from ..errors import FormatRangeError, InvalidArgumentError, NotPositiveDefiniteError
-from ..inputs import Problem, require_symmetric, symmetric_part
+from ..inputs import Problem, require_symmetric, symmetric_input
 from ..regularize import working_shift
 from .base import Capabilities, RawResult, SolverConfig
 from .eigh_autograd import SpectralRoot
@@ -65,7 +65,7 @@ class EighConfig(SolverConfig):
 
     def _working_matrix(self, prob: Problem) -> tuple[torch.Tensor, dict]:
         """The validated symmetric part of the input in the LAPACK compute format, and the info notes."""
-        A_sym, defect = symmetric_part(prob.A)
+        A_sym, defect = symmetric_input(prob)  # trusted input (SolveOptions.trusted) is used as given
         require_symmetric(prob.A, self.name, prob.symmetry_tol(self.symmetry_tol), defect=defect)
         info: dict = {}
         cdtype = precision.lapack_dtype(prob.compute_dtype)
@@ -133,6 +133,9 @@ class EighConfig(SolverConfig):
                     "increase eps, or use rank_policy='clamp' or 'pseudo_inverse'"
                 )
             f = wr.pow(e)
+            # the spectrum of the matrix actually solved (psd shift and eps included), user units:
+            # its condition number for diagnostics (shampoo) without another pass over the matrix
+            info.update(solved_lambda_min=wr[..., 0].double() / s, solved_lambda_max=wr[..., -1].double() / s)
         else:
             rtol = self.rtol if self.rtol is not None else prob.n * precision.unit_roundoff(cdtype)
             thresh = torch.clamp(rtol * wr[..., -1:].abs(), min=self.atol * prob.prescale)

@@ -116,7 +116,7 @@ class SchurNewtonConfig(SolverConfig):
         matmuls = 0.0
         for Ab in prob.A:
             a = Ab.to(ldt).numpy().astype(np.float64 if ldt == torch.float64 else np.float32)
-            sym = is_symmetric(Ab, prob.symmetry_tol(self.symmetry_tol))
+            sym = prob.trusted or is_symmetric(Ab, prob.symmetry_tol(self.symmetry_tol))
             if sym:
                 # driver "evd" (divide and conquer): scipy's default MRRR ("evr") loses orthogonality of Q
                 # (~n u instead of ~sqrt(n) u), which showed up as an error floor ~8x eigh's in fp32 at n=128.
