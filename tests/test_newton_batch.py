@@ -211,3 +211,26 @@ def test_wide_batch_is_bitwise_too(scaling):
         one = _solve(A[i], 4, True, scaling=scaling)
         assert torch.equal(res.root[i], one.root), i
         assert int(res.iterations[i]) == one.iterations, i
+
+
+def test_reused_work_buffers_never_leak_into_results():
+    """The iteration's buffers are reused across calls (matroots.solvers.workspace): a result must stay
+    what it was after later solves of the same shape, in this thread and in another one, and equal a
+    solve with an empty buffer cache."""
+    import threading
+
+    from matroots.solvers import workspace
+
+    A = torch.from_numpy(_mixed_stack())
+    first = _solve(A.numpy(), 4, True)
+    kept = first.root.clone()
+    other = torch.from_numpy(_mixed_stack(seed=40))
+    _solve(other.numpy(), 4, True)  # same shape: takes the cached set
+    assert torch.equal(first.root, kept)
+    seen: list[torch.Tensor] = []
+    worker = threading.Thread(target=lambda: seen.append(_solve(A.numpy(), 4, True).root))
+    worker.start()
+    worker.join()
+    workspace.clear_cache()
+    fresh = _solve(A.numpy(), 4, True)
+    assert torch.equal(seen[0], kept) and torch.equal(fresh.root, kept) and torch.equal(first.root, kept)

@@ -330,7 +330,8 @@ class CoupledNewtonConfig(SolverConfig):
             self._check_root_sector(out, p, info)
             if inverse:
                 self._check_true_residual(out, A, shift, p, precision.unit_roundoff(cdt), info)
-        root = 0.5 * (out.X + out.X.mT) if sym else out.X  # X_k commutes with A only up to rounding
+        # X_k commutes with A only up to rounding; (X + X^T) * 0.5 in one fresh tensor
+        root = torch.add(out.X, out.X.mT).mul_(0.5) if sym else out.X
         if not inverse:
             matmuls += forward_backward_check(root, A, shift, p, out, accept, info)
         info.update(stop_reason=out.reason, tol=tol, c_power=cp / prob.prescale)
@@ -610,7 +611,8 @@ def _shifted(est: SpectrumEstimate, shift: torch.Tensor) -> SpectrumEstimate:
 def _shifted_fro(A: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """||A + shift I||_F per batch element, in float64 (b,)."""
     if not bool((shift != 0).any()):
-        return torch.linalg.matrix_norm(A.double())
+        # accumulated in float64 without a float64 copy of A (bitwise the norm of A.double())
+        return torch.linalg.matrix_norm(A, dtype=torch.float64)
     return torch.linalg.matrix_norm(_materialise(A, shift, torch.float64))
 
 

@@ -52,6 +52,7 @@ from .newton_checks import (  # noqa: F401  (re-exported: the solvers import the
     forward_backward_check,
     refuse_near_negative_axis,
 )
+from .workspace import Buffers as _Buffers
 
 
 def scalar_map(m: np.ndarray, p: int) -> np.ndarray:
@@ -252,13 +253,13 @@ class _ActiveRows:
 class _PowerWorkspace:
     """T^p by binary powering into at most three reusable buffers (no fresh n x n temporaries).
 
-    Fresh large tensors are expensive on CPU: every one is page-faulted in on first touch (about 4 ms
-    per 4 MiB at n = 1024), which the iteration would otherwise pay several times per step. The buffers
-    have the full batch size; products write into their active rows (:class:`_ActiveRows`).
+    The buffers come from the iteration's :class:`~matroots.solvers.workspace.Buffers` (from the index
+    ``first`` on) and have the full batch size; products write into their active rows
+    (:class:`_ActiveRows`).
     """
 
-    def __init__(self, like: torch.Tensor) -> None:
-        self.like = like
+    def __init__(self, pool: _Buffers, first: int) -> None:
+        self.pool, self.first = pool, first
         self.bufs: list[torch.Tensor] = []
 
     def _free(self, rows: _ActiveRows, *busy: torch.Tensor | None) -> torch.Tensor:
@@ -266,7 +267,7 @@ class _PowerWorkspace:
         for buf in self.bufs:
             if buf.data_ptr() not in taken:
                 return rows.view(buf)
-        buf = torch.empty_like(self.like)
+        buf = self.pool.take(self.first + len(self.bufs) + 1)[-1]
         self.bufs.append(buf)
         return rows.view(buf)
 
@@ -291,13 +292,18 @@ class _PowerWorkspace:
 
 
 def _start_matrix(
-    A: torch.Tensor, cp64: torch.Tensor, shift: torch.Tensor | None, dt: torch.dtype
+    A: torch.Tensor,
+    cp64: torch.Tensor,
+    shift: torch.Tensor | None,
+    dt: torch.dtype,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """M_0 = (A + shift I)/c^p in the compute dtype ``dt`` (b, n, n), formed before the rounding to dt.
 
     A is scaled in its own format when that is float32/float64 and 1/c^p is comfortably inside its range;
     otherwise in float64 (a 16-bit compute format, or extreme magnitudes). The choice is made per
-    element, so an element of a batch gets the arithmetic it gets when solved alone.
+    element, so an element of a batch gets the arithmetic it gets when solved alone. ``out`` (b, n, n)
+    in ``dt`` receives M_0 in the common case (same format, all elements safe), with the same arithmetic.
     """
     inv = 1.0 / cp64
     src = A.dtype
@@ -309,6 +315,8 @@ def _start_matrix(
     else:
         safe = torch.zeros_like(inv, dtype=torch.bool)
     if bool(safe.all()):
+        if out is not None and A.dtype == dt:
+            return _scaled(A, inv, shift, out)
         return _scaled(A, inv, shift).to(dt)
     if not bool(safe.any()):
         return _scaled(A.double(), inv, shift).to(dt)
@@ -319,15 +327,19 @@ def _start_matrix(
     return M
 
 
-def _scaled(work: torch.Tensor, inv: torch.Tensor, shift: torch.Tensor | None) -> torch.Tensor:
-    """(work + shift I) * inv as a new tensor in work's dtype."""
+def _scaled(
+    work: torch.Tensor, inv: torch.Tensor, shift: torch.Tensor | None, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(work + shift I) * inv in work's dtype: a new tensor, or written into ``out``."""
     if shift is not None and bool((shift != 0).any()):
         # the shift first, then the scaling: A + shift I cancels exactly where they nearly cancel
         # (Sterbenz), whereas A/c^p + shift/c^p would cancel two large rounded numbers
-        M = work.clone()
+        M = work.clone() if out is None else out.copy_(work)
         d = torch.diagonal(M, dim1=-2, dim2=-1)
         d += shift.to(work.dtype)[:, None]
         return M.mul_(inv.to(work.dtype)[:, None, None])
+    if out is not None:
+        return torch.mul(work, inv.to(work.dtype)[:, None, None], out=out)
     return work * inv.to(work.dtype)[:, None, None]
 
 
@@ -376,19 +388,61 @@ def coupled_newton_iterate(
 
     **Active set.** A batch does not wait for its slowest element: the elements still iterating occupy
     the first k rows of the work buffers, every step runs on those rows only, and an element that stops
-    has its iterate written to the output and leaves; the rows behind it move up (in place, two n x n
-    copies per moved row, against p + 2 products per row and step saved, so compacting at every
-    departure always pays). Batched products over a subset are bitwise the products of each matrix
-    alone (MKL, fp32/fp64), and a lone element runs on 2-D tensors as a single solve does, so each
-    element's iterates, stop and iteration count are those of its own solve.
+    has its iterate (scaled by 1/c or c) written to the output and leaves; its row is filled by a
+    continuing row from above the new active size (in place, two n x n copies, at most one move per
+    departed element, against p + 2 products per row and step saved, so compacting at every departure
+    always pays). Batched products over a subset are bitwise the products of each matrix alone (MKL,
+    fp32/fp64, whatever its row), and a lone element runs on 2-D tensors as a single solve does, so
+    each element's iterates, stop and iteration count are those of its own solve. The work buffers are
+    reused across calls (:mod:`matroots.solvers.workspace`: no page faults per call); the returned X
+    is a fresh tensor.
     """
     b, n = A.shape[0], A.shape[-1]
     dt = compute_dtype if compute_dtype is not None else A.dtype
     cp64 = cp.double()
-    M0 = _start_matrix(A, cp64, shift, dt)
+    pool = _Buffers((b, n, n), dt, A.device)
+    try:
+        return _iterate(
+            A, p, cp64, pool, dt, tol=tol, max_iter=max_iter, stagnation_accept=stagnation_accept,
+            inverse=inverse, interval=interval, record_history=record_history,
+            quadratic_start=quadratic_start, divergence_factor=divergence_factor,
+            dynamic_until=dynamic_until, shift=shift, top=top,
+        )  # fmt: skip
+    finally:
+        pool.release()
+
+
+def _iterate(
+    A: torch.Tensor,
+    p: int,
+    cp64: torch.Tensor,
+    pool: _Buffers,
+    dt: torch.dtype,
+    *,
+    tol: float,
+    max_iter: int,
+    stagnation_accept: float,
+    inverse: bool,
+    interval: tuple[np.ndarray, np.ndarray] | None,
+    record_history: bool,
+    quadratic_start: float,
+    divergence_factor: float,
+    dynamic_until: float,
+    shift: torch.Tensor | None,
+    top: float | None,
+) -> NewtonOutcome:
+    """The body of :func:`coupled_newton_iterate`, on the work buffers of ``pool``."""
+    b, n = A.shape[0], A.shape[-1]
+    Xb, Mb, Tb, Xnb, Mnb, Rb = pool.take(6)
+    M0 = _start_matrix(A, cp64, shift, dt, out=Mb)
+    if M0.data_ptr() != Mb.data_ptr():
+        Mb.copy_(M0)
     I = eye_like(M0)
     coef_I = I * ((p + 1) / p)
     c = _root_each(cp64, p)
+    fast_out = dt in (torch.float32, torch.float64)
+    factor = (1.0 / c) if inverse else c  # the final scaling X = X^ / c (inverse) or X^ c (forward root)
+    factor_dt = factor.to(dt) if fast_out else None
     notes: dict[str, str] = {}
     solve_dt = dt if dt in (torch.float32, torch.float64) else torch.float32
     if not inverse and solve_dt != dt:
@@ -398,7 +452,7 @@ def coupled_newton_iterate(
         )
     accept = min(stagnation_accept, quadratic_start)
     # Control flow on Python floats: one host transfer per iteration instead of a dozen tiny tensor ops.
-    res = _residual_norm(M0, I)
+    res = _residual_norm(Mb, I, Rb)
     res0 = list(res)
     converged = [r <= tol for r in res]
     reason = ["tol" if done else "max_iter" for done in converged]
@@ -409,15 +463,47 @@ def coupled_newton_iterate(
     ia, ib = (
         (np.array(interval[0], dtype=float), np.array(interval[1], dtype=float)) if interval else (None, None)
     )
-    X_out = I.expand(b, n, n).clone()  # the final normalised iterates; elements done at k = 0 keep I
+    # The result: the scaled final iterates, written as elements stop (fast_out: X^ * factor directly,
+    # the same product the final scaling of the whole batch would compute); a fresh tensor.
+    X_out = torch.empty((b, n, n), dtype=dt, device=A.device)
+    Xb.copy_(I.expand(b, n, n))
     # idx[j] is the batch element in row j of the work buffers (rows 0..k-1 are the active set).
-    idx = [i for i in range(b) if not converged[i]]
-    rows = _ActiveRows(len(idx))
-    Mb = M0 if len(idx) == b else M0[idx]
-    Xb = I.expand_as(Mb).clone()
-    Tb, Xnb, Mnb, Rb = (torch.empty_like(Mb) for _ in range(4))
-    powers = _PowerWorkspace(Mb)
+    idx = list(range(b))
+    rows = _ActiveRows(b)
+    powers = _PowerWorkspace(pool, 6)
     compactions = 0
+
+    def leave(i: int, final: torch.Tensor) -> None:
+        if fast_out:
+            torch.mul(final, factor_dt[i], out=X_out[i])
+        else:
+            X_out[i].copy_(final)
+
+    def compact(stay: list[int]) -> None:
+        """Keep the rows ``stay`` (increasing) as rows 0..len(stay)-1: each hole below the new size is
+        filled by one continuing row from above it (two n x n copies per moved row, at most one per
+        departed element; the element's arithmetic does not depend on its row)."""
+        nonlocal idx, rows, compactions
+        k_new = len(stay)
+        keep = set(stay)
+        holes = [j for j in range(k_new) if j not in keep]
+        movers = [j for j in stay if j >= k_new]
+        new_idx = list(idx[:k_new])
+        for dst, src in zip(holes, movers, strict=True):
+            Xb[dst].copy_(Xb[src])
+            Mb[dst].copy_(Mb[src])
+            new_idx[dst] = idx[src]
+        idx = new_idx
+        rows = _ActiveRows(k_new)
+        compactions += 1
+
+    start_stay = [j for j in range(b) if not converged[j]]
+    for j in range(b):
+        if converged[j]:
+            leave(j, I)  # done at k = 0: the root of I/c
+    if len(start_stay) < b:
+        compact(start_stay)
+        compactions -= 1  # not a departure of the iteration
     for _k in range(max_iter):
         if not idx:
             break
@@ -466,28 +552,20 @@ def coupled_newton_iterate(
                 stay.append(j)
                 continue
             final = X_new if take else X
-            X_out[i].copy_(final if rows.k == 1 else final[j])
+            leave(i, final if rows.k == 1 else final[j])
         Xb, Xnb = Xnb, Xb  # the continuing elements' iterates are the new ones
         Mb, Mnb = Mnb, Mb
-        if len(stay) < rows.k:  # compact: move the continuing rows up (stay is increasing, stay[j] >= j)
-            for dst, src in enumerate(stay):
-                if dst != src:
-                    Xb[dst].copy_(Xb[src])
-                    Mb[dst].copy_(Mb[src])
-            idx = [idx[j] for j in stay]
-            rows = _ActiveRows(len(idx))
-            compactions += 1
+        if len(stay) < rows.k:
+            compact(stay)
         if record_history:
             history.append(torch.tensor(res, dtype=torch.float64))
     for j, i in enumerate(idx):  # stopped by max_iter
-        X_out[i].copy_(Xb[j])
-    X = X_out
-    factor = (1.0 / c) if inverse else c
+        leave(i, Xb[j])
     out_dt = dt
-    if dt in (torch.float32, torch.float64):
-        X = X * factor.to(dt)[:, None, None]
+    if fast_out:
+        X = X_out
     else:
-        Xw = X.float() * factor.float()[:, None, None]
+        Xw = X_out.float() * factor.float()[:, None, None]
         big = Xw.abs().amax()
         # keep the root in the compute format unless it overflows (or underflows) there
         if bool(torch.isfinite(Xw).all()) and (
