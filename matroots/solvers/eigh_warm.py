@@ -405,13 +405,15 @@ class _Step:
         self, run: _Run, idx: torch.Tensor, A: torch.Tensor, Q: torch.Tensor, delta: torch.Tensor | None
     ):
         self.run, self.idx, self.Q = run, idx, Q
-        B = Q.mT @ (A @ Q)
-        S = B.mT + B
+        # two n x n buffers serve the four products and sums (each fresh one costs page faults)
+        AQ = A @ Q
+        B = Q.mT @ AQ
+        S = torch.add(B.mT, B, out=AQ)  # A Q is not needed any more
         S.mul_(0.5)  # symmetric part
         self.R: torch.Tensor | None = None
         dS = S.diagonal(dim1=-2, dim2=-1)
         if delta is None:  # measure the orthogonality: R = I - Q^T Q (symmetrised)
-            G = Q.mT @ Q
+            G = torch.matmul(Q.mT, Q, out=B)
             R = G.mT + G
             R.mul_(-0.5).diagonal(dim1=-2, dim2=-1).add_(1.0)
             self.R = R
@@ -491,14 +493,15 @@ class _Step:
     ) -> list[str]:
         """For the elements ``rest``: the rotation (E, clusters) and, per element, "" to rotate or why not."""
         why = []
+        r_all, est_all, tol_all, prev_all = (t.tolist() for t in (self.r, est, tol, prev))
         for j in rest.tolist():
-            r, ej, tj = float(self.r[j]), float(est[j]), float(tol[j])
+            r, ej, tj, pj = r_all[j], est_all[j], tol_all[j], prev_all[j]
             if r >= 1:
                 why.append(f"basis too far (scaled off-diagonal ||Ohat||_F = {r:.2g} >= 1)")
             elif k >= max_iter:
                 why.append(f"{k} refinement steps left the estimate {ej:.2e} > tol {tj:.2e}")
-            elif k > 0 and ej > 0.25 * float(prev[j]):
-                why.append(f"not converging (estimate {float(prev[j]):.2e} -> {ej:.2e}, tol {tj:.2e})")
+            elif k > 0 and ej > 0.25 * pj:
+                why.append(f"not converging (estimate {pj:.2e} -> {ej:.2e}, tol {tj:.2e})")
             else:
                 why.append("")
         self._clusters(rest)
