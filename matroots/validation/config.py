@@ -36,8 +36,18 @@ A config looks like (see ``experiments/configs/validate_demo.toml``)::
     tasks = ["digits"]       # optional: only these tasks
     options = { grafting = "adam", max_preconditioner_dim = 256 }
 
+    [[optimizers]]
+    name = "soap"            # eigenvalue-corrected Shampoo (shampoo.SOAP as the group's preconditioner)
+    lr = [1e-3, 3e-3]
+    basis_update = ["eigh_warm", "qr"]   # shampoo.SOAP.basis_update values
+    precondition_frequency = [10]
+    eps = [1e-8]             # SOAP's Adam eps
+    options = { betas = [0.95, 0.95] }   # Shampoo keyword arguments (defaults below)
+
 Every Shampoo entry is the cross product of its root solvers, dtypes, eps and frequencies (``"all"``
-as ``root_solver`` means every registered solver). Every optimizer config of a task runs on the same
+as ``root_solver`` means every registered solver); every SOAP entry the cross product of its basis
+updates, eps and frequencies (SOAP defaults: ``grafting="none"``, ``start_preconditioning_step=1``,
+``max_preconditioner_dim=256``: SOAP as published). Every optimizer config of a task runs on the same
 seeds, hence the same initial weights and data order.
 """
 
@@ -56,7 +66,7 @@ from typing import Any
 from ..errors import InvalidArgumentError
 from .tasks import TASKS
 
-OPTIMIZERS = ("adamw", "sgd", "shampoo")
+OPTIMIZERS = ("adamw", "sgd", "shampoo", "soap")
 DTYPES = {"fp64": "fp64", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 BASELINE = "adamw"  # the optimizer whose best final validation loss is every task's target
 
@@ -90,6 +100,8 @@ class OptimizerSpec:
             object.__setattr__(self, "label", self.default_label())
 
     def default_label(self) -> str:
+        if self.name == "soap":
+            return f"soap[{self.solver_label}|eps={self.eps:g}|f={self.precondition_frequency}]"
         if self.name != "shampoo":
             return self.name
         mode = "rel" if self.eps_mode == "relative" else "abs"
@@ -141,7 +153,7 @@ class ValidationGrid:
         ``order = "task"`` (default) runs task by task; ``order = "seed"`` runs seed by seed (every task's
         first seed first), so that an interrupted or partial run already covers every task."""
         out: list[Unit] = []
-        rank = {n: i for i, n in enumerate((BASELINE, "sgd", "shampoo"))}
+        rank = {n: i for i, n in enumerate((BASELINE, "sgd", "shampoo", "soap"))}
         entries = sorted(self.entries, key=lambda e: rank[e[0].name])
         pairs = [(t, seed) for t in self.tasks for seed in (t.seeds or self.seeds)]
         if self.order == "seed":
@@ -219,6 +231,33 @@ def _solvers(value: Any, where: str) -> list[tuple[str, dict[str, Any], str]]:
     return out
 
 
+def _soap_specs(o: dict[str, Any], opts: dict[str, Any], where: str) -> list[OptimizerSpec]:
+    """The SOAP configs of an entry: basis updates x eps x precondition frequencies."""
+    from shampoo.transforms.soap import BASIS_UPDATES
+
+    bases = o.get("basis_update", ["eigh_warm"])
+    bases = bases if isinstance(bases, list) else [bases]
+    for b in bases:
+        if b not in BASIS_UPDATES:
+            raise _bad(f"{where}: basis_update {b!r} not one of {BASIS_UPDATES}")
+    epss = o.get("eps", [1e-8])
+    epss = epss if isinstance(epss, list) else [epss]
+    for e in epss:
+        if isinstance(e, bool) or not isinstance(e, int | float) or e < 0:
+            raise _bad(f"{where}: SOAP eps must be numbers >= 0, got {e!r}")
+    freqs = [int(f) for f in o.get("precondition_frequency", [10])]
+    out = []
+    for b, e, f in itertools.product(bases, epss, freqs):
+        spec = OptimizerSpec(
+            name="soap", options=opts, root_solver=b, solver_label=b, root_dtype="fp32", eps=float(e),
+            precondition_frequency=f,
+        )  # fmt: skip
+        if o.get("label"):
+            spec = dataclasses.replace(spec, label=o["label"] + spec.default_label()[len("soap") :])
+        out.append(spec)
+    return out
+
+
 def from_dict(raw: dict[str, Any]) -> ValidationGrid:
     """Validate a parsed config (see the module docstring) and build the grid."""
     known = {"name", "seeds", "tasks", "optimizers", "timing", "diagnostics", "order"}
@@ -259,6 +298,8 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
         allowed = {"name", "lr", "options", "tasks", "label"}
         if oname == "shampoo":
             allowed |= {"root_solver", "root_dtype", "eps", "precondition_frequency"}
+        if oname == "soap":
+            allowed |= {"basis_update", "eps", "precondition_frequency"}
         bad = set(o) - allowed
         if bad:
             raise _bad(f"{where}: unknown keys {sorted(bad)} for {oname}; allowed: {sorted(allowed)}")
@@ -270,6 +311,9 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
             if t not in TASKS:
                 raise _bad(f"{where}: tasks lists unknown task {t!r}")
         opts = dict(o.get("options", {}))
+        if oname == "soap":
+            entries.extend((spec, lrs, only) for spec in _soap_specs(o, opts, where))
+            continue
         if oname != "shampoo":
             entries.append((OptimizerSpec(name=oname, options=opts, label=o.get("label", "")), lrs, only))
             continue

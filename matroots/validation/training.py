@@ -67,6 +67,8 @@ def make_optimizer(unit: Unit, model: torch.nn.Module) -> torch.optim.Optimizer:
     if spec.name == "sgd":
         opts.setdefault("momentum", 0.9)
         return torch.optim.SGD(model.parameters(), lr=lr, **opts)
+    if spec.name == "soap":
+        return _make_soap(spec, lr, opts, model)
     import shampoo
     from shampoo.config import default_root_solver
 
@@ -99,6 +101,26 @@ def make_optimizer(unit: Unit, model: torch.nn.Module) -> torch.optim.Optimizer:
         precondition_frequency=spec.precondition_frequency,
         root_solver=cfg,
         root_dtype=precision.as_dtype(spec.root_dtype),
+        **opts,
+    )
+
+
+def _make_soap(spec: Any, lr: float, opts: dict[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
+    """Shampoo with :class:`shampoo.SOAP` (basis update ``spec.root_solver``, Adam eps ``spec.eps``) as
+    the preconditioner; defaults as published: no grafting, preconditioned from step 1, blocks <= 256.
+    ``soap_beta2`` in the options is SOAP's own second-moment beta (default: betas[1])."""
+    import shampoo
+
+    if "betas" in opts:
+        opts["betas"] = tuple(opts["betas"])
+    pre = shampoo.SOAP(beta2=opts.pop("soap_beta2", None), eps=spec.eps, basis_update=spec.root_solver)
+    opts.setdefault("max_preconditioner_dim", 256)
+    opts.setdefault("grafting", "none")
+    opts.setdefault("start_preconditioning_step", 1)
+    return shampoo.Shampoo(
+        [{"params": list(model.named_parameters()), "preconditioner": pre}],
+        lr=lr,
+        precondition_frequency=spec.precondition_frequency,
         **opts,
     )
 
@@ -224,7 +246,7 @@ def root_rows(opt: Any, unit: Unit, step: int) -> list[dict[str, Any]]:
         row.update(step=step, fresh=bool(r.get("root_step") == r.get("step")), sampled=i in picks)
         row.update(forward_error=math.nan, forward_error_total=math.nan, forward_error_solved=math.nan)
         row["eps_abs_reference"] = math.nan
-        if i in picks and i < len(states) and states[i][2].has_root:
+        if i in picks and i < len(states) and states[i][2].has_root and states[i][2].root is not None:
             f, opts = states[i][2], states[i][3]
             reg = _reported(r, "regularisation")
             row.update(root_forward_errors(f, opts, unit.reference_eps, unit.reference_eps_mode, reg))
@@ -297,7 +319,7 @@ def identity(unit: Unit) -> dict[str, Any]:
         "root_solver": s.solver_label,
         "root_method": s.root_solver,
         "root_dtype": s.root_dtype,
-        "eps": s.eps if s.name == "shampoo" else math.nan,
+        "eps": s.eps if s.name in ("shampoo", "soap") else math.nan,
         "eps_mode": s.eps_mode,
         "precondition_frequency": s.precondition_frequency,
     }
