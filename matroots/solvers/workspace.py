@@ -8,8 +8,9 @@ pays ~500 faults per 2 MiB buffer on every call. Measured (torch 2.13 CPU, one t
 the heap. That made batching lose a part of what it saves.
 
 :class:`Buffers` keeps the scratch tensors of one shape, dtype and device per thread between calls:
-the most recent two sets whose total size is at most ``CACHE_BYTES`` (32 MiB each); larger sets are
-allocated per call, where the faults cost little next to the O(n^3) work. A set is taken out of the
+the most recent two sets whose total size is at most ``CACHE_BYTES`` (48 MiB each: the nine buffers
+of a p = 4 solve of 32 x 128 or 8 x 256 in fp64 take 36 MiB); larger sets are allocated per call,
+where the faults cost little next to the O(n^3) work. A set is taken out of the
 cache while in use, so a nested or concurrent call (another thread) never shares it. Callers must not
 return a buffer (or a view of one) to their own caller: results are fresh tensors.
 """
@@ -21,7 +22,7 @@ import threading
 
 import torch
 
-CACHE_BYTES = 32 * 2**20
+CACHE_BYTES = 48 * 2**20
 _local = threading.local()
 
 
