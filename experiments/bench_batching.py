@@ -15,59 +15,65 @@ batched LAPACK call vs one per block), ``coupled_newton`` (default scaling) and 
 with ``scaling="frobenius"`` (the issue's measurement). Inverse 4th root (Shampoo's p), fp32 (``--dtype``).
 
 Timing: process CPU time (``time.process_time``) with ``torch.set_num_threads(1)``, so other load on
-the machine does not count; batch and loop are interleaved (the order alternates every repeat) after
-one untimed warm-up each; the table shows the median and the minimum over ``--repeats`` and the
-speedup loop / batch of the medians (> 1: the batch is faster). The load average is printed before
-and after.
+the machine does not count (``--threads N`` > 1 switches to the wall clock, which CPU time cannot
+show); batch, loop and the kernel floor are interleaved (the order alternates every repeat) after one
+untimed warm-up each; the table shows the median and the minimum over ``--repeats`` and the speedup
+loop / batch of the medians (> 1: the batch is faster). The load average is printed before and after.
 
-Measured (2026-12-01, this 2-core CPU shared with ~8 engineers, load average 7.0 before / 6.8 after,
-torch 2.13 CPU with MKL, one thread, fp32, p = 4, ``--repeats 9``): CPU seconds per stack (median),
-speedup = loop / batch; ``before`` is the same benchmark on the code before the active set (commit
-d183dea, 7 repeats, load 10-13).
+``floor`` is the part of the loop that a batch has to execute too, timed on its own: for eigh one
+syevd per matrix plus the root's GEMM W W^T; for coupled Newton the products the iterations executed
+(``info["newton_matmuls"]``, the same for batch and loop) as 2-D GEMMs on one matrix's (cache-hot)
+buffers, the three passes over M per step (T, M - I, its norm) and, for the default scaling, the
+Lanczos estimate in its batched form. Batched kernels cost the same per matrix as 2-D ones (the
+``one p = 4 Newton step`` line), so ``max`` = loop / floor bounds what batching can gain.
 
-    stack   spectrum method        batch   loop   speedup  before   Newton steps lockstep/executed
-    32x128  uniform  eigh          0.020  0.031    1.53      -
-    32x128  uniform  newton        0.070  0.125    1.80     1.80     384/384
-    32x128  uniform  newton_frob   0.058  0.068    1.16     1.12     448/448
-    32x128  mixed    eigh          0.021  0.032    1.56      -
-    32x128  mixed    newton        0.068  0.122    1.79     1.30     544/359
-    32x128  mixed    newton_frob   0.059  0.067    1.13     0.74     608/414
-    8x256   uniform  eigh          0.025  0.026    1.05      -
-    8x256   uniform  newton        0.098  0.104    1.05     1.03      96/96
-    8x256   uniform  newton_frob   0.104  0.099    0.95     0.93     112/112
-    8x256   mixed    eigh          0.023  0.026    1.15      -
-    8x256   mixed    newton        0.102  0.105    1.03     0.68     136/90
-    8x256   mixed    newton_frob   0.104  0.098    0.95     0.67     152/107
-    one p = 4 Newton step: 32x128 batched 3.40 ms vs 3.88 ms as 32 single steps; 8x256 6.70 vs 6.82 ms
+Measured (2026-12-01, this 2-core CPU shared with ~6 engineers, torch 2.13 CPU with MKL, one thread,
+fp32, p = 4, ``--repeats 7``; ``before`` = the same benchmark on commit f0c60a2, run just before in
+a git worktree at load 6.3-7.9; ``after`` at load 7.9-10.2): CPU seconds per stack (median),
+speedup = loop / batch.
 
-fp64 (``--dtype fp64 --repeats 7``, load 6.4 / 6.6), speedup loop / batch:
+    stack   spectrum method        batch   loop   speedup  before   floor   max   steps lockstep/exec
+    32x128  uniform  eigh          0.021  0.034    1.63     1.61    0.019  1.81
+    32x128  uniform  newton        0.067  0.131    1.95     1.76    0.050  2.61    384/384
+    32x128  uniform  newton_frob   0.057  0.074    1.31     1.14    0.044  1.70    448/448
+    32x128  mixed    eigh          0.020  0.033    1.65     1.55    0.019  1.76
+    32x128  mixed    newton        0.066  0.127    1.94     1.81    0.048  2.65    544/359
+    32x128  mixed    newton_frob   0.054  0.072    1.34     1.12    0.042  1.73    608/414
+    8x256   uniform  eigh          0.023  0.027    1.16     1.14    0.022  1.26
+    8x256   uniform  newton        0.103  0.115    1.12     1.02    0.082  1.40     96/96
+    8x256   uniform  newton_frob   0.107  0.107    1.00     0.99    0.088  1.22    112/112
+    8x256   mixed    eigh          0.024  0.029    1.19     1.14    0.022  1.32
+    8x256   mixed    newton        0.102  0.110    1.08     1.02    0.078  1.42    136/90
+    8x256   mixed    newton_frob   0.115  0.107    0.93     0.96    0.081  1.31    152/107
+    one p = 4 Newton step: 32x128 batched 4.46 ms vs 4.63 ms as 32 single steps; 8x256 7.82 vs 7.68 ms
 
-    stack   spectrum   eigh   newton   newton_frob   (batch s: eigh / newton / newton_frob)
-    32x128  uniform    1.31    1.29      0.97         0.033 / 0.147 / 0.144
-    32x128  mixed      1.36    1.33      0.94         0.032 / 0.135 / 0.138
-    8x256   uniform    1.07    0.98      0.94         0.035 / 0.226 / 0.248
-    8x256   mixed      1.08    0.96      0.96         0.035 / 0.213 / 0.227
-    one p = 4 Newton step: 32x128 batched 6.83 ms vs 7.20 ms as single steps; 8x256 13.67 vs 13.95 ms
+fp64 (``--dtype fp64 --repeats 5``, load 10-12, before / after), speedup loop / batch:
 
-Batch and loop roots are bitwise equal in every case, fp32 and fp64 (``max diff`` 0). The active set
-removed the waiting (fp32): mixed stacks went from 0.67-0.74x of the loop to 0.95-1.13x with Frobenius scaling, and from
-0.68-1.30x to 1.03-1.79x with the default scaling. The target of >= 1.3x faster than the loop is met
-for 32 x 128 with eigh and default coupled Newton (fp64: 1.29-1.36, at the edge), and **not** met for 32 x 128 Frobenius Newton nor
-for anything at 8 x 256, and cannot be on one CPU thread: the batch now executes exactly the loop's
-products (last column), and a batched GEMM costs the same per matrix as a 2-D one (the step line), so
-batching can only save the per-call costs, speedup ~ 1 + (b - 1) overhead / work. Those costs are
-large for the default scaling (24 Lanczos steps of ~10 small torch calls each per call) and small for
-Frobenius (a norm), and the work grows as n^3 while the overhead does not. eigh's batched LAPACK path
-is one syevd per matrix as well (~3 ms per 256 x 256 either way), so it gains only the per-call
-validation. At 8 x 256 the batched products inside the real iteration ran ~6% slower than the same
-products as 2-D mm on each solve's own small buffers (cProfile, process time: 0.465-0.474 s vs
-0.439-0.444 s of torch.matmul for 5 solves of the stack); the isolated step above does not show it,
-and it is what puts Frobenius at 0.94-0.97 (fp32 8 x 256, fp64 both shapes; not resolved).
+    stack   spectrum   eigh          newton        newton_frob   (after: floor max eigh / newton / frob)
+    32x128  uniform    1.44 / 1.47   1.07 / 1.37   0.87 / 1.03   1.77 / 2.11 / 1.43
+    32x128  mixed      1.40 / 1.45   1.30 / 1.47   0.94 / 1.00   1.72 / 2.09 / 1.50
+    8x256   uniform    1.08 / 1.09   0.97 / 1.03   0.89 / 0.95   1.23 / 1.21 / 1.14
+    8x256   mixed      1.11 / 1.09   0.94 / 0.97   0.89 / 0.98   1.19 / 1.21 / 1.16
+
+Batch and loop roots are bitwise equal in every case (``max diff`` 0). What changed (issue 15): the
+coupled Newton work buffers are reused across calls (:mod:`matroots.solvers.workspace`): a batched
+solve of 32 x 128 or 8 x 256 fp32 paid 4000-4800 page faults per call (fresh 2 MiB buffers, which
+glibc hands back to the kernel on free; 3-5 ms), the loop over its blocks ~150 in all; departures fill
+their row from the end of the active set (one move each); the roots are scaled as elements leave.
+That put 32 x 128 Frobenius at 1.31-1.34 (was 1.12-1.14). The >= 1.3x target is met for every
+32 x 128 case in fp32 (fp64: eigh and default Newton, not Frobenius, 1.00-1.03 with max 1.43-1.50),
+and **cannot be met at 8 x 256**: 70-88% of the loop there is syevd or GEMM work that a batch executes
+too at the same cost per matrix (``max`` 1.22-1.32 for eigh and Frobenius, 1.40-1.42 for default
+Newton in fp32, 1.14-1.23 in fp64); only the rest (validation, the spectral estimate, the per-step
+scalars) can be saved. ``max`` is optimistic (cache-hot 2-D kernels): the batch's own products stream
+b matrices through the cache and run a few % slower than the loop's (fp32 8 x 256: ~195 vs ~180 us per
+GEMM in cProfile), which is what keeps Frobenius there at 0.93-1.00.
 
     python experiments/bench_batching.py                    # all cases, 7 repeats (~2 min)
     python experiments/bench_batching.py --dtype fp64
     python experiments/bench_batching.py --repeats 3 --shapes 32x128
     python experiments/bench_batching.py --json runs/bench_batching.json
+    python experiments/bench_batching.py --threads 2     # wall clock
 """
 
 from __future__ import annotations
