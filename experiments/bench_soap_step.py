@@ -99,7 +99,7 @@ def run(task_name: str, rounds: int, frequency: int, lr: float, batch_size: int 
         for r in d.rows()
         if str(r.get("solver", "")).startswith("soap")
     ]
-    warm = [r["warm"] for r in soap_rows]
+    warm = [str(r["warm"]).split(" (")[0] for r in soap_rows]  # verdicts without their numbers
     return {
         "task": task_name,
         "params": sum(p.numel() for p in base.parameters()),
