@@ -43,6 +43,25 @@ machine: each pass over a batch of 256 x 256 fp32 matrices costs 0.2-0.5 GEMM he
 the memory bandwidth is shared with the other load), and the fixed per-call cost (~1-3 ms) dominates at
 n <= 128. The target of <= 3 GEMM-equivalents per update is not met on this CPU.
 
+Issue 15 follow-up (same day, load ~9): ``--quick`` gives fp32 every 10 n=64/128/256 218/83/35 GEMM-eq
+vs eigh 86/33/14 (errors within the bound: max err/bound 0.23 warm, 0.15 cold; est >= err 0.93-1.00).
+``experiments/ab_eigh_warm.py --before f0c60a2`` (the module at session start against the current one,
+interleaved in one process, 7 rounds x 4 models, every 10; roots bitwise equal, same paths):
+
+    fp32   n=64  158 -> 155 (eigh 77)   n=128 93 -> 88 (eigh 34)    n=256 39 -> 36 (eigh 13)
+    fp64   n=64  228 -> 217 (eigh 57)   n=128 101 -> 98 (eigh 22)   n=256 33 -> 32 (eigh 11)
+
+(two fresh n x n buffers fewer per refinement step: S and Q^T Q reuse those of A Q and Q^T A Q). Why
+<= 3 is out of reach on this CPU, with numbers: (1) by construction only an update *accepted at once*
+costs 3 GEMMs (Q^T A Q: 2, the root: 1); a refined one counts 8-13 (``GEMMs`` column: 9-11 at n >= 128,
+where no update was accepted at once at every 10 steps in fp32, and every fp64 update at n >= 128 fell
+back to eigh after its refinement steps); (2) the eager per-call floor: an accepted fp32 update of the
+4 x 64 batch issues 357 torch operations (1.23 ms; eigh's call 114 operations, 1.04 ms) while the
+batched GEMM it is measured in takes 11 us and one tiny operation ~2.6 us, so the dispatch alone is
+~80 GEMM-equivalents at n = 64; (3) page faults of fresh n x n temporaries are 10-15% of a call at
+n >= 128 (with ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` raised: 88 -> 79 at n = 128,
+37 -> 31 at n = 256). No factor sequence of n = 512 in this family; not measured there.
+
     python experiments/bench_eigh_warm.py                   # fp32 + fp64, every 10 and 1 (~10 min)
     python experiments/bench_eigh_warm.py --quick           # fp32, every 10, fewer rounds
     python experiments/bench_eigh_warm.py --json runs/bench_eigh_warm.json
