@@ -353,3 +353,29 @@ def test_digits_mlp_trains_and_is_comparable_to_shampoo() -> None:
         finals[name] = task.evaluate(model)["val_loss"]
         assert finals[name] < 0.5 * start, (name, start, finals[name])
     assert finals["soap"] < 1.5 * finals["shampoo"], finals
+
+
+def test_non_finite_statistics_are_reset_and_the_basis_kept() -> None:
+    """One huge gradient overflows G G^T in fp32 (and V): the statistics are reset with a warning at
+    the next refresh (the previous basis kept: still orthonormal), and training goes on finite."""
+    W = nn.Parameter(torch.zeros(4, 3))
+    opt = shampoo.Shampoo(
+        [{"params": [W], "preconditioner": shampoo.SOAP(basis_update="eigh")}], lr=1e-2, grafting="none",
+        start_preconditioning_step=1, precondition_frequency=2, merge_dims=False,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        W.grad = torch.randn(4, 3, generator=g)
+        opt.step()
+    blk = opt.state[W].blocks[0]
+    W.grad = torch.full((4, 3), 1e30)  # finite, but its square overflows fp32
+    with pytest.warns(shampoo.FactorResetWarning):
+        for _ in range(3):
+            opt.step()
+            W.grad = torch.randn(4, 3, generator=g)
+    f = blk.factors[0]
+    assert f.factor_resets == 1 and "reset" in f.error
+    Q = blk.tensors["factors.0.eigenbasis"]
+    torch.testing.assert_close(Q.T @ Q, torch.eye(4), atol=1e-5, rtol=0)
+    assert bool(torch.isfinite(W).all())
+    assert bool(torch.isfinite(blk.tensors["second_moment"]).all())
