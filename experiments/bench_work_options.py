@@ -16,6 +16,10 @@ of numpy/scipy limited to one thread), configurations interleaved ABAB... in one
   - ``bf16_out``: a bf16 ``bmm`` whose output is rounded to bf16 (what CPU torch offers natively,
     AMX/oneDNN) added into the fp32 factor: *not* fp32 accumulation, shown for its speed only.
 
+  syrk and tri2 are measured, not shipped: syrk is cheaper only with its BLAS pinned to one thread
+  (as here) and gives 2-25x slower steps under OpenBLAS's default thread pool; tri2's best case is
+  ~0.5% of W1's step (see shampoo.config.GroupOptions).
+
 * ``w1``: the optimizer step of workload W1 (docs/design.md §7; 4-layer encoder, d_model 256,
   blocks 256, precondition_frequency 10, Adam grafting, eigh) per Shampoo option setting, on real W1
   gradients replayed in the same order for every configuration, against AdamW; the saving per step,
@@ -153,9 +157,7 @@ W1_OPTIONS: dict[str, dict[str, object]] = {
     "statfreq5": {"statistics_frequency": 5},
     "statfreq10": {"statistics_frequency": 10},
     "bf16stats": {"statistics_dtype": torch.bfloat16},
-    "syrk": {"statistics_product": "syrk"},
-    "auto": {"statistics_product": "auto"},
-    "allon": {"statistics_frequency": 5, "statistics_dtype": torch.bfloat16, "statistics_product": "auto"},
+    "allon": {"statistics_frequency": 5, "statistics_dtype": torch.bfloat16},
 }
 
 

@@ -345,7 +345,6 @@ CONFIG_KEYS = (
     *STRUCTURAL_KEYS, "grafting", "root_solver", "root_dtype", "failure", "preconditioner", "statistics_dtype",
 )  # fmt: skip
 STATISTICS_DTYPES = (torch.bfloat16,)
-STATISTICS_PRODUCTS = ("gemm", "syrk", "auto")
 
 
 def _check_beta(b: float, name: str, *, allow_one: bool) -> None:
@@ -396,13 +395,10 @@ class GroupOptions:
     ``out_dtype`` fp32 (tensor cores); on CPU torch has no bf16 x bf16 -> fp32 kernel, so the rounded
     G goes through the fp32 kernel: same result, no saving (measured: 1.1-1.2x the fp32 update).
 
-    ``statistics_product`` ("gemm", "syrk" or "auto", default "gemm"): the kernel of G G^T. "gemm":
-    ``baddbmm`` (both triangles); "syrk": BLAS ``?syrk`` through scipy, one call per block, upper
-    triangle only (half the flops; the lower triangle is scratch, mirrored before any read as for
-    "gemm"); CPU fp32/fp64 factors only (refused elsewhere); "auto": syrk on CPU for n >= 256, where
-    it was measured cheaper (one thread, fp32: 0.72x baddbmm at n 256, 0.58x at 1024; slower at 64,
-    even at 128), else baddbmm. scipy's BLAS has its own thread pool (OPENBLAS_NUM_THREADS or
-    threadpoolctl), separate from ``torch.set_num_threads``.
+    A symmetric-product path for G G^T (BLAS ``?syrk``, upper triangle only) was measured and is
+    not offered: 0.58-0.72x baddbmm's time at n 256-1024 in isolation with its BLAS pinned to one
+    thread, but 2-25x slower steps where scipy's OpenBLAS runs its own thread pool (its default; the
+    validation runner, W1), and at most ~1% of W1's step when pinned (docs/design.md).
     """
 
     lr: float
@@ -431,7 +427,6 @@ class GroupOptions:
     maximize: bool = False
     statistics_frequency: int = 1
     statistics_dtype: torch.dtype | None = None
-    statistics_product: str = "gemm"
     # A per-block preconditioner transform replacing the Kronecker one of the group's Shampoo blocks
     # (the interface: shampoo.transforms.Preconditioner); a param-group key, None: Kronecker factors.
     preconditioner: Any = None
@@ -492,10 +487,6 @@ class GroupOptions:
             raise ValueError(
                 f"statistics_dtype={sd} needs factor_dtype float32 or float64 (the accumulation format), "
                 f"got factor_dtype={self.factor_dtype}"
-            )
-        if self.statistics_product not in STATISTICS_PRODUCTS:
-            raise ValueError(
-                f"statistics_product must be one of {STATISTICS_PRODUCTS}, got {self.statistics_product!r}"
             )
         for name in ("factor_dtype", "root_dtype"):
             dt = getattr(self, name)

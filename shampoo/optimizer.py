@@ -139,8 +139,7 @@ class Shampoo(torch.optim.Optimizer):
         statistics_frequency: update the Kronecker factors every this many steps (at the steps t
             with (t - start_preconditioning_step) % k == 0, with that step's gradient; beta2 and the
             bias correction count updates). statistics_dtype: None or torch.bfloat16 (G rounded to
-            bf16, G G^T accumulated in factor_dtype). statistics_product: "gemm" (baddbmm), "syrk"
-            (BLAS, upper triangle, CPU) or "auto". Exact semantics and measured costs:
+            bf16, G G^T accumulated in factor_dtype). Exact semantics and measured costs:
             :class:`shampoo.config.GroupOptions`.
         foreach, fused, capturable, differentiable: torch.optim's implementation flags. Shampoo always
             uses the ``torch._foreach_*`` kernels, so ``foreach`` may be None or True (False is
@@ -194,7 +193,6 @@ class Shampoo(torch.optim.Optimizer):
         maximize: bool = False,
         statistics_frequency: int = 1,
         statistics_dtype: torch.dtype | None = None,
-        statistics_product: str = "gemm",
         foreach: bool | None = None,
         fused: bool | None = None,
         capturable: bool = False,

@@ -55,13 +55,12 @@ def pipeline_for(kind: BlockKind, opts: GroupOptions) -> Pipeline:
 
 def kronecker_for(opts: GroupOptions) -> Kronecker:
     """The Kronecker transform of a group: beta2 and the statistics options (statistics_frequency,
-    statistics_dtype, statistics_product; see :class:`shampoo.config.GroupOptions`)."""
+    statistics_dtype; see :class:`shampoo.config.GroupOptions`)."""
     return Kronecker(
         beta2=opts.beta2,
         statistics_frequency=opts.statistics_frequency,
         start=opts.start_preconditioning_step,
         statistics_dtype=opts.statistics_dtype,
-        statistics_product=opts.statistics_product,
     )
 
 

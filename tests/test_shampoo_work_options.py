@@ -7,8 +7,6 @@
 * ``statistics_dtype=torch.bfloat16``: the factor equals the statistics of the bf16-rounded
   gradient computed independently in float64 within the fp32 accumulation bound (and is measurably
   not the statistics of the unrounded gradient).
-* ``statistics_product="syrk"``: BLAS syrk statistics equal baddbmm's within the fp32 bound (fp64:
-  1e-13) on row-major, transposed and 3-D blocks; "auto" keeps baddbmm below n = 256.
 """
 
 from __future__ import annotations
@@ -181,7 +179,7 @@ def test_statistics_frequency_per_parameter_steps():
 
 @pytest.mark.parametrize("cut", [5, 6, 7])
 def test_resume_mid_period_is_bitwise(cut):
-    kw = dict(statistics_frequency=3, statistics_product="auto", statistics_dtype=torch.bfloat16)
+    kw = dict(statistics_frequency=3, statistics_dtype=torch.bfloat16)
     pa, pb = _params(torch.float32), _params(torch.float32)
     kw32 = dict(factor_dtype=torch.float32, root_dtype=torch.float32, **kw)
     A = _opt(pa, **kw32)
@@ -273,7 +271,6 @@ def test_bf16_statistics_are_fp32_statistics_of_the_rounded_gradient():
 def test_bf16_statistics_train_and_off_by_default():
     assert GroupOptions.__dataclass_fields__["statistics_dtype"].default is None
     assert GroupOptions.__dataclass_fields__["statistics_frequency"].default == 1
-    assert GroupOptions.__dataclass_fields__["statistics_product"].default == "gemm"
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     X, Y = torch.randn(64, 8), torch.randn(64, 1)
@@ -293,53 +290,6 @@ def test_bf16_statistics_train_and_off_by_default():
 
 
 # ----------------------------------------------------------------------------------------------------
-# syrk
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_syrk_equals_gemm(dtype):
-    g = torch.Generator().manual_seed(7)
-    ps = {
-        "w": nn.Parameter(torch.randn(40, 300, generator=g, dtype=dtype)),  # L 40x40 from 300 columns
-        "t": nn.Parameter(torch.randn(6, 10, 7, generator=g, dtype=dtype)),  # 3-D (copy path)
-    }
-    pg = {k: nn.Parameter(v.detach().clone()) for k, v in ps.items()}
-    kw = dict(factor_dtype=dtype, root_dtype=dtype, precondition_frequency=1000)
-    S = _opt(ps, statistics_product="syrk", **kw)
-    M = _opt(pg, statistics_product="gemm", **kw)
-    grads = _grads(4, ps)
-    for gr in grads:
-        _step(S, ps, gr)
-        _step(M, pg, gr)
-    u = 2.0**-24 if dtype == torch.float32 else 2.0**-53
-    for name in ps:
-        for dim, (x, y) in enumerate(zip(_factors(S, ps[name]), _factors(M, pg[name]), strict=True)):
-            gs = [np.moveaxis(gr[name].double().numpy(), dim, 0).reshape(x.shape[0], -1) for gr in grads]
-            ref, A = _abs_stats(gs, 0.95)
-            bound = (gs[0].shape[1] + 12) * u * A
-            assert (np.abs(x.double().numpy() - ref) <= bound).all(), (name, dim)
-            assert (np.abs(y.double().numpy() - ref) <= bound).all(), (name, dim)
-            assert torch.equal(x, x.mT)  # mirrored upper triangle
-    # the R factor of "w" comes from a transposed (column-major) view: no copy, same numbers
-
-
-def test_auto_product_keeps_gemm_below_256_and_refuses_bad_syrk():
-    p, q = _params(torch.float32), _params(torch.float32)
-    kw = dict(factor_dtype=torch.float32, root_dtype=torch.float32)
-    A, B = _opt(p, statistics_product="auto", **kw), _opt(q, **kw)
-    for gr in _grads(6, p):
-        _step(A, p, gr)
-        _step(B, q, gr)
-    for k in p:
-        assert torch.equal(p[k], q[k])
-    w = nn.Parameter(torch.randn(4, 4, dtype=torch.bfloat16))
-    opt = shampoo.Shampoo([w], statistics_product="syrk", factor_dtype=torch.bfloat16)
-    w.grad = torch.randn(4, 4, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="statistics_product='syrk' needs CPU factors in float32 or float64"):
-        opt.step()
-
-
-# ----------------------------------------------------------------------------------------------------
 # validation
 
 
@@ -354,10 +304,6 @@ def test_auto_product_keeps_gemm_below_256_and_refuses_bad_syrk():
         (
             {"statistics_dtype": torch.bfloat16, "factor_dtype": torch.bfloat16},
             r"statistics_dtype=torch.bfloat16 needs factor_dtype float32 or float64",
-        ),
-        (
-            {"statistics_product": "syrc"},
-            r"statistics_product must be one of \('gemm', 'syrk', 'auto'\), got 'syrc'",
         ),
     ],
 )
@@ -375,7 +321,6 @@ def test_bad_options_are_refused(kw, match):
 DIST_KW = dict(
     lr=3e-2, betas=(0.9, 0.99), eps=1e-4, max_preconditioner_dim=6, precondition_frequency=2,
     start_preconditioning_step=2, statistics_frequency=2, statistics_dtype=torch.bfloat16,
-    statistics_product="syrk",
 )  # fmt: skip
 
 

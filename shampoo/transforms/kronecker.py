@@ -27,8 +27,8 @@ Options that reduce the statistics work (GroupOptions fields; all off by default
   dtype (fp32): the semantics of a bf16 GEMM with fp32 accumulation and output (CUDA: one
   ``baddbmm`` with ``out_dtype``; CPU has no such kernel, so the bf16-rounded G is multiplied by the
   fp32 kernel, exact products and the same fp32 sums).
-* ``statistics_product = "syrk"`` (or ``"auto"``): the symmetric rank-m update of BLAS ``?syrk``
-  (upper triangle only, half the flops; CPU fp32/fp64 through scipy's BLAS, one call per block).
+* a symmetric-product kernel (BLAS ``?syrk``) was measured and not adopted: see
+  :class:`shampoo.config.GroupOptions` and experiments/bench_work_options.py.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import STATISTICS_PRODUCTS
 from ..roots import RootJob
 from ..state import FactorState
 from .base import Stack, StepContext
@@ -85,12 +84,6 @@ class KroneckerState:
     records: list[list[FactorState]] = field(default_factory=list)  # [slot][position]
 
 
-#: Block sizes from which ``statistics_product="auto"`` uses syrk on CPU: measured
-#: (experiments/bench_work_options.py gemm, one thread, fp32): syrk / baddbmm = 1.41 at n 64,
-#: 0.97 at 128, 0.72 at 256, 0.63 at 512, 0.58 at 1024.
-SYRK_MIN_N = 256
-
-
 def statistics_due(t: int, k: int, start: int) -> bool:
     """Whether parameter step t updates the factors (``statistics_frequency`` k)."""
     return k == 1 or (t - start) % k == 0
@@ -107,41 +100,12 @@ def statistics_updates(t: int, k: int, start: int) -> int:
     return 0 if t < first else (t - first) // k + 1
 
 
-def syrk_available(F: torch.Tensor) -> bool:
-    """Whether the BLAS syrk path can update F (CPU, fp32/fp64, scipy importable)."""
-    if F.device.type != "cpu" or F.dtype not in (torch.float32, torch.float64):
-        return False
-    try:
-        import scipy.linalg.blas  # noqa: F401
-    except ImportError:  # pragma: no cover - scipy is a dependency of matroots
-        return False
-    return True
-
-
-def _syrk_(F: torch.Tensor, X: torch.Tensor, beta: float, alpha: float) -> None:
-    """F[i] <- beta F[i] + alpha X[i] X[i]^T on the upper triangle of each (contiguous) F[i], by BLAS
-    ``?syrk``, in place. The lower triangles are not written (scratch, see ``mirror_upper_``)."""
-    from scipy.linalg import blas
-
-    syrk = blas.ssyrk if F.dtype == torch.float32 else blas.dsyrk
-    if X.dtype != F.dtype:
-        X = X.to(F.dtype)
-    for f, x in zip(F, X, strict=True):
-        c = f.numpy().T  # column-major view of F[i]^T: its lower triangle is F[i]'s upper one
-        if x.stride(-1) == 1:  # row-major x: its transpose is column-major, x x^T = (x^T)^T (x^T)
-            syrk(alpha, x.numpy().T, beta=beta, c=c, trans=1, lower=1, overwrite_c=1)
-        elif x.stride(-2) == 1:  # column-major x (a transposed view)
-            syrk(alpha, x.numpy(), beta=beta, c=c, trans=0, lower=1, overwrite_c=1)
-        else:
-            syrk(alpha, x.contiguous().numpy().T, beta=beta, c=c, trans=1, lower=1, overwrite_c=1)
-
-
 @dataclass(frozen=True)
 class Kronecker:
     """Shampoo's per-block preconditioner: beta2 is the factor EMA (1.0: a sum, as AdaGrad).
 
-    ``statistics_frequency``, ``start``, ``statistics_dtype`` and ``statistics_product`` are the
-    group's options of the same names (``start`` = ``start_preconditioning_step``); see the module
+    ``statistics_frequency``, ``start`` and ``statistics_dtype`` are the group's options of the same
+    names (``start`` = ``start_preconditioning_step``); see the module
     docstring and :class:`shampoo.config.GroupOptions`.
     """
 
@@ -149,22 +113,12 @@ class Kronecker:
     statistics_frequency: int = 1
     start: int = 1
     statistics_dtype: torch.dtype | None = None
-    statistics_product: str = "gemm"
 
     def due(self, t: int) -> bool:
         return statistics_due(t, self.statistics_frequency, self.start)
 
     def updates(self, t: int) -> int:
         return statistics_updates(t, self.statistics_frequency, self.start)
-
-    def uses_syrk(self, F: torch.Tensor) -> bool:
-        """Whether the factor stack F is updated by syrk (``statistics_product``; "auto": where it was
-        measured cheaper, CPU and n >= :data:`SYRK_MIN_N`)."""
-        if self.statistics_product == "gemm":
-            return False
-        if self.statistics_product == "syrk":
-            return True
-        return F.shape[-1] >= SYRK_MIN_N and syrk_available(F)
 
     def init(self, stack: Stack) -> KroneckerState:
         dims = tuple(i for i, p in enumerate(stack.roots) if p is not None)
@@ -173,12 +127,6 @@ class Kronecker:
         for d in dims:
             n = stack.shape[d]
             st.factors.append(torch.zeros(b, n, n, dtype=stack.factor_dtype, device=stack.device))
-            if self.statistics_product == "syrk" and not syrk_available(st.factors[-1]):
-                raise ValueError(
-                    f"statistics_product='syrk' needs CPU factors in float32 or float64 (BLAS ?syrk "
-                    f"through scipy), got {stack.factor_dtype} on {stack.device}; use 'auto' (syrk "
-                    "where available and cheaper, else baddbmm) or 'gemm'"
-                )
             eye = torch.eye(n, dtype=stack.dtype, device=stack.device)
             st.roots.append(eye.expand(b, n, n).clone())
             st.records.append([])
@@ -227,8 +175,6 @@ class Kronecker:
             Gi = matricize(Gs, d)
             if fused:  # bf16/fp16 GEMM, fp32 accumulation and output (cuBLAS); not run on CPU
                 F.copy_(torch.baddbmm(F, Gi, Gi.mT, out_dtype=fdtype, beta=beta, alpha=alpha))
-            elif self.uses_syrk(F):
-                _syrk_(F, Gi, beta, alpha)
             else:
                 F.baddbmm_(Gi, Gi.mT, beta=beta, alpha=alpha)
             if sel is not None:
@@ -269,7 +215,6 @@ class Kronecker:
 
 
 __all__ = [
-    "STATISTICS_PRODUCTS",
     "Kronecker",
     "KroneckerState",
     "matricize",

@@ -19,7 +19,7 @@ Q_L, Q_R are refreshed from L and R. A block of order k has one factor and one b
 and dims above ``max_preconditioner_dim`` are cut into blocks, as for Shampoo (:mod:`shampoo.blocking`).
 Vector blocks keep the group's diagonal (Adam-style) preconditioner, as SOAP runs Adam on 1-D
 parameters. The statistics L, R are the Kronecker transform's own (upper triangle, mirrored when
-read; the group's ``statistics_frequency`` / ``statistics_dtype`` / ``statistics_product`` apply).
+read; the group's ``statistics_frequency`` / ``statistics_dtype`` apply).
 
 Choices, and where they come from:
 
