@@ -173,7 +173,7 @@ class Kronecker:
             store = state.factors[k]
             F = store if sel is None else store.index_select(0, sel)
             Gi = matricize(Gs, d)
-            if fused:  # bf16/fp16 GEMM, fp32 accumulation and output (cuBLAS); not run on CPU
+            if fused:  # bf16 GEMM, fp32 accumulation and output (cuBLAS); CUDA only, not run here
                 F.copy_(torch.baddbmm(F, Gi, Gi.mT, out_dtype=fdtype, beta=beta, alpha=alpha))
             else:
                 F.baddbmm_(Gi, Gi.mT, beta=beta, alpha=alpha)
