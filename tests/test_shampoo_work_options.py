@@ -357,3 +357,23 @@ def test_two_ranks_equal_single_process_with_options():
         for k, v in res.items():
             assert torch.equal(v, per_rank[0][k])
             torch.testing.assert_close(v, ref[k], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused bf16 -> fp32 GEMM path is CUDA only")
+def test_bf16_statistics_cuda_fused_path_matches_cpu():
+    """On CUDA the bf16 statistics use one baddbmm with out_dtype fp32; same semantics as the CPU
+    path (fp32 statistics of the bf16-rounded gradient) within the fp32 accumulation bound."""
+    g = torch.Generator().manual_seed(9)
+    grads = [torch.randn(32, 128, generator=g) * 1e-3 for _ in range(4)]
+    out = []
+    for device in ("cpu", "cuda"):
+        w = nn.Parameter(torch.zeros(32, 128, device=device))
+        opt = shampoo.Shampoo([("w", w)], statistics_dtype=torch.bfloat16, precondition_frequency=100)
+        for x in grads:
+            w.grad = x.to(device)
+            opt.step()
+        out.append([f.cpu().double().numpy() for f in _factors(opt, w)])
+    rounded = [x.to(torch.bfloat16).double().numpy() for x in grads]
+    for (c, d), gs in zip(zip(*out, strict=True), (rounded, [x.T for x in rounded]), strict=True):
+        _, A = _abs_stats(gs, 0.999)
+        assert (np.abs(c - d) <= 2 * (gs[0].shape[1] + 12) * U32 * A).all()
