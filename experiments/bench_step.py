@@ -414,7 +414,10 @@ def run_size(
             row.update(
                 cpu_total_s=e["cpu"][0], cpu_optim_s=e["cpu"][1], wall_total_s=e["wall"][0],
                 wall_optim_s=e["wall"][1], root_cpu_s_per_step=e["root_cpu"], root_wall_s_per_step=e["root_wall"],
-                root_share=e[f"root_{hc}"] / e[hc][0], final_loss=run.loss,
+                final_loss=run.loss,
+                # roots measured only where they run through shampoo's compute_roots (not inside a
+                # peer's step nor SOAP's basis refresh: blank there, never a false 0)
+                root_share=e[f"root_{hc}"] / e[hc][0] if e["root_cpu"] or spec.kind == "adamw" else "",
             )  # fmt: skip
             if base is not None:
                 row.update(
@@ -458,7 +461,7 @@ def print_size(rows: list[dict[str, Any]], peers: list[str], load: list[float]) 
         print(
             f"{r['config']:<28}{_f(1e3 * r['cpu_total_s'], '9.1f')}{_f(1e3 * r['wall_total_s'], '9.1f')}"
             f"{_f(1e3 * r['cpu_optim_s'], '9.1f')}{_f(1e3 * r['root_cpu_s_per_step'], '8.1f')}"
-            f"{_f(100 * r['root_share'], '6.1f')}%{_f(r.get('ratio_adamw_cpu'), '7.3f')}x"
+            f"{_f(100 * r['root_share'] if r['root_share'] != '' else None, '6.1f')}%{_f(r.get('ratio_adamw_cpu'), '7.3f')}x"
             f"{_f(r.get('ratio_adamw_wall'), '6.3f')}x{_f(r.get('optim_ratio_adamw_cpu'), '6.2f')}x"
             f"{_f(r['floor_ratio'], '7.3f')}{_f(r.get('floor_gap'), '+7.3f')}"
             f"{_f(r.get('floor_time_ratio'), '7.3f')}{_f(r.get('floor_time_gap'), '+7.3f')}"

@@ -285,6 +285,7 @@ def test_cli_with_fake_peer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert "ratio_to_fake" in cols
     by = {r["config"]: r for r in rows}
     assert by["fake"]["status"] == "ok" and float(by["fake"]["ratio_to_fake"]) == 1.0
+    assert by["fake"]["root_share"] == ""  # a peer's roots run inside its step: not measured, not 0
     assert float(by["shampoo_f2"]["ratio_to_fake"]) > 0
     assert "fakepeer.FakeOpt 9.9" in by["fake"]["settings"]
     assert "Ratio to fake" in (tmp_path / "bench_step.md").read_text()
