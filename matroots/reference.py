@@ -187,7 +187,9 @@ def _as_float64(A: Any) -> np.ndarray:
                 raise InvalidArgumentError("integer entries beyond 2^53 do not convert exactly to float64")
             arr = f
         elif arr.dtype.kind != "f":
-            raise UnsupportedDtypeError(f"reference needs a real floating-point matrix, got dtype {arr.dtype}")
+            raise UnsupportedDtypeError(
+                f"reference needs a real floating-point matrix, got dtype {arr.dtype}"
+            )
         t = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64))
     check_shape(t)
     check_finite(t)

@@ -34,6 +34,7 @@ from .optimizer import Shampoo, StepTiming
 from .transforms.soap import SOAP
 
 __all__ = [
+    "SOAP",
     "AdaGradGrafting",
     "AdamGrafting",
     "BlockDiagnostics",
@@ -54,7 +55,6 @@ __all__ = [
     "RootComputationError",
     "RootFailureWarning",
     "SGDGrafting",
-    "SOAP",
     "Shampoo",
     "ShampooError",
     "StateDictError",

@@ -17,6 +17,7 @@ from .moments import FirstMoment, FirstMomentState
 from .soap import SOAP, SOAPState, preconditioner_named, rotate
 
 __all__ = [
+    "SOAP",
     "Diagonal",
     "DiagonalState",
     "FirstMoment",
@@ -27,7 +28,6 @@ __all__ = [
     "Pipeline",
     "PipelineState",
     "Preconditioner",
-    "SOAP",
     "SOAPState",
     "Stack",
     "StepContext",
