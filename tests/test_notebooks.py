@@ -31,6 +31,7 @@ def _images(nb: nbformat.NotebookNode) -> int:
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_is_paired(name: str) -> None:
     import jupytext  # in the notebooks extra that make test installs: a missing pairing check must fail
+
     ipynb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
     py = jupytext.read(ROOT / "notebooks" / f"{name}.py")
     src = [(c.cell_type, c.source.strip()) for c in ipynb.cells]
