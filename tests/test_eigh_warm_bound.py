@@ -1,4 +1,4 @@
-"""eigh_warm's binned second-order bound (matroots/solvers/eigh_warm.py, ``_binned_second_order``) against
+"""eigh_warm's binned second-order bound (matroots/solvers/warm_bound.py) against
 the exact second-order Daleckii-Krein term, and the acceptance it allows on real Shampoo factors with
 eps (rank_policy "perturb", Shampoo's setting) judged against a float64 reference of the matrix solved."""
 
@@ -13,7 +13,7 @@ from _refs import rel_err
 from test_eigh_warm import shampoo_factor_sequence
 
 import matroots
-from matroots.solvers.eigh_warm import _binned_second_order
+from matroots.solvers.warm_bound import binned_second_order
 
 
 def _exact_t2(O: np.ndarray, z: np.ndarray, e: float) -> float:
@@ -50,7 +50,7 @@ def test_binned_bound_is_a_bound_and_sharp_where_a_large_direction_couples_small
     Ot = torch.from_numpy(O)[None]
     Od = Ot.clone()
     Od[0].diagonal().add_(zt[0])  # the estimate passes O with its diagonal (the Ritz values) left in
-    bound = float(_binned_second_order(Od.square(), zt, zt.pow(e))[0])
+    bound = float(binned_second_order(Od.square(), zt, zt.pow(e))[0])
     assert exact <= bound * (1 + 1e-12), (exact, bound)
     # the relative-perturbation bound it replaces: 3 ||Ohat||_F ||diag(f) Ohat||_F, Ohat = O / sqrt(z z^T)
     Oh = O / np.sqrt(np.outer(z, z))

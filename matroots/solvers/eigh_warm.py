@@ -33,12 +33,18 @@ A the matrix solved (after the psd policy, :mod:`matroots.psd`) and f the root's
        ||T2||_F <= 3 ||Ohat||_F ||diag(f) Ohat||_F,
 
    and the higher-order terms form a geometric tail of ratio <= ||Ohat||_2 (B = D^(1/2) (I + Ohat)
-   D^(1/2): relative perturbation theory, Demmel & Veselic 1992, needs ||Ohat||_2 < 1). The estimate of
+   D^(1/2): relative perturbation theory, Demmel & Veselic 1992, needs ||Ohat||_2 < 1). That bound of
+   T2 explodes where a large direction couples small ones (a rank-deficient factor's tail: Ohat_ik =
+   O_ik / sqrt(z_i z_k) is the rotation angle times sqrt(z_large / z_small)) although f[s, L, s] is only
+   ~ f(s) / (s L); so T2 is bounded by the smaller of it and the binned bound of
+   :func:`~matroots.solvers.warm_bound.binned_second_order` (|f[x, y, z]| <= max f / (M1 M2), M1 >= M2
+   the two largest arguments, over factor-2 bins of z; all directions active only). The estimate of
    the relative forward error of X is
 
-       est = ||P||_F / ||f(d)||_2 + 3 r ||diag(f) Ohat||_F / ((1 - r) ||f(d)||_2) + 2 delta,
+       est = ||P||_F / ||f(d)||_2 + (T2b + 3 r^2 ||diag(f) Ohat||_F / (1 - r)) / ||f(d)||_2 + 2 delta,
 
-   r = ||Ohat||_F; delta is 0 when R was formed, else the known bound on ||Q^T Q - I||_F (a
+   T2b = min(3 r ||diag(f) Ohat||_F, binned bound), r = ||Ohat||_F (the third and higher orders keep
+   the relative tail); delta is 0 when R was formed, else the known bound on ||Q^T Q - I||_F (a
    non-orthonormal Q perturbs both S and the product by ~delta relative). Couplings between two
    directions below the rank threshold are dropped from O: f is constant (clamp) or zero
    (pseudo-inverse) there, so they do not change the root.
@@ -61,8 +67,9 @@ A the matrix solved (after the psd policy, :mod:`matroots.psd`) and f the root's
    R = 0) and the first-order orthogonalisation (I - R)^(-1/2) ~ I + R/2; then the columns of each
    cluster are rotated by the eigenvectors of the cluster's block of S (a small eigh). Back to step 1:
    the off-diagonal and R converge quadratically once ||O||_F is below the smallest separated gap.
-5. Fall back to a full eigh (and say why in ``info["warm"]``) when the basis is too far (r >= 1), a
-   cluster is larger than ``max_cluster`` n, the estimate does not drop by 4x per step, or ``max_iter``
+5. Fall back to a full eigh (and say why in ``info["warm"]``) when the basis is too far (a
+   cluster larger than ``max_cluster`` n: the first-order rotation cannot separate the spectrum; r >= 1
+   alone only makes est infinite, it does not stop the refinement), the estimate does not drop by 4x per step, or ``max_iter``
    refinement steps (default 3) did not reach tol. With ``fallback=False`` such elements return the
    refined root with ``converged=False`` instead.
 
@@ -104,6 +111,7 @@ from .base import Capabilities, RawResult
 from .eigh import EighConfig
 from .registry import register
 from .warm_basis import warm_basis
+from .warm_bound import binned_second_order
 
 log = logging.getLogger("matroots")
 
@@ -466,7 +474,7 @@ class _Step:
         r = rows.sum(-1).sqrt()
         fOh = ((f.double() ** 2) * rows).sum(-1).sqrt()
         old2 = 3.0 * r * fOh  # the second-order bound in Ohat (module docstring)
-        sharp2 = old2 if self.any_inactive else torch.minimum(old2, _binned_second_order(O2, z, f))
+        sharp2 = old2 if self.any_inactive else torch.minimum(old2, binned_second_order(O2, z, f))
         # second order by the sharper of the two bounds; third and higher by the geometric tail in r
         t2 = torch.where(r < 1, sharp2 + old2 * r / (1.0 - r).clamp_min(1e-300), torch.full_like(r, math.inf))
         self.r = r.cpu()
@@ -591,48 +599,6 @@ class _Step:
             share = torch.full((pos.numel(),), (size / n) ** 2, dtype=torch.float64)
             run.gemms.index_add_(0, self.idx[sel[pos.cpu()]], share)
         return Qn
-
-
-_BIN_MAX = 40  # at most this many eigenvalue bins (factor-2 wide) in the binned second-order bound
-
-
-def _binned_second_order(O2: torch.Tensor, z: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """Bound on ||T2||_F, T2_ij = sum_k f[z_i, z_k, z_j] O_ik O_kj, from block norms of O over factor-2
-    bins of the (positive) Ritz values z (float64, per element; O2 = O o O, diagonal included).
-
-    For f(x) = x^e, 0 < |e| <= 1: |f[x, y, z]| <= max(f(x), f(y), f(z)) / (M1 M2), M1 >= M2 the two
-    largest arguments. (Inverse roots, 0 < -e < 1: f(x) = sin(pi a)/pi int_0^inf t^-a / (x + t) dt, so
-    f[x, y, z] = sin(pi a)/pi int t^-a / ((x+t)(y+t)(z+t)) dt <= f(min) / (M1 M2); -e = 1: 1/(xyz).
-    Forward roots: f[x, y, z] = -sin(pi e)/pi int t^e / ((x+t)(y+t)(z+t)) dt, |.| <= f[m, M2] / M1
-    <= f(M2) / (M1 M2).) Unlike the relative scaling O_ij / sqrt(z_i z_j), this stays bounded when a
-    large direction couples two small ones (|f[s, L, s]| ~ f(s) / (s L), not f(s) / s^2). Over bins
-    I, K, J with smallest values lo and largest f values fm: ||T2_IJ||_F <= sum_K g_IKJ N_IK N_KJ,
-    N_IK = ||O_IK||_F without the diagonal, g_IKJ = max(fm_I, fm_K, fm_J) / (product of the two largest
-    of lo_I, lo_K, lo_J). Cost: one n x n x nb product and nb^3 scalars per element.
-    """
-    m, n = z.shape
-    zd = z.double()
-    lz = torch.log2(zd / zd.amin(-1, keepdim=True))
-    nb = int(min(_BIN_MAX, int(lz.max().ceil()) + 1))
-    b = (
-        torch.clamp((lz * (nb / max(float(lz.max()), 1e-300))).floor().long(), max=nb - 1)
-        if nb > 1
-        else (torch.zeros_like(lz, dtype=torch.long))
-    )
-    B = torch.zeros(m, n, nb, dtype=O2.dtype, device=O2.device).scatter_(-1, b.unsqueeze(-1), 1.0)
-    N2 = (B.mT @ (O2 @ B)).double()
-    N2 -= torch.diag_embed((B * O2.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)).sum(-2).double())
-    N = N2.clamp_min(0).sqrt()
-    inf = torch.full((m, nb), math.inf, dtype=torch.float64, device=z.device)
-    lo = inf.scatter_reduce(-1, b, zd, "amin")
-    fm = torch.zeros_like(inf).scatter_reduce(-1, b, f.double(), "amax")
-    li, lk, lj = lo.view(m, nb, 1, 1), lo.view(m, 1, nb, 1), lo.view(m, 1, 1, nb)
-    top = torch.maximum(torch.maximum(li, lk), lj)
-    mid = torch.maximum(torch.minimum(li, lk), torch.minimum(torch.maximum(li, lk), lj))
-    g = torch.maximum(torch.maximum(fm.view(m, nb, 1, 1), fm.view(m, 1, nb, 1)), fm.view(m, 1, 1, nb))
-    g = torch.where(torch.isfinite(top), g / (top * mid), torch.zeros_like(g))  # empty bins: N = 0
-    T = torch.einsum("mik,mikj,mkj->mij", N, g, N)
-    return torch.linalg.vector_norm(T, dim=(-2, -1)).to(device=O2.device)
 
 
 __all__ = ["EighWarmConfig"]
