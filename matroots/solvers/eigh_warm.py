@@ -511,6 +511,8 @@ class _Step:
             # converge; whether it can is the cluster test below (a basis too far shows as one cluster)
             if k >= max_iter:
                 why.append(f"{k} refinement steps left the estimate {ej:.2e} > tol {tj:.2e}")
+            elif k > 0 and not math.isfinite(ej):  # ||Ohat||_F still >= 1 after a rotation
+                why.append(f"basis too far (estimate still unbounded after {k} refinement step(s))")
             elif k > 0 and ej > 0.25 * pj:
                 why.append(f"not converging (estimate {pj:.2e} -> {ej:.2e}, tol {tj:.2e})")
             else:
