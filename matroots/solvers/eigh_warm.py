@@ -473,17 +473,6 @@ class _Step:
         rows = (rows.clamp_min(0) * w).double()
         r = rows.sum(-1).sqrt()
         fOh = ((f.double() ** 2) * rows).sum(-1).sqrt()
-        old2 = 3.0 * r * fOh  # the second-order bound in Ohat (module docstring)
-        sharp2 = old2 if self.any_inactive else torch.minimum(old2, binned_second_order(O2, z, f))
-        # second order by the sharper of the two bounds; third and higher by the geometric tail in r
-        t2 = torch.where(r < 1, sharp2 + old2 * r / (1.0 - r).clamp_min(1e-300), torch.full_like(r, math.inf))
-        self.r = r.cpu()
-        est = (first + t2) / self.gn + 2.0 * self.delta.to(first.device).double()
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "eigh_warm step: first-order %s second-order %s ||Ohat||_F %s basis defect %s",
-                (first / self.gn).tolist(), (t2 / self.gn).tolist(), r.tolist(), self.defect.tolist(),
-            )  # fmt: skip
         g1 = torch.where(self.active, e * f / z, torch.zeros_like(f))  # f'(z)
         cond = g1.abs().amax(-1).double() * torch.linalg.vector_norm(z, dim=-1).double() / self.gn
         run = self.run
@@ -491,6 +480,24 @@ class _Step:
             tol = torch.full_like(cond, float(run.prob.tol))
         else:
             tol = run.cfg.safety * (1.0 + cond) * run.u * math.sqrt(z.shape[-1])
+        old2 = 3.0 * r * fOh  # the second-order bound in Ohat (module docstring)
+        # third and higher orders: the geometric tail in r; the second order by the sharper of two bounds
+        tail = torch.where(r < 1, old2 * r / (1.0 - r).clamp_min(1e-300), torch.full_like(r, math.inf))
+        base = (first + tail) / self.gn + 2.0 * self.delta.to(first.device).double()
+        t2 = old2
+        if not self.any_inactive:  # the binned bound only where it can change the verdict
+            need = ((base <= tol) & (base + old2 / self.gn > tol)).nonzero().flatten()
+            if need.numel():
+                t2 = old2.clone()
+                t2[need] = torch.minimum(old2[need], binned_second_order(_take(O2, need), z[need], f[need]))
+        self.r = r.cpu()
+        est = base + t2 / self.gn
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "eigh_warm step: first-order %s second-order %s tail %s ||Ohat||_F %s basis defect %s",
+                (first / self.gn).tolist(), (t2 / self.gn).tolist(), (tail / self.gn).tolist(), r.tolist(),
+                self.defect.tolist(),
+            )  # fmt: skip
         return est.cpu(), tol.cpu()
 
     def plan(
