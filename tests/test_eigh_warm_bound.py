@@ -90,3 +90,4 @@ def test_real_factor_rounds_with_eps_are_accepted_within_the_cold_bound():
     finally:
         torch.set_num_threads(before)
     assert counts["accepted"] + counts["refined"] >= 0.7 * sum(counts.values()), counts
+    assert counts["accepted"] > 0, counts  # some rounds need no refinement step at all
