@@ -436,7 +436,11 @@ def run_size(
 
 
 def _f(x: Any, fmt: str) -> str:
-    return format(x, fmt) if isinstance(x, (int, float)) else "-"
+    """``x`` formatted, or "-" right-aligned to the format's width when there is no number."""
+    if isinstance(x, (int, float)):
+        return format(x, fmt)
+    width = "".join(ch for ch in fmt.lstrip("+").split(".")[0] if ch.isdigit())
+    return "-".rjust(int(width or 0))
 
 
 def print_size(rows: list[dict[str, Any]], peers: list[str], load: list[float]) -> None:
