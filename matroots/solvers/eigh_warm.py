@@ -76,11 +76,15 @@ A the matrix solved (after the psd policy, :mod:`matroots.psd`) and f the root's
 Cost in GEMMs (n x n products) per matrix: accepted at once 3 (S and the root W W^T, W = Q~ f^(1/2));
 each refinement step 5 (E^2, Q V, Q^T Q, A Q, Q^T (A Q)), so refined after one step 8, after two 13;
 the cluster blocks add sum (size/n)^2; a fallback adds one eigh. The elementwise work of the estimate
-is ~10 passes over n x n per estimate and ~10 per refinement step, plus a fixed per-call cost of
-~1 ms of small torch calls. On a CPU that is not free: each pass costs 0.1-0.5 GEMM at n = 256 (it is
+is ~10 passes over n x n per estimate and ~10 per refinement step (the binned second-order bound,
+one n x n x nb product, only where it decides acceptance), plus a fixed per-call cost of ~1 ms of
+small torch calls. On a CPU that is not free: each pass costs 0.1-0.5 GEMM at n = 256 (it is
 memory-bound), so measured per update the warm path is *slower* than LAPACK's eigh on the 2-core CPU
 this was developed on (``experiments/bench_eigh_warm.py``). It pays where GEMMs are cheap next to an
-eigendecomposition (accelerators) and when the basis is already good (accepted at once). A cold call
+eigendecomposition (accelerators) and when the basis is already good (accepted at once). Early in
+training (Shampoo's first ~100 steps) a factor changes by 15-100% between root rounds and the old
+basis is genuinely far: the first step finds one cluster spanning most of the spectrum and falls back,
+which costs the warm attempt on top of the eigh (``experiments/ab_eigh_warm.py --source``). A cold call
 (no ``warm_start``) is a plain eigh, identical to ``method="eigh"``.
 
 Shampoo (``root_solver="eigh_warm"``) keeps each factor's eigenbasis in its state (checkpointed) and
