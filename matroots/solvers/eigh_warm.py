@@ -82,9 +82,10 @@ small torch calls. On a CPU that is not free: each pass costs 0.1-0.5 GEMM at n 
 memory-bound), so measured per update the warm path is *slower* than LAPACK's eigh on the 2-core CPU
 this was developed on (``experiments/bench_eigh_warm.py``). It pays where GEMMs are cheap next to an
 eigendecomposition (accelerators) and when the basis is already good (accepted at once). Early in
-training (Shampoo's first ~100 steps) a factor changes by 15-100% between root rounds and the old
-basis is genuinely far: the first step finds one cluster spanning most of the spectrum and falls back,
-which costs the warm attempt on top of the eigh (``experiments/ab_eigh_warm.py --source``). A cold call
+training (bytes_lm, steps 1-60) a factor changes by 10-100% between root rounds (1-2% at steps
+900-1000): the old basis is genuinely far, the first step finds one cluster spanning most of the
+spectrum and falls back, which costs the warm attempt on top of the eigh
+(``experiments/ab_eigh_warm.py --source``). A cold call
 (no ``warm_start``) is a plain eigh, identical to ``method="eigh"``.
 
 Shampoo (``root_solver="eigh_warm"``) keeps each factor's eigenbasis in its state (checkpointed) and
