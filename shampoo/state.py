@@ -67,10 +67,17 @@ class FactorState:
     basis: torch.Tensor | None = None
     warm: str = ""
     warm_hits: int = 0  # rounds whose warm start was accepted or refined (not a fallback)
+    # Warm-start backoff (shampoo.roots): after a warm start that fell back to the full eigh, the next
+    # ``warm_skip`` rounds solve cold; the skip doubles with each further fallback (up to
+    # shampoo.roots.WARM_BACKOFF_MAX) and resets when a warm start is accepted or refined.
+    warm_skip: int = 0
+    warm_backoff: int = 0
 
 
 # FactorState fields that are tensors or fixed by the layout (not flattened as bookkeeping).
-_FACTOR_FIXED = ("dim", "n", "root_p", "matrix", "root", "basis")
+_FACTOR_FIXED = ("dim", "n", "root_p", "matrix", "root", "basis", "warm_skip", "warm_backoff")
+# Saved with the basis and only when nonzero (states without a pending backoff keep the format-1 entries).
+_BASIS_BOOKKEEPING = ("warm_skip", "warm_backoff")
 
 
 @dataclass
@@ -149,6 +156,9 @@ def flatten_block(b: BlockState) -> dict[str, Any]:
             out[fp + "root"] = f.root.clone()
         if f.basis is not None:
             out[fp + "basis"] = f.basis.clone()
+            for name in _BASIS_BOOKKEEPING:  # written only while a backoff is pending
+                if getattr(f, name):
+                    out[fp + name] = getattr(f, name)
         for fld in dataclasses.fields(FactorState):
             if fld.name not in _FACTOR_FIXED:
                 out[fp + fld.name] = getattr(f, fld.name)
@@ -297,6 +307,12 @@ def restore(state: ParamState, flat: dict[str, Any]) -> None:
             if f.root is not None and fp + "basis" in flat:  # eigh_warm's warm start; it checks it again
                 f.basis = torch.empty_like(f.root)
                 _copy_into(f.basis, flat[fp + "basis"], f"{key!r} {fp}basis", finite=True)
+            for name in _BASIS_BOOKKEEPING:  # absent (no backoff pending, older states, no basis): 0
+                value = flat.get(fp + name, 0) if f.basis is not None else 0
+                count = _as_int(value, f"{key!r} {fp}{name}")
+                if count < 0:
+                    raise StateDictError(f"state for {key!r} {fp}{name} must be >= 0, got {count}")
+                setattr(f, name, count)
             for fld in dataclasses.fields(FactorState):
                 if fld.name not in _FACTOR_FIXED and fp + fld.name in flat:
                     setattr(f, fld.name, _bookkeeping(flat[fp + fld.name], fld, f"{key!r} {fp}{fld.name}"))

@@ -125,3 +125,66 @@ def test_checkpoint_without_basis_starts_cold():
     _train(model, opt2, range(8, 9))
     factors = [f for d in opt2.diagnostics() for f in d.factors]
     assert all(f.converged and f.warm != "cold" for f in factors)  # warm-started from the new basis
+
+
+def _rounds(model, opt, steps: range) -> list[list[str]]:
+    """The warm verdict of every factor after each step (a root round every step)."""
+    out = []
+    for t in steps:
+        _train(model, opt, range(t, t + 1))
+        out.append([f.warm for d in opt.diagnostics() for f in d.factors])
+    return out
+
+
+def test_warm_fallbacks_back_off_and_reset_as_documented():
+    from shampoo.roots import WARM_BACKOFF_MAX
+
+    model = _model()
+    rounds = _rounds(model, _make(model, "eigh_warm"), range(40))
+    per_factor = list(zip(*rounds, strict=True))
+    skipped = sum(v == "skipped (backoff)" for col in per_factor for v in col)
+    assert skipped > 0, "early rounds of this model fall back; the backoff must engage"
+    for col in per_factor:
+        # the documented rule, replayed on the verdicts: after a fallback skip `backoff` rounds, the
+        # backoff doubling with each further fallback (cap WARM_BACKOFF_MAX), reset by a warm success
+        backoff, pending = 0, 0
+        for r, v in enumerate(col):
+            if pending:
+                assert v == "skipped (backoff)", (r, col)
+                pending -= 1
+                continue
+            assert v != "skipped (backoff)", (r, col)
+            if v.startswith("fallback"):
+                backoff = min(max(1, 2 * backoff), WARM_BACKOFF_MAX)
+                pending = backoff
+            elif v in ("accepted", "refined"):
+                backoff = 0
+
+
+def test_resume_with_a_pending_backoff_is_bitwise():
+    model = _model()
+    opt = _make(model, "eigh_warm")
+    for t in range(30):
+        _train(model, opt, range(t, t + 1))
+        skips = [f.warm_skip for st in opt.state.values() for b in st.blocks for f in b.factors]
+        if any(skips) and t > 2:
+            break
+    assert any(skips), "no backoff pending in 30 steps"
+    ckpt = _roundtrip({"model": model.state_dict(), "opt": opt.state_dict()})
+    saved = [v for st in ckpt["opt"]["state"].values() for k, v in st.items() if k.endswith(".warm_skip")]
+    assert sorted(saved) == sorted(s for s in skips if s)
+    _train(model, opt, range(t + 1, t + 12))
+
+    model2 = _model(seed=5)
+    model2.load_state_dict(ckpt["model"])
+    opt2 = _make(model2, "eigh_warm", names=list(model2.named_parameters()))
+    opt2.load_state_dict(ckpt["opt"])
+    _train(model2, opt2, range(t + 1, t + 12))
+    for (name, a), b in zip(model.named_parameters(), model2.parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+    bad = _roundtrip(ckpt["opt"])
+    st = next(st for st in bad["state"].values() if any(k.endswith(".warm_skip") for k in st))
+    st[next(k for k in st if k.endswith(".warm_skip"))] = -1
+    with pytest.raises(shampoo.errors.StateDictError, match="warm_skip must be >= 0, got -1"):
+        _make(_model(), "eigh_warm").load_state_dict(bad)
