@@ -312,30 +312,6 @@ def _merge(
     )  # fmt: skip
 
 
-WARM_BACKOFF_MAX = 8
-"""Most root rounds an eigenbasis solver's warm start is skipped after repeated fallbacks."""
-
-
-def _update_backoff(f: FactorState, skipped: bool) -> None:
-    """Warm-start backoff of an eigenbasis solver (eigh_warm) for one factor after its round.
-
-    A warm start that ends in the solver's own full-eigh fallback costs the refinement it tried on top
-    of the eigh (early in training a factor changes by 10-100% per round and its old basis is
-    genuinely far). After such a round the next ``warm_backoff`` rounds solve cold (a cold eigh_warm
-    call is a plain eigh: the same root as a warm start that fell back); the backoff doubles with each
-    further fallback, up to :data:`WARM_BACKOFF_MAX` rounds, and resets once a warm start is accepted
-    or refined. Skipped rounds are reported as ``warm = "skipped (backoff)"``.
-    """
-    if skipped:
-        f.warm_skip -= 1
-        f.warm = "skipped (backoff)"
-    elif f.warm.startswith("fallback"):
-        f.warm_backoff = min(max(1, 2 * f.warm_backoff), WARM_BACKOFF_MAX)
-        f.warm_skip = f.warm_backoff
-    elif f.warm in ("accepted", "refined"):
-        f.warm_backoff = f.warm_skip = 0
-
-
 def _fallback(A: torch.Tensor, p: Fraction, opts: GroupOptions, kappa_iters: int) -> SolveOutcome:
     """The fallback solver on the failed elements; isolates elements when the batched call raises."""
     fb = opts.failure.fallback
@@ -414,7 +390,7 @@ def compute_roots(jobs: list[RootJob], opts: GroupOptions, diag: DiagnosticsConf
                 continue
             f.warm = out.warm[i] if i < len(out.warm) else ""
             f.warm_hits += f.warm in ("accepted", "refined")
-            _update_backoff(f, backoff[i])
+            f.update_warm_backoff(skipped=backoff[i])
             if out.bases is not None and primary_ok:
                 f.basis = out.bases[i].to(opts.root_dtype).clone()  # the next round's warm start
             elif not primary_ok:

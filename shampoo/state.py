@@ -28,6 +28,9 @@ import torch
 from .blocking import BlockSpec, ParamLayout
 from .errors import StateDictError
 
+WARM_BACKOFF_MAX = 8
+"""Most root rounds an eigenbasis solver's warm start is skipped after repeated fallbacks."""
+
 
 @dataclass
 class FactorState:
@@ -67,16 +70,36 @@ class FactorState:
     basis: torch.Tensor | None = None
     warm: str = ""
     warm_hits: int = 0  # rounds whose warm start was accepted or refined (not a fallback)
-    # Warm-start backoff (shampoo.roots): after a warm start that fell back to the full eigh, the next
+    # Warm-start backoff (update_warm_backoff): after a warm start that fell back to the full eigh, the next
     # ``warm_skip`` rounds solve cold; the skip doubles with each further fallback (up to
-    # shampoo.roots.WARM_BACKOFF_MAX) and resets when a warm start is accepted or refined.
+    # WARM_BACKOFF_MAX) and resets when a warm start is accepted or refined.
     warm_skip: int = 0
     warm_backoff: int = 0
+
+    def update_warm_backoff(self, *, skipped: bool) -> None:
+        """Warm-start backoff of an eigenbasis solver (eigh_warm) after this factor's round.
+
+        A warm start that ends in the solver's own full-eigh fallback costs the refinement it tried
+        on top of the eigh (early in training a factor changes by 10-100% per round and its old basis
+        is genuinely far). After such a round the next ``warm_backoff`` rounds solve cold (a cold
+        eigh_warm call is a plain eigh); the backoff doubles with each further fallback, up to
+        :data:`WARM_BACKOFF_MAX` rounds, and resets once a warm start is accepted or refined. A
+        skipped round is reported as ``warm = "skipped (backoff)"``. Used by Shampoo's root rounds
+        (root_solver="eigh_warm") and by SOAP's eigh_warm basis updates.
+        """
+        if skipped:
+            self.warm_skip -= 1
+            self.warm = "skipped (backoff)"
+        elif self.warm.startswith("fallback"):
+            self.warm_backoff = min(max(1, 2 * self.warm_backoff), WARM_BACKOFF_MAX)
+            self.warm_skip = self.warm_backoff
+        elif self.warm in ("accepted", "refined"):
+            self.warm_backoff = self.warm_skip = 0
 
 
 # FactorState fields that are tensors or fixed by the layout (not flattened as bookkeeping).
 _FACTOR_FIXED = ("dim", "n", "root_p", "matrix", "root", "basis", "warm_skip", "warm_backoff")
-# Saved with the basis and only when nonzero (states without a pending backoff keep the format-1 entries).
+# Saved only when nonzero (states without a pending backoff keep the format-1 entries exactly).
 _BASIS_BOOKKEEPING = ("warm_skip", "warm_backoff")
 
 
@@ -156,9 +179,9 @@ def flatten_block(b: BlockState) -> dict[str, Any]:
             out[fp + "root"] = f.root.clone()
         if f.basis is not None:
             out[fp + "basis"] = f.basis.clone()
-            for name in _BASIS_BOOKKEEPING:  # written only while a backoff is pending
-                if getattr(f, name):
-                    out[fp + name] = getattr(f, name)
+        for name in _BASIS_BOOKKEEPING:  # written only while a backoff is pending
+            if getattr(f, name):
+                out[fp + name] = getattr(f, name)
         for fld in dataclasses.fields(FactorState):
             if fld.name not in _FACTOR_FIXED:
                 out[fp + fld.name] = getattr(f, fld.name)
@@ -307,8 +330,8 @@ def restore(state: ParamState, flat: dict[str, Any]) -> None:
             if f.root is not None and fp + "basis" in flat:  # eigh_warm's warm start; it checks it again
                 f.basis = torch.empty_like(f.root)
                 _copy_into(f.basis, flat[fp + "basis"], f"{key!r} {fp}basis", finite=True)
-            for name in _BASIS_BOOKKEEPING:  # absent (no backoff pending, older states, no basis): 0
-                value = flat.get(fp + name, 0) if f.basis is not None else 0
+            for name in _BASIS_BOOKKEEPING:  # absent (no backoff pending, older states): 0
+                value = flat.get(fp + name, 0)
                 count = _as_int(value, f"{key!r} {fp}{name}")
                 if count < 0:
                     raise StateDictError(f"state for {key!r} {fp}{name} must be >= 0, got {count}")

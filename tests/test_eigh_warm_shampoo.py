@@ -137,7 +137,7 @@ def _rounds(model, opt, steps: range) -> list[list[str]]:
 
 
 def test_warm_fallbacks_back_off_and_reset_as_documented():
-    from shampoo.roots import WARM_BACKOFF_MAX
+    from shampoo.state import WARM_BACKOFF_MAX
 
     model = _model()
     rounds = _rounds(model, _make(model, "eigh_warm"), range(40))

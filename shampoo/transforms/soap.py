@@ -320,7 +320,9 @@ class SOAP:
         Qp = _columns(Q, perm)
         V = _permute_dim(state.v.index_select(0, rows), d, perm)
         state.v.index_copy_(0, rows, V)
-        fresh = [not f.has_root for f in records]
+        # eigh_warm: a factor whose warm start fell back recently solves cold for a few refreshes
+        backoff = [self.basis_update == "eigh_warm" and f.has_root and f.warm_skip > 0 for f in records]
+        fresh = [not f.has_root or skip for f, skip in zip(records, backoff, strict=True)]
         Qn, ok, info = self._new_basis(A, Qp, _columns(AQ, perm), st.ps[k], fresh, opts, work)
         ok &= ok_in
         Qn = torch.where(ok.view(-1, 1, 1), Qn, Qp)
@@ -336,6 +338,7 @@ class SOAP:
                 continue
             f.warm = info["warm"][i]
             f.warm_hits += f.warm in ("accepted", "refined")
+            f.update_warm_backoff(skipped=backoff[i])
             f.iterations = info["iterations"][i]
             f.solver = name + info["suffix"][i]
             primary_failed = bool(info["suffix"][i]) or not bool(ok[i])
