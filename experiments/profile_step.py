@@ -46,26 +46,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_models import W1 as W1_SIZE
+from bench_models import EncoderLM
 from torch import nn
 
 import shampoo
 
-VOCAB, D_MODEL, HEADS, FF, LAYERS, SEQ, BATCH = 512, 256, 4, 1024, 4, 128, 16
+VOCAB, SEQ, BATCH = W1_SIZE.vocab, W1_SIZE.seq, W1_SIZE.batch
 
 
-class W1Model(nn.Module):
-    """Token + position embedding, a 4-layer encoder and an LM head (as experiments/bench_step.py)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, D_MODEL)
-        self.pos = nn.Parameter(torch.zeros(SEQ, D_MODEL))
-        layer = nn.TransformerEncoderLayer(D_MODEL, HEADS, FF, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
-        self.head = nn.Linear(D_MODEL, VOCAB)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(self.embed(tokens) + self.pos))
+def W1Model() -> EncoderLM:
+    """Workload W1 (docs/design.md §8): the d_model 256 member of experiments/bench_models.py."""
+    return EncoderLM(W1_SIZE)
 
 
 # (module, attribute path, phase). The step phases first, then the root round's. A missing
