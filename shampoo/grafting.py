@@ -32,6 +32,16 @@ if TYPE_CHECKING:
 @dataclass
 class GraftState:
     v: torch.Tensor  # (b, *shape) second-moment accumulator
+    work: torch.Tensor | None = None  # the direction's buffer, reused across steps (not state)
+
+    def denominator(self, v: torch.Tensor) -> torch.Tensor:
+        """sqrt(v) into :attr:`work` (kept while v's shape holds): the direction is written there
+        (valid until the next step) instead of into a fresh (b, *shape) tensor each step, whose
+        allocation costs page faults on CPU (glibc returns blocks of >= 128 KiB to the kernel)."""
+        w = self.work
+        if w is None or w.shape != v.shape or w.dtype != v.dtype or w.device != v.device:
+            w = self.work = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        return torch.sqrt(v, out=w)
 
 
 @dataclass(frozen=True)
@@ -111,7 +121,7 @@ class _SecondMomentGraft(_Graft):
         self, state: GraftState | None, m: torch.Tensor, ctx: StepContext
     ) -> tuple[torch.Tensor, torch.Tensor | float]:
         assert state is not None
-        denom = ctx.take(state.v).sqrt()
+        denom = state.denominator(ctx.take(state.v))
         denom.add_(self.eps)
         return torch.div(m, denom, out=denom), 1.0
 
@@ -143,7 +153,7 @@ class AdamGraft(RMSpropGraft):
             return super().direction(state, m, ctx)
         assert state is not None
         steps = ctx.steps_arg()
-        denom = ctx.take(state.v).sqrt()
+        denom = state.denominator(ctx.take(state.v))
         if isinstance(steps, int):
             scale: torch.Tensor | float = (1.0 - self.beta2**steps) ** 0.5
             denom.add_(self.eps * scale)

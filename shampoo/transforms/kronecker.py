@@ -56,19 +56,35 @@ def matricize(G: torch.Tensor, dim: int) -> torch.Tensor:
     return G.movedim(dim + 1, 1).reshape(b, G.shape[dim + 1], -1)
 
 
-def precondition(X: torch.Tensor, roots: list[torch.Tensor | None]) -> torch.Tensor:
+def precondition(X: torch.Tensor, roots: list[torch.Tensor | None], work: dict | None = None) -> torch.Tensor:
     """X x_1 R_1 x_2 ... x_k R_k for a stack X (b, *shape) and symmetric R_i (b, n_i, n_i) or None.
 
     Each step contracts the leading dim and rotates it to the end (Y^T R), so after k steps the dims
     are back in order; matrices take the two-GEMM path R_1 X R_2.
+
+    ``work``: a dict of reusable product buffers (the caller's, one per bucket): the GEMMs then write
+    into them (``torch.bmm(..., out=)``, the same kernel and result) instead of allocating fresh
+    (b, m, n) tensors each step, which on CPU cost page faults (glibc hands blocks of >= 128 KiB back
+    to the kernel on free). The result is then one of those buffers: valid until the next call with
+    the same ``work``.
     """
     b, shape = X.shape[0], X.shape[1:]
+
+    def bmm(key: int, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+        if work is None:
+            return torch.bmm(A, B)
+        size = (b, A.shape[1], B.shape[2])
+        buf = work.get(key)
+        if buf is None or buf.shape != size or buf.dtype != X.dtype or buf.device != X.device:
+            buf = work[key] = torch.empty(size, dtype=X.dtype, device=X.device)
+        return torch.bmm(A, B, out=buf)
+
     if len(shape) == 2 and roots[0] is not None and roots[1] is not None:
-        return torch.bmm(torch.bmm(roots[0], X), roots[1])
+        return bmm(1, bmm(0, roots[0], X), roots[1])
     Y = X
     for i, R in enumerate(roots):
         Y = Y.reshape(b, shape[i], -1)
-        Y = torch.bmm(Y.mT, R) if R is not None else Y.mT
+        Y = bmm(i, Y.mT, R) if R is not None else Y.mT
     return Y.reshape(X.shape)
 
 
@@ -82,6 +98,7 @@ class KroneckerState:
     factors: list[torch.Tensor]
     roots: list[torch.Tensor]
     records: list[list[FactorState]] = field(default_factory=list)  # [slot][position]
+    work: dict = field(default_factory=dict)  # precondition()'s product buffers (not state)
 
 
 def statistics_due(t: int, k: int, start: int) -> bool:
@@ -186,7 +203,7 @@ class Kronecker:
         roots: list[torch.Tensor | None] = [None] * state.ndim
         for k, d in enumerate(state.dims):
             roots[d] = ctx.take(state.roots[k])
-        return precondition(m, roots), 1.0
+        return precondition(m, roots, state.work), 1.0
 
     def ready(self, state: KroneckerState, j: int) -> bool:
         """A block uses its Kronecker preconditioner once any of its factors has a root."""
