@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .transforms.base import Stack, StepContext, block_norms
+from .transforms.base import Stack, StepContext, block_norms, reuse_buffer
 
 if TYPE_CHECKING:
     from .state import BlockState
@@ -38,10 +38,8 @@ class GraftState:
         """sqrt(v) into :attr:`work` (kept while v's shape holds): the direction is written there
         (valid until the next step) instead of into a fresh (b, *shape) tensor each step, whose
         allocation costs page faults on CPU (glibc returns blocks of >= 128 KiB to the kernel)."""
-        w = self.work
-        if w is None or w.shape != v.shape or w.dtype != v.dtype or w.device != v.device:
-            w = self.work = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        return torch.sqrt(v, out=w)
+        self.work = reuse_buffer(self.work, v.shape, v)
+        return torch.sqrt(v, out=self.work)
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ class FactorState:
 # FactorState fields that are tensors or fixed by the layout (not flattened as bookkeeping).
 _FACTOR_FIXED = ("dim", "n", "root_p", "matrix", "root", "basis", "warm_skip", "warm_backoff")
 # Saved only when nonzero (states without a pending backoff keep the format-1 entries exactly).
-_BASIS_BOOKKEEPING = ("warm_skip", "warm_backoff")
+_BACKOFF_FIELDS = ("warm_skip", "warm_backoff")
 
 
 @dataclass
@@ -179,7 +179,7 @@ def flatten_block(b: BlockState) -> dict[str, Any]:
             out[fp + "root"] = f.root.clone()
         if f.basis is not None:
             out[fp + "basis"] = f.basis.clone()
-        for name in _BASIS_BOOKKEEPING:  # written only while a backoff is pending
+        for name in _BACKOFF_FIELDS:  # written only while a backoff is pending
             if getattr(f, name):
                 out[fp + name] = getattr(f, name)
         for fld in dataclasses.fields(FactorState):
@@ -330,7 +330,7 @@ def restore(state: ParamState, flat: dict[str, Any]) -> None:
             if f.root is not None and fp + "basis" in flat:  # eigh_warm's warm start; it checks it again
                 f.basis = torch.empty_like(f.root)
                 _copy_into(f.basis, flat[fp + "basis"], f"{key!r} {fp}basis", finite=True)
-            for name in _BASIS_BOOKKEEPING:  # absent (no backoff pending, older states): 0
+            for name in _BACKOFF_FIELDS:  # absent (no backoff pending, older states): 0
                 value = flat.get(fp + name, 0)
                 count = _as_int(value, f"{key!r} {fp}{name}")
                 if count < 0:

@@ -264,23 +264,16 @@ def test_missing_peer_is_reported_not_dropped() -> None:
         bench_models.peer_specs(["nope"], bench_models.Common())
 
 
+def _tiny_argv(peer: str, out: Path) -> list[str]:
+    """CLI arguments of a 2-round run on the tiny model: AdamW, eigh Shampoo at frequency 2, ``peer``."""
+    return ["--sizes", "tiny", "--rounds", "2", "--chunk", "2", "--warmup", "1", "--frequencies", "2",
+            "--frequency", "2", "--solvers", "none", "--soap", "off", "--peers", peer, "--out", str(out)]  # fmt: skip
+
+
 def test_cli_with_fake_peer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "fakepeer", _fake_module())
     monkeypatch.setitem(bench_models.PEERS, "fake", _fake_adapter())
-    argv = ["--sizes", "tiny", "--rounds", "2", "--chunk", "2", "--warmup", "1", "--frequencies", "2"]
-    argv += [
-        "--frequency",
-        "2",
-        "--solvers",
-        "none",
-        "--soap",
-        "off",
-        "--peers",
-        "fake",
-        "--out",
-        str(tmp_path),
-    ]
-    bench_step.main(argv)
+    bench_step.main(_tiny_argv("fake", tmp_path))
     cols, rows = _read(tmp_path)
     assert "ratio_to_fake" in cols
     by = {r["config"]: r for r in rows}
@@ -311,19 +304,7 @@ def test_cli_reports_failed_and_too_slow(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setitem(sys.modules, "fakepeer", mod)
     bad = bench_models.PeerAdapter("fakebad", "fakepeer", "FailingOpt", _fake_adapter().settings)
     monkeypatch.setitem(bench_models.PEERS, "fakebad", bad)
-    argv = ["--sizes", "tiny", "--rounds", "2", "--chunk", "2", "--warmup", "1", "--frequencies", "2"]
-    argv += [
-        "--frequency",
-        "2",
-        "--solvers",
-        "none",
-        "--soap",
-        "off",
-        "--peers",
-        "fakebad",
-        "--out",
-        str(tmp_path),
-    ]
+    argv = _tiny_argv("fakebad", tmp_path)
     bench_step.main(argv)
     by = {r["config"]: r for r in _read(tmp_path)[1]}
     assert by["fakebad"]["status"].startswith("failed in round 1: _LinAlgError: svd failed")

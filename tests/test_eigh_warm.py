@@ -33,6 +33,17 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+def check_warm_round(res, ref: torch.Tensor, cond: torch.Tensor, u: float, n: int, t: int, counts) -> None:
+    """One warm round: every root within 10 (1 + cond) u sqrt(n) of the float64 reference ``ref``, all
+    flagged converged; tallies the warm verdicts ("accepted", "refined", "fallback", ...) into ``counts``."""
+    for i in range(ref.shape[0]):
+        bound = 10.0 * (1.0 + float(cond[i])) * u * math.sqrt(n)
+        assert rel_err(res.root[i], ref[i].numpy()) <= bound, (n, t, i, res.info["warm"][i])
+    assert bool(res.converged.all())
+    for s in res.info["warm"]:
+        counts[s.split(":")[0]] += 1
+
+
 def _rotation(n: int, angle: float, rng: np.random.Generator) -> np.ndarray:
     """exp(angle K) for a random antisymmetric K with ||K||_2 ~ 1 (by scipy-free eigh of iK)."""
     Z = rng.standard_normal((n, n))
@@ -211,12 +222,7 @@ def test_shampoo_factor_sequence_is_within_the_cold_bound(factors, dname):
             A = seq[t] if dname == "fp32" else 0.5 * (seq[t] + seq[t].mT).double()
             res = cfg.solve(A, p, warm_start=prev)
             ref, cond = _clamped_reference(A, p, u)
-            for i in range(A.shape[0]):
-                bound = 10.0 * (1.0 + float(cond[i])) * u * math.sqrt(n)
-                assert rel_err(res.root[i], ref[i].numpy()) <= bound, (n, t, i, res.info["warm"][i])
-            assert bool(res.converged.all())
-            for s in res.info["warm"]:
-                counts[s.split(":")[0]] += 1
+            check_warm_round(res, ref, cond, u, n, t, counts)
             prev = res
     total = sum(counts.values())
     if dname == "fp32":  # the Shampoo case: the warm path is taken on most rounds

@@ -4,13 +4,10 @@ eps (rank_policy "perturb", Shampoo's setting) judged against a float64 referenc
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
-from _refs import rel_err
-from test_eigh_warm import shampoo_factor_sequence
+from test_eigh_warm import check_warm_round, shampoo_factor_sequence
 
 import matroots
 from matroots.solvers.warm_bound import binned_second_order
@@ -80,12 +77,7 @@ def test_real_factor_rounds_with_eps_are_accepted_within_the_cold_bound():
                 fz = z.pow(-1.0 / p)
                 ref = (V * fz.unsqueeze(-2)) @ V.mT
                 cond = (fz / z).amax(-1) / p * z.norm(dim=-1) / fz.norm(dim=-1)
-                for i in range(A.shape[0]):
-                    bound = 10.0 * (1.0 + float(cond[i])) * u * math.sqrt(n)
-                    assert rel_err(res.root[i], ref[i].numpy()) <= bound, (n, t, i, res.info["warm"][i])
-                assert bool(res.converged.all())
-                for s in res.info["warm"]:
-                    counts[s.split(":")[0]] += 1
+                check_warm_round(res, ref, cond, u, n, t, counts)
                 prev = res
     finally:
         torch.set_num_threads(before)

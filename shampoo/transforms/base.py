@@ -241,3 +241,20 @@ __all__ = [
     "col",
     "per_block",
 ]
+
+
+def reuse_buffer(buf: torch.Tensor | None, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    """``buf`` if it has ``shape`` and ``like``'s dtype and device, else a new empty tensor of that kind.
+
+    Per-bucket outputs of the step are written into buffers kept across steps (``out=``): a fresh
+    (b, *shape) tensor per step costs page faults on CPU, since glibc hands blocks of >= 128 KiB back
+    to the kernel on free.
+    """
+    if (
+        buf is None
+        or tuple(buf.shape) != tuple(shape)
+        or buf.dtype != like.dtype
+        or buf.device != like.device
+    ):
+        return torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
+    return buf

@@ -42,7 +42,7 @@ import torch
 
 from ..roots import RootJob
 from ..state import FactorState
-from .base import Stack, StepContext
+from .base import Stack, StepContext, reuse_buffer
 
 if TYPE_CHECKING:
     from ..state import BlockState
@@ -73,11 +73,8 @@ def precondition(X: torch.Tensor, roots: list[torch.Tensor | None], work: dict |
     def bmm(key: int, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
         if work is None:
             return torch.bmm(A, B)
-        size = (b, A.shape[1], B.shape[2])
-        buf = work.get(key)
-        if buf is None or buf.shape != size or buf.dtype != X.dtype or buf.device != X.device:
-            buf = work[key] = torch.empty(size, dtype=X.dtype, device=X.device)
-        return torch.bmm(A, B, out=buf)
+        work[key] = reuse_buffer(work.get(key), (b, A.shape[1], B.shape[2]), X)
+        return torch.bmm(A, B, out=work[key])
 
     if len(shape) == 2 and roots[0] is not None and roots[1] is not None:
         return bmm(1, bmm(0, roots[0], X), roots[1])
