@@ -22,6 +22,8 @@ checkout with ``PYTHONPATH=/path/to/checkout`` (phases whose functions a checkou
 before/after numbers come from the same code::
 
     nice -n 5 .venv/bin/python experiments/profile_step.py                 # breakdown
+    nice -n 5 .venv/bin/python experiments/profile_step.py --size 512      # another W1-family size
+    nice -n 5 .venv/bin/python experiments/profile_step.py --chunk-mib 0   # the round as one batch
     nice -n 5 .venv/bin/python experiments/profile_step.py --cprofile 25   # + top functions of a round
     nice -n 5 .venv/bin/python experiments/profile_step.py --torch-profiler 20
     PYTHONPATH=/tmp/wt_before nice -n 5 .venv/bin/python experiments/profile_step.py --out before.json
@@ -46,19 +48,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_models import W1 as W1_SIZE
-from bench_models import EncoderLM
+from bench_models import SIZES, EncoderLM, make_batches
 from torch import nn
 
 import shampoo
-
-VOCAB, SEQ, BATCH = W1_SIZE.vocab, W1_SIZE.seq, W1_SIZE.batch
-
-
-def W1Model() -> EncoderLM:
-    """Workload W1 (docs/design.md §8): the d_model 256 member of experiments/bench_models.py."""
-    return EncoderLM(W1_SIZE)
-
 
 # (module, attribute path, phase). The step phases first, then the root round's. A missing
 # attribute (a checkout without that function) is skipped; its phase reads 0.
@@ -174,11 +167,9 @@ def make_optimizer(model: nn.Module, root_solver: str, frequency: int) -> shampo
     )
 
 
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor) -> None:
+def train_step(model: EncoderLM, opt: torch.optim.Optimizer, batch: torch.Tensor) -> None:
     opt.zero_grad(set_to_none=True)
-    logits = model(batch[:, :-1])
-    loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
-    loss.backward()
+    model.loss(batch).backward()
     opt.step()
 
 
@@ -195,19 +186,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--root-solver", default="eigh")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--size", choices=list(SIZES), default="256", help="d_model of the W1 family (default 256: W1)"
+    )
+    ap.add_argument(
         "--cprofile", type=int, default=0, metavar="N", help="print the top N functions of a round"
     )
     ap.add_argument(
         "--torch-profiler", type=int, default=0, metavar="N", help="print the top N ops of a step"
     )
+    ap.add_argument(
+        "--chunk-mib",
+        type=float,
+        default=None,
+        help="shampoo.roots.ROUND_CHUNK_BYTES in MiB for this run (default: the module's; 0: no chunks)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="write the numbers as JSON here")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    model = W1Model()
+    if args.chunk_mib is not None:
+        import shampoo.roots as roots_mod
+
+        if hasattr(roots_mod, "ROUND_CHUNK_BYTES"):
+            roots_mod.ROUND_CHUNK_BYTES = int(args.chunk_mib * 2**20) if args.chunk_mib > 0 else 2**62
+    size = SIZES[args.size]
+    model = EncoderLM(size)
     opt = make_optimizer(model, args.root_solver, args.frequency)
-    g = torch.Generator().manual_seed(args.seed)
-    batches = [torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g) for _ in range(8)]
+    batches = make_batches(size, args.seed)
     for i in range(args.warmup):
         train_step(model, opt, batches[i % len(batches)])
 
@@ -230,8 +235,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for i in range(args.steps):
                 b = batches[(args.warmup + i) % len(batches)]
                 opt.zero_grad(set_to_none=True)
-                logits = model(b[:, :-1])
-                nn.functional.cross_entropy(logits.reshape(-1, VOCAB), b[:, 1:].reshape(-1)).backward()
+                model.loss(b).backward()
                 t0 = time.process_time()
                 opt.step()
                 step_cpu.append(time.process_time() - t0)
@@ -251,7 +255,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     load.append(os.getloadavg()[0])
 
     opt_total = sum(step_cpu)
-    print(f"W1 Shampoo (eigh={args.root_solver}, frequency {args.frequency}), 1 thread, process CPU time")
+    print(
+        f"W1 family d_model {args.size}: Shampoo ({args.root_solver}, frequency {args.frequency}), "
+        "1 thread, process CPU time"
+    )
     print(
         f"checkout: {Path(shampoo.__file__).resolve().parent.parent}; load average {load[0]:.2f}-{load[1]:.2f}"
     )
@@ -283,6 +290,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     results: dict[str, Any] = {
         "checkout": str(Path(shampoo.__file__).resolve().parent.parent),
+        "size": args.size,
         "root_solver": args.root_solver,
         "frequency": args.frequency,
         "threads": 1,

@@ -1,7 +1,8 @@
 """Inverse-root computation for Kronecker factors: batching, warm starts and the failure policy.
 
-Due factors of equal size n and root p (across stacks) are concatenated into one (b, n, n) batch and
-solved by one matroots call, with the group's ``eps`` and rank-deficiency policy ``psd``
+Due factors of equal size n and root p (across stacks) are concatenated into (b, n, n) batches of at
+most :data:`ROUND_CHUNK_BYTES` each (consecutive chunks of the due rows, in order), each solved by one
+matroots call, with the group's ``eps`` and rank-deficiency policy ``psd``
 (:mod:`matroots.psd`; the same for the primary solver and the fallback) and ``quiet=True`` (a
 non-convergence is reported once, here, not also by the solver). Before the call the stored factors
 are made bitwise symmetric (:func:`shampoo.state.mirror_upper_`), and a factor whose statistics became
@@ -32,7 +33,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 import torch
@@ -341,7 +342,14 @@ def compute_roots(jobs: list[RootJob], opts: GroupOptions, diag: DiagnosticsConf
     over_limit: list[tuple[list[RootJob], list[FactorState], Fraction]] = []
     work_dtype = torch.promote_types(opts.factor_dtype, opts.root_dtype)
     bc_on = opts.use_bias_correction and opts.beta2 < 1.0
-    for (_n, p), group in batches.items():
+    for store in {id(job.factors): job.factors for job in jobs}.values():
+        mirror_upper_(store)  # the upper triangle is the statistic: make the stored factors symmetric
+    chunks = [
+        (p, chunk)
+        for (n, p), group in batches.items()
+        for chunk in _chunks(group, n * n * torch.empty((), dtype=work_dtype).element_size())
+    ]
+    for p, group in chunks:
         states, steps = [], []
         for job in group:
             states.extend(job.records[i] for i in job.positions)
@@ -492,31 +500,24 @@ def _reset_statistics(
 
 
 def _inputs(group: list[RootJob], dtype: torch.dtype, beta2: float | None) -> torch.Tensor:
-    """The due factors of the jobs as one batch, divided by 1 - beta2^t when ``beta2`` is given.
+    """The due factors of the jobs (mirrored already) as one batch, divided by 1 - beta2^t when
+    ``beta2`` is given.
 
-    A single job without bias correction whose blocks are all due is the factor storage itself (the
-    solvers are pure and do not write to their input); otherwise each job is written, bias-corrected,
-    straight into the batch.
+    A single job without bias correction whose due rows are one contiguous range is a view of the
+    factor storage itself (the solvers are pure and do not write to their input); otherwise each job
+    is written, bias-corrected, straight into the batch.
     """
-    seen: set[int] = set()
-    for job in group:  # the upper triangle is the statistic; make the stored factors exactly symmetric
-        store = job.factors
-        if id(store) not in seen:
-            seen.add(id(store))
-            mirror_upper_(store)
     first = group[0].factors
-    if len(group) == 1 and beta2 is None and first.dtype == dtype and _all_due(group[0]):
-        return first
+    if len(group) == 1 and beta2 is None and first.dtype == dtype:
+        view = _row_range(group[0])
+        if view is not None:
+            return first[view]
     total = sum(len(job.positions) for job in group)
     out = torch.empty((total, *first.shape[1:]), dtype=dtype, device=first.device)
     start = 0
     for job in group:
         store = job.factors
-        F = (
-            store
-            if _all_due(job)
-            else store.index_select(0, torch.tensor(job.positions, device=store.device))
-        )
+        F = _rows(store, job)
         dst = out[start : start + len(job.positions)]
         counts = job.updates if job.updates is not None else job.steps
         divs = [1.0 - beta2**t for t in counts] if beta2 is not None else [1.0]
@@ -530,8 +531,60 @@ def _inputs(group: list[RootJob], dtype: torch.dtype, beta2: float | None) -> to
     return out
 
 
-def _all_due(job: RootJob) -> bool:
-    return job.positions == list(range(job.factors.shape[0]))
+#: A round solves the due factors of one (n, p) in chunks of at most this many bytes per (c, n, n)
+#: batch (at least one factor). Every temporary of a solve (the bias-corrected copy, the psd
+#: Cholesky tests, eigh's eigenvectors, the root) is then chunk-sized: glibc serves it from the heap,
+#: where the previous chunk's blocks are still mapped, instead of a fresh mmap of the whole batch that
+#: the kernel faults in page by page (at d_model 1024 a 1536 x 256 x 256 fp32 batch is 400 MB per
+#: temporary). Measured in experiments/profile_step.py (``--chunk-mib``).
+ROUND_CHUNK_BYTES = 8 * 2**20
+
+
+def _chunks(group: list[RootJob], matrix_bytes: int) -> list[list[RootJob]]:
+    """``group`` cut into consecutive slices of at most ROUND_CHUNK_BYTES // matrix_bytes rows
+    (jobs cut at row boundaries; the order of the rows is kept)."""
+    rows = max(1, ROUND_CHUNK_BYTES // max(matrix_bytes, 1))
+    out: list[list[RootJob]] = []
+    cur: list[RootJob] = []
+    room = rows
+    for job in group:
+        k = 0
+        while k < len(job.positions):
+            take = min(room, len(job.positions) - k)
+            cur.append(_slice(job, k, k + take) if take < len(job.positions) else job)
+            k, room = k + take, room - take
+            if room == 0:
+                out.append(cur)
+                cur, room = [], rows
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _slice(job: RootJob, a: int, b: int) -> RootJob:
+    """The due rows a..b-1 of ``job`` (same storage and records)."""
+    return replace(
+        job,
+        positions=job.positions[a:b],
+        steps=job.steps[a:b],
+        updates=None if job.updates is None else job.updates[a:b],
+    )
+
+
+def _row_range(job: RootJob) -> slice | None:
+    """The due rows of ``job`` as a slice when they are consecutive, else None."""
+    pos = job.positions
+    if pos and pos == list(range(pos[0], pos[0] + len(pos))):
+        return slice(pos[0], pos[0] + len(pos))
+    return None
+
+
+def _rows(store: torch.Tensor, job: RootJob) -> torch.Tensor:
+    """The due rows of a (b, n, n) storage: a view when consecutive, else a gathered copy."""
+    view = _row_range(job)
+    if view is not None:
+        return store[view]
+    return store.index_select(0, torch.tensor(job.positions, device=store.device))
 
 
 def _previous_bases(states: list[FactorState], like: torch.Tensor) -> torch.Tensor:
@@ -542,10 +595,7 @@ def _previous_bases(states: list[FactorState], like: torch.Tensor) -> torch.Tens
 
 def _previous(group: list[RootJob]) -> torch.Tensor:
     """The current roots of the due factors (warm starts)."""
-    prevs = []
-    for job in group:
-        store = job.roots
-        prevs.append(store.index_select(0, torch.tensor(job.positions, device=store.device)))
+    prevs = [_rows(job.roots, job) for job in group]
     return torch.cat(prevs) if len(prevs) > 1 else prevs[0]
 
 
@@ -556,8 +606,9 @@ def _write_back(group: list[RootJob], final: torch.Tensor, good: list[bool]) -> 
         k = len(job.positions)
         store = job.roots
         rows = [r for r in range(k) if good[start + r]]
-        if len(rows) == k and _all_due(job):
-            store.copy_(final[start : start + k])
+        view = _row_range(job) if len(rows) == k else None
+        if view is not None:
+            store[view].copy_(final[start : start + k])
         elif rows:
             sel = torch.tensor([job.positions[r] for r in rows], device=store.device)
             src = final[start : start + k][torch.tensor(rows)].to(store.dtype)

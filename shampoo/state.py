@@ -246,7 +246,14 @@ def mirror_upper_(F: torch.Tensor) -> torch.Tensor:
     """
     n = F.shape[-1]
     lower = torch.ones(n, n, dtype=torch.bool, device=F.device).tril_(-1)
-    return F.copy_(torch.where(lower, F.mT, F))
+    flat = F.unsqueeze(0) if F.dim() == 2 else F  # one factor or a (b, n, n) stack (views of F)
+    # in chunks of <= 4 MiB: the select's temporary stays in the heap (a whole-stack one is a fresh
+    # mmap the kernel faults in: 400 MB at d_model 1024)
+    step = max(1, 2**22 // max(1, n * n * F.element_size()))
+    for i in range(0, flat.shape[0], step):
+        c = flat[i : i + step]
+        c.copy_(torch.where(lower, c.mT, c))
+    return F
 
 
 def _copy_into(dst: torch.Tensor, src: Any, what: str, *, finite: bool = False) -> None:
