@@ -74,7 +74,10 @@ def test_shift_leaves_a_well_conditioned_matrix_alone() -> None:
         cfg = matroots.resolve_method(solver)
         a = cfg.solve(A, 2, eps=1e-6, eps_mode="relative", psd="shift")
         b = cfg.solve(A, 2, eps=1e-6, eps_mode="relative", psd="none")
-        assert float(a.info["psd_shift"][0]) == 0.0 and a.info["psd_cholesky_calls"] == 1
+        assert float(a.info["psd_shift"][0]) == 0.0
+        on_eigenvalues = "shift" in cfg.psd_on_eigenvalues  # eigh: decided on its own spectrum
+        assert a.info["psd_cholesky_calls"] == (0 if on_eigenvalues else 1), solver
+        assert a.info["psd_certificate"] == ("computed eigenvalues" if on_eigenvalues else "cholesky")
         assert torch.equal(a.root, b.root), solver
 
 
@@ -175,3 +178,102 @@ def test_fp32_baddbmm_factor_solved_in_fp64_is_accepted_as_symmetric() -> None:
     bad[0, 0, 1] += 1e-2 * float(F.abs().max())
     with pytest.raises(matroots.NotSymmetricError):
         matroots.EighConfig().solve(bad, 4, eps=1e-12, dtype=torch.float64)
+
+
+# ------------------------------------------------------------------ "shift" decided on eigenvalues (eigh)
+
+
+def _with_spectrum(lam: np.ndarray, seed: int = 0) -> torch.Tensor:
+    """Q diag(lam) Q^T in float64 for a random orthogonal Q (exactly symmetric)."""
+    rng = np.random.default_rng(seed)
+    Q, _ = np.linalg.qr(rng.standard_normal((lam.size, lam.size)))
+    A = torch.from_numpy((Q * lam) @ Q.T)
+    return 0.5 * (A + A.mT)
+
+
+@pytest.mark.parametrize(("c", "expect"), [(3.0, 0.0), (0.5, 1.0), (-0.5, 2.0), (-2.5, 4.0), (-5.0, 8.0)])
+def test_eigenvalue_shift_is_the_smallest_certified_candidate(c: float, expect: float) -> None:
+    """lambda_min(A) = c f (f the floor): s is the smallest of {0, f, 2f, ...} with lambda_min + s - f
+    > 0, the value the Cholesky search of the other methods finds, and the matrix solved is A + s I."""
+    n = 24
+    lam = np.linspace(1.0, 2.0, n)
+    A0 = _with_spectrum(lam)
+    f0 = float(psd.floor_level(A0.unsqueeze(0))[0])
+    lam[0] = c * f0  # ||A||_F moves by ~f: recompute the floor of the final matrix
+    A = _with_spectrum(lam)
+    f = float(psd.floor_level(A.unsqueeze(0))[0])
+    lam_min = float(reference.eigvalsh(A.numpy())[0])
+    res = matroots.EighConfig().solve(A, 2, eps=0.0, psd="shift")
+    s = float(res.info["psd_shift"][0])
+    assert s == pytest.approx(expect * f, rel=1e-12), (s / f, lam_min / f)
+    assert res.info["psd_cholesky_calls"] == 0
+    chol = matroots.CoupledNewtonConfig().solve(A, 2, eps=0.0, psd="shift")  # the Cholesky search
+    assert float(chol.info["psd_shift"][0]) == pytest.approx(s, rel=1e-12)
+    M = A.numpy() + s * np.eye(n)
+    ref = reference.inverse_root(M, 2, eps=0.0).root
+    err = np.linalg.norm(res.root.numpy() - ref) / np.linalg.norm(ref)
+    kappa = float(lam[-1] / (lam_min + s))
+    assert err <= 10 * n * kappa * 2.0**-53, (err, kappa)
+
+
+def test_eigenvalue_shift_keeps_the_gershgorin_cap() -> None:
+    """A diagonal indefinite matrix: the Gershgorin bound s_G = f - min a_ii is below 2f, so the
+    search stops there (the same value as the Cholesky search's cap), not at 2f."""
+    d = torch.linspace(1.0, 2.0, 16, dtype=torch.float64)
+    f = float(psd.floor_level(torch.diag(d).unsqueeze(0))[0])
+    d[0] = -0.5 * f
+    A = torch.diag(d)
+    f = float(psd.floor_level(A.unsqueeze(0))[0])
+    res = matroots.EighConfig().solve(A, 2, eps=0.0, psd="shift")
+    chol, _ = psd.certified_shift(A.unsqueeze(0), torch.tensor([f], dtype=torch.float64), torch.float64)
+    s_g = f - float(d[0])
+    assert float(res.info["psd_shift"][0]) == float(chol[0]) == pytest.approx(s_g * 1.001 + 1e-3 * f)
+
+
+def test_eigenvalue_shift_matches_the_cholesky_search_on_shampoo_factors() -> None:
+    """Rank-deficient, full-rank and barely full-rank fp32 factors built by baddbmm: eigh's shift is
+    the Cholesky search's, except where lambda_min(A) - f (+ s) is within rounding of 0 (then the
+    neighbouring candidate, and the matrix solved still has lambda_min >= f up to rounding)."""
+    cases = [(48, r, steps, seed) for r, steps in [(2, 3), (8, 6), (16, 3), (60, 1)] for seed in range(3)]
+    differ = 0
+    for n, rank, steps, seed in cases:
+        A = baddbmm_factor(n, rank, steps=steps, seed=seed)
+        e = matroots.EighConfig().solve(A, 4, eps=1e-12, psd="shift")
+        c = matroots.CoupledNewtonConfig().solve(A, 4, eps=1e-12, psd="shift")
+        se, sc = float(e.info["psd_shift"][0]), float(c.info["psd_shift"][0])
+        f = float(e.info["psd_floor"][0])
+        lam = reference.eigvalsh(A.double().numpy())
+        assert lam[0] + se >= f - 4 * math.sqrt(n) * U32 * lam[-1], (n, rank, se / f)  # certified floor
+        if se != sc:
+            differ += 1
+            margin = (
+                min(abs(lam[0] + s - f) for s in (se, sc) if s > 0) if max(se, sc) > 0 else abs(lam[0] - f)
+            )
+            assert margin <= 4 * math.sqrt(n) * U32 * lam[-1], (se / f, sc / f, lam[0] / f)
+    assert differ <= 1
+
+
+def test_eigenvalue_shift_is_a_constant_for_autograd() -> None:
+    """The gradient through eigh under psd='shift' is that of (A + s I)^(-1/p) with s held fixed (the
+    "meta" shift -lambda_min moves with A; this one does not)."""
+    A = baddbmm_factor(12, 2).double()
+    A = (A + A.mT) / 2
+    Ag = A.clone().requires_grad_(True)
+    res = matroots.EighConfig().solve(Ag, 2, eps=1e-10, psd="shift")
+    s = float(res.info["psd_shift"][0])
+    assert s > 0
+    B = (A + s * torch.eye(12, dtype=torch.float64)).requires_grad_(True)
+    ref = matroots.EighConfig().solve(B, 2, eps=1e-10, psd="none")
+    W = torch.randn(12, 12, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    (ga,) = torch.autograd.grad((res.root * W).sum(), Ag)
+    (gb,) = torch.autograd.grad((ref.root * W).sum(), B)
+    # the matrix solved has kappa ~ 1/(n u) ~ 1e14 (fp64 floor): the two solves differ at ~kappa u
+    kappa = float(res.info["lambda_max"][0]) / s
+    tol = 10 * kappa * 2.0**-53
+    rel = lambda x, y: float(torch.linalg.norm(x - y) / torch.linalg.norm(y))  # noqa: E731
+    assert rel(res.root.detach(), ref.root.detach()) <= tol
+    assert rel(ga, gb) <= 10 * tol, (rel(ga, gb), tol)
+    # ... and the "meta" policy's derivative differs (its shift moves with A): the test can tell
+    meta = matroots.EighConfig().solve(Ag, 2, eps=1e-10, psd="meta")
+    (gm,) = torch.autograd.grad((meta.root * W).sum(), Ag)
+    assert not torch.allclose(gm, ga, rtol=1e-3)

@@ -76,8 +76,8 @@ class SolverConfig:
 
     name: ClassVar[str] = ""
     capabilities: ClassVar[Capabilities] = Capabilities()
-    # True for methods that apply the "meta" psd shift to their own computed eigenvalues (eigh)
-    psd_on_eigenvalues: ClassVar[bool] = False
+    # the psd policies a method decides and applies on its own computed eigenvalues (eigh: both)
+    psd_on_eigenvalues: ClassVar[frozenset[str]] = frozenset()
     psd: str = "none"
 
     def solve(self, A: object, p: object, options: SolveOptions | None = None, **kwargs: Any) -> RootResult:
@@ -104,7 +104,7 @@ class SolverConfig:
             options=opts,
             differentiable=self.capabilities.differentiable,
         )
-        psd_policy.apply(prob, policy, on_eigenvalues=self.psd_on_eigenvalues)
+        psd_policy.apply(prob, policy, on_eigenvalues=policy in self.psd_on_eigenvalues)
         raw = self._run(prob, inverse=opts.inverse, warm_start=opts.warm_start)
         return self._finalise(
             prob, raw, inverse=opts.inverse, seconds=time.perf_counter() - t0, quiet=opts.quiet

@@ -45,7 +45,9 @@ class EighConfig(SolverConfig):
     """
 
     name = "eigh"
-    psd_on_eigenvalues = True  # the psd "meta" shift goes on the computed eigenvalues (as Meta's does)
+    # the psd "meta" and "shift" shifts go on the computed eigenvalues (as Meta's does; "shift" is
+    # decided on them, no Cholesky test: see matroots.psd)
+    psd_on_eigenvalues = frozenset({"meta", "shift"})
     capabilities = Capabilities(differentiable=True)
     rank_policy: str = "perturb"
     atol: float = 0.0
@@ -178,8 +180,10 @@ class EighConfig(SolverConfig):
             X = W @ W.mT
         else:
             W = Q * f.sqrt().unsqueeze(-2)
-            meta_active = (
-                (psd_shift.reshape(-1) > 0) if psd_shift is not None else torch.zeros(b, dtype=torch.bool)
+            meta_active = (  # the "meta" shift -lambda_min moves with A; the "shift" policy's is constant
+                (psd_shift.reshape(-1) > 0)
+                if psd_shift is not None and prob.info.get("psd_policy") == "meta"
+                else torch.zeros(b, dtype=torch.bool)
             )
             eps_rel = prob.eps if prob.eps_mode == "relative" else 0.0
             X = SpectralRoot.apply(prob.grad_source, W, Q, wr, e, prob.prescale, eps_rel, meta_active)

@@ -144,6 +144,9 @@ class EighWarmConfig(EighConfig):
     """
 
     name = "eigh_warm"
+    # "meta" on the Ritz values; "shift" by its Cholesky test (a warm update's Ritz values are only
+    # accepted to the update's tolerance, not eigh's backward error)
+    psd_on_eigenvalues = frozenset({"meta"})
     capabilities = Capabilities(warm_start="eigenbasis", differentiable=True)
     max_angle: float = 0.1
     max_cluster: float = 0.5
@@ -240,7 +243,7 @@ class _Run:
         ds, perm = torch.sort(d, dim=-1)
         sub = dataclasses.replace(self.prob, A=self.A, info={})  # only n, eps, p, prescale are read
         if self.defer_meta:
-            sub.info[psd_policy._DEFER_KEY] = True
+            sub.info[psd_policy._DEFER_KEY] = ("meta", None)
         wr_s, f_s, e, _, act_s = self.cfg._root_eigenvalues(sub, ds, sub.info, inverse=self.inverse)
         self._record(idx, sub.info)
         wr = torch.empty_like(wr_s).scatter_(-1, perm, wr_s)
