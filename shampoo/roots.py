@@ -5,7 +5,8 @@ most :data:`ROUND_CHUNK_BYTES` each (consecutive chunks of the due rows, in orde
 matroots call, with the group's ``eps`` and rank-deficiency policy ``psd``
 (:mod:`matroots.psd`; the same for the primary solver and the fallback) and ``quiet=True`` (a
 non-convergence is reported once, here, not also by the solver). Before the call the stored factors
-are made bitwise symmetric (:func:`shampoo.state.mirror_upper_`), and a factor whose statistics became
+are read as bitwise symmetric matrices (the upper triangle, the statistic, mirrored; see
+:func:`shampoo.state.mirror_upper_`), and a factor whose statistics became
 non-finite (G G^T overflowing) is reset to zero with a :class:`~shampoo.errors.FactorResetWarning`
 and keeps its previous root (not a failure).
 
@@ -60,7 +61,7 @@ TRUST_FACTORS = True
 class RootJob:
     """Due factors of one stack: plain (b, n, n) storage, the rows due, and their bookkeeping.
 
-    ``factors`` holds the statistics (upper triangle; mirrored here before a solve), ``roots`` the
+    ``factors`` holds the statistics (upper triangle; mirrored into each solve's input), ``roots`` the
     current inverse roots (written in place for the rows that get a usable root), ``records`` the
     :class:`FactorState` of every row. ``label(row)`` names a factor in messages.
     """
@@ -342,8 +343,6 @@ def compute_roots(jobs: list[RootJob], opts: GroupOptions, diag: DiagnosticsConf
     over_limit: list[tuple[list[RootJob], list[FactorState], Fraction]] = []
     work_dtype = torch.promote_types(opts.factor_dtype, opts.root_dtype)
     bc_on = opts.use_bias_correction and opts.beta2 < 1.0
-    for store in {id(job.factors): job.factors for job in jobs}.values():
-        mirror_upper_(store)  # the upper triangle is the statistic: make the stored factors symmetric
     chunks = [
         (p, chunk)
         for (n, p), group in batches.items()
@@ -500,33 +499,37 @@ def _reset_statistics(
 
 
 def _inputs(group: list[RootJob], dtype: torch.dtype, beta2: float | None) -> torch.Tensor:
-    """The due factors of the jobs (mirrored already) as one batch, divided by 1 - beta2^t when
-    ``beta2`` is given.
+    """The due factors of the jobs as one exactly symmetric batch (each factor's upper triangle, the
+    statistic, mirrored onto its lower), divided by 1 - beta2^t when ``beta2`` is given.
 
-    A single job without bias correction whose due rows are one contiguous range is a view of the
-    factor storage itself (the solvers are pure and do not write to their input); otherwise each job
-    is written, bias-corrected, straight into the batch.
+    A single job without bias correction whose due rows are consecutive is mirrored in place and
+    returned as a view of the factor storage (the solvers are pure and do not write to their input);
+    otherwise each job is written, mirrored and bias-corrected, straight into the batch (one pass
+    over the storage; the stored lower triangles stay scratch).
     """
     first = group[0].factors
     if len(group) == 1 and beta2 is None and first.dtype == dtype:
         view = _row_range(group[0])
         if view is not None:
-            return first[view]
+            return mirror_upper_(first[view])
     total = sum(len(job.positions) for job in group)
-    out = torch.empty((total, *first.shape[1:]), dtype=dtype, device=first.device)
+    n = first.shape[-1]
+    out = torch.empty((total, n, n), dtype=dtype, device=first.device)
+    lower = torch.ones(n, n, dtype=torch.bool, device=first.device).tril_(-1)
     start = 0
     for job in group:
-        store = job.factors
-        F = _rows(store, job)
+        F = _rows(job.factors, job)
         dst = out[start : start + len(job.positions)]
+        if F.dtype == dtype:
+            torch.where(lower, F.mT, F, out=dst)
+        else:  # bf16 statistics solved in fp32: mirrored, then widened (exact)
+            dst.copy_(torch.where(lower, F.mT, F))
         counts = job.updates if job.updates is not None else job.steps
         divs = [1.0 - beta2**t for t in counts] if beta2 is not None else [1.0]
-        if all(d == divs[0] for d in divs) and divs[0] == 1.0:
-            dst.copy_(F)
-        elif all(d == divs[0] for d in divs):
-            torch.div(F, divs[0], out=dst)
-        else:
-            torch.div(F, torch.tensor(divs, dtype=dtype, device=F.device).view(-1, 1, 1), out=dst)
+        if all(d == divs[0] for d in divs) and divs[0] != 1.0:
+            dst.div_(divs[0])
+        elif not all(d == divs[0] for d in divs):
+            dst.div_(torch.tensor(divs, dtype=dtype, device=dst.device).view(-1, 1, 1))
         start += len(job.positions)
     return out
 
