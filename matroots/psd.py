@@ -59,6 +59,7 @@ import torch
 from . import precision
 from .errors import InvalidArgumentError
 from .regularize import add_to_diagonal
+from .result import info_per_element
 
 PSD_POLICIES = ("none", "shift", "meta")
 _DEFER_KEY = "psd_deferred_to_eigenvalues"
@@ -236,26 +237,14 @@ def eigenvalue_certified_shift(A: torch.Tensor, w_min: torch.Tensor, floor: torc
     return shift
 
 
-def _per_element(value: Any, b: int) -> torch.Tensor | None:
-    if value is None:
-        return None
-    if isinstance(value, torch.Tensor):
-        return value.double().reshape(-1).cpu() if value.numel() == b else None
-    if isinstance(value, list | tuple) and len(value) == b:
-        return torch.tensor([float(v) for v in value], dtype=torch.float64)
-    if isinstance(value, int | float):
-        return torch.full((b,), float(value), dtype=torch.float64)
-    return None
-
-
 def report(info: dict[str, Any], b: int) -> None:
     """Add ``regularisation_abs`` = psd_shift + eps_abs (per element, user units) to ``info``."""
-    psd = _per_element(info.get("psd_shift"), b)
-    eps = _per_element(info.get("eps_abs"), b)
+    psd, eps = info.get("psd_shift"), info.get("eps_abs")
     if psd is None and eps is None:
         return
-    zero = torch.zeros(b, dtype=torch.float64)
-    info["regularisation_abs"] = (psd if psd is not None else zero) + (eps if eps is not None else zero)
+    info["regularisation_abs"] = torch.tensor(info_per_element(psd, b), dtype=torch.float64) + torch.tensor(
+        info_per_element(eps, b), dtype=torch.float64
+    )
 
 
 __all__ = [

@@ -40,6 +40,7 @@ from fractions import Fraction
 import torch
 
 from matroots import MatrootsNumericalError
+from matroots.result import info_per_element
 from matroots.solvers import SolverConfig
 from matroots.spectral import power_lambda_max
 
@@ -156,14 +157,8 @@ def _solved_kappa(info: dict, b: int) -> list[float] | None:
 
 
 def _per_element(value: object, b: int) -> list[float]:
-    """An info value (tensor, list or number) as b floats (NaN where absent)."""
-    if isinstance(value, torch.Tensor) and value.numel() == b:
-        return value.double().reshape(b).cpu().tolist()
-    if isinstance(value, list | tuple) and len(value) == b:
-        return [float(v) for v in value]
-    if isinstance(value, int | float):
-        return [float(value)] * b
-    return [math.nan] * b
+    """An info value as b floats, NaN where the solver reported none (see matroots.result)."""
+    return info_per_element(value, b, missing=math.nan)
 
 
 def _finite_rows(X: torch.Tensor) -> torch.Tensor:

@@ -206,8 +206,10 @@ def test_warm_start_accepts_a_root_tensor_batch_and_fp16():
 
 def test_warm_start_with_wrong_shape_is_refused():
     A = spd_matrix(8, 10.0, seed=1)
-    with pytest.raises(matroots.MatrootsError, match="warm_start"):
+    with pytest.raises(matroots.InvalidArgumentError, match="warm_start"):
         _solve(A, 2, warm_start=torch.eye(5, dtype=torch.float64))
+    with pytest.raises(matroots.InvalidArgumentError, match="warm_start"):  # the right size, too many
+        _solve(A, 2, warm_start=torch.eye(8, dtype=torch.float64).expand(2, 8, 8))
 
 
 @pytest.mark.parametrize("p", (1, 2, 4))

@@ -90,7 +90,7 @@ import torch
 
 from .. import arguments, precision
 from ..conditioning import eigenvalue_conditions
-from ..errors import FormatRangeError, MatrootsError, NotPositiveDefiniteError, NotSymmetricError
+from ..errors import FormatRangeError, InvalidArgumentError, NotPositiveDefiniteError, NotSymmetricError
 from ..inputs import Problem, symmetric_input
 from ..regularize import working_shift
 from ..result import RootResult
@@ -513,7 +513,7 @@ class CoupledNewtonConfig(SolverConfig):
         if not isinstance(Z, torch.Tensor):
             Z = torch.as_tensor(np.asarray(Z))
         if Z.shape[-2:] != A.shape[-2:] or Z.numel() != A.numel():
-            raise MatrootsError(
+            raise InvalidArgumentError(
                 f"warm_start root has shape {tuple(Z.shape)}, but the input is {A.shape[0]} matrices of "
                 f"size {A.shape[-1]}; pass the previous result for the same (batch of) matrices"
             )
