@@ -40,6 +40,7 @@ import io
 import json
 import os
 import pstats
+import resource
 import statistics
 import time
 from collections import defaultdict
@@ -245,10 +246,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             timer.reset()
             round_cpu = []
             assert captured, "no root round ran: raise --steps"
+            faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             for _ in range(args.replays):
                 t0 = time.process_time()
                 roots_mod.compute_roots(*captured[0])
                 round_cpu.append(time.process_time() - t0)
+            round_faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / args.replays
             round_seconds = dict(timer.seconds)
     finally:
         engine_mod.compute_roots = real_compute
@@ -287,6 +290,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"  {k:<44}{1e3 * round_seconds[k] / args.replays:>8.2f} ms  {100 * v:>6.1f}%")
     covered = sum(round_seconds.values()) / total_round
     print(f"  (wrapped phases cover {100 * covered:.1f}% of the round's CPU time)")
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    print(f"page faults per round {round_faults:.0f}; peak resident memory of the process {peak_mib:.0f} MiB")
 
     results: dict[str, Any] = {
         "checkout": str(Path(shampoo.__file__).resolve().parent.parent),
@@ -300,6 +305,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "root_round_ms_median": 1e3 * per_round,
         "root_round_ms_all": [1e3 * r for r in round_cpu],
         "root_round_share": shares,
+        "root_round_page_faults": round_faults,
+        "peak_rss_mib": peak_mib,
     }
     if args.cprofile:
         prof = cProfile.Profile()

@@ -25,8 +25,8 @@ same matrix (and the requested eps is added on top, by :mod:`matroots.regularize
   A + (s_G - f) I diagonally dominant, so the search always ends (at most ~log2(s_G / f) Choleskys).
   Cost: one Cholesky (~1/6 of a GEMM's flops, ~2 GEMMs of time at n = 256 on one CPU thread) for
   a factor that needs no shift.
-  Methods that work on eigenvalues (eigh, ``psd_on_eigenvalues = True``) decide the same rule on
-  their own computed spectrum instead of by Cholesky: with w_min the smallest computed eigenvalue
+  Methods that work on eigenvalues (eigh: "shift" in its ``psd_on_eigenvalues``) decide the same
+  rule on their own computed spectrum instead of by Cholesky: with w_min the smallest computed eigenvalue
   of A, s is the smallest of {0, f, 2f, 4f, ...} with w_min + s - f > 0 (the exact-arithmetic
   condition for the Cholesky test to succeed), capped at the same Gershgorin bound, and is added
   to the computed eigenvalues (as eps is). The certificate is as strong: the computed eigenvalues
@@ -40,12 +40,13 @@ same matrix (and the requested eps is added on top, by :mod:`matroots.regularize
   computed eigenvalue of A, the matrix solved is A + max(0, -lambda_min) I + eps I, i.e. the
   eigenvalues are shifted by -lambda_min + eps when lambda_min(A + eps I) < eps. There is no floor:
   with eps = 1e-12 a rank-deficient fp32 factor is solved with kappa ~ lambda_max / 1e-12. Methods
-  that work on eigenvalues (eigh, ``psd_on_eigenvalues = True``) apply the shift to their own computed
-  eigenvalues exactly as Meta does; the others get lambda_min from ``torch.linalg.eigvalsh`` in the
-  compute format and the shift on the diagonal.
+  that work on eigenvalues (eigh and eigh_warm: "meta" in their ``psd_on_eigenvalues``) apply the
+  shift to their own computed eigenvalues exactly as Meta does; the others get lambda_min from
+  ``torch.linalg.eigvalsh`` in the compute format and the shift on the diagonal.
 
 What was applied is reported in ``res.info``: ``psd_policy``, ``psd_shift`` (absolute shift s per
-matrix, in the user's units), ``psd_floor`` (f; NaN under "meta"), ``psd_cholesky_calls``, and
+matrix, in the user's units), ``psd_floor`` (f; NaN under "meta"), ``psd_cholesky_calls``,
+``psd_certificate`` ("shift": "cholesky" or "computed eigenvalues"), and
 ``regularisation_abs`` = psd_shift + eps_abs, the whole absolute shift of the matrix actually solved.
 """
 

@@ -102,8 +102,8 @@ class Shampoo(torch.optim.Optimizer):
         psd: rank-deficiency policy of the factors, the same for every root solver and the fallback
             (:mod:`matroots.psd`): ``"shift"`` (default) shifts a factor whose smallest eigenvalue is
             below the floor f = n u ||A||_F by a certified amount (Cholesky test; eigh: its own
-            eigenvalues) so that it is >= f, then adds eps; ``"meta"`` reproduces Meta's DistributedShampoo (shift by -lambda_min when lambda_min < 0,
-            then eps; no floor); ``"none"`` adds only eps (SPD methods then fail on singular factors and
+            eigenvalues) so that it is >= f, then adds eps; ``"meta"`` reproduces Meta's
+            DistributedShampoo (shift by -lambda_min when lambda_min < 0, then eps; no floor); ``"none"`` adds only eps (SPD methods then fail on singular factors and
             the failure policy takes over); None uses the root solver config's own ``psd`` field.
         weight_decay, decoupled_weight_decay: decoupled (AdamW: w <- (1 - lr wd) w) or L2
             (g <- g + wd w) weight decay.
