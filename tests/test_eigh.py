@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -43,6 +44,70 @@ def test_fp32_eigensolver_failure_is_retried_in_fp64(monkeypatch):
     assert "fp64" in res.info["eigh_retry_fp64"]
     assert res.root.dtype == torch.float32
     assert rel_err(res.root, ref_inverse_root(A, 2)) <= fwd_bound(1e3, 2, 8, U["fp32"])
+
+
+def _embedding_factor() -> torch.Tensor:
+    """A real fp32 Shampoo factor: the left factor of bytes_lm's byte embedding at step 70 (156 of
+    its 256 bytes never seen: exactly zero rows and columns), in the user's units."""
+    d = np.load(Path(__file__).parent / "data" / "eigh_nan_embedding_factor.npz")
+    n, rows = int(d["n"]), torch.from_numpy(d["rows"].astype(np.int64))
+    A = torch.zeros(n, n)
+    A[rows.unsqueeze(1), rows] = torch.from_numpy(d["block"])
+    return A
+
+
+def test_unreported_nan_eigenvalues_are_solved_again_in_fp64():
+    """MKL's threaded ssyevd (torch 2.13 CPU, 2 threads) returns NaN eigenvalues for this factor
+    without raising; eigh must notice, solve it in fp64 and return the true root (here at whatever
+    thread count the machine gives: with one thread the fp32 solve is fine and nothing is retried)."""
+    A = _embedding_factor()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        res = matroots.EighConfig().solve(A, 4, eps=1e-12, psd="shift")
+    finally:
+        torch.set_num_threads(threads)
+    assert res.converged is True and bool(torch.isfinite(res.root).all())
+    s = float(res.info["regularisation_abs"][0])
+    w, Q = np.linalg.eigh(A.double().numpy())
+    ref = (Q * (w + s) ** -0.25) @ Q.T
+    kappa = (w[-1] + s) / (w[0] + s)
+    err = np.linalg.norm(res.root.double().numpy() - ref) / np.linalg.norm(ref)
+    assert err <= 10 * 256 * (kappa / 4) * U["fp32"], (err, kappa)
+
+
+def test_non_finite_fp32_eigenvalues_are_retried_for_those_matrices_only(monkeypatch):
+    real_eigh = torch.linalg.eigh
+
+    def nan_for_second(A, *args, **kwargs):
+        w, Q = real_eigh(A, *args, **kwargs)
+        if A.dtype == torch.float32 and A.shape[0] == 3:
+            w, Q = w.clone(), Q.clone()
+            w[1, 4] = math.nan  # unreported, as LAPACK's threaded ssyevd does
+        return w, Q
+
+    A = torch.stack([torch.from_numpy(spd_matrix(8, 10.0**k, seed=k)).float() for k in (1, 2, 3)])
+    plain = [matroots.EighConfig().solve(A[i : i + 1], 2) for i in range(3)]
+    monkeypatch.setattr(torch.linalg, "eigh", nan_for_second)
+    res = matroots.EighConfig().solve(A, 2)
+    assert "1 of 3" in res.info["eigh_retry_fp64"]
+    assert bool(res.converged.all())
+    for i in (0, 2):  # untouched elements: their fp32 solve
+        assert torch.equal(res.root[i], plain[i].root[0])
+    ref = ref_inverse_root(A[1].double().numpy(), 2)
+    assert rel_err(res.root[1], ref) <= fwd_bound(1e2, 2, 8, U["fp32"])
+
+
+def test_non_finite_eigenvalues_that_persist_are_a_linalg_error(monkeypatch):
+    real_eigh = torch.linalg.eigh
+
+    def always_nan(A, *args, **kwargs):
+        w, Q = real_eigh(A, *args, **kwargs)
+        return torch.full_like(w, math.nan), Q
+
+    monkeypatch.setattr(torch.linalg, "eigh", always_nan)
+    with pytest.raises(torch.linalg.LinAlgError, match="non-finite eigenvalues for 1 of 1"):
+        matroots.EighConfig().solve(torch.from_numpy(spd_matrix(6, 10.0, seed=0)), 2)
 
 
 def test_rounding_noise_asymmetry_is_accepted():

@@ -384,3 +384,30 @@ def test_non_finite_statistics_are_reset_and_the_basis_kept() -> None:
     torch.testing.assert_close(Q.T @ Q, torch.eye(4), atol=1e-5, rtol=0)
     assert bool(torch.isfinite(W).all())
     assert bool(torch.isfinite(blk.tensors["second_moment"]).all())
+
+
+def test_basis_eigh_solves_unreported_nan_rows_again_in_fp64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MKL's threaded ssyevd can return NaN eigenvectors without an error (matroots.solvers.eigh):
+    SOAP's eigh basis update solves those rows again in fp64; the others keep their fp32 solve."""
+    from shampoo.transforms import soap as soap_mod
+
+    g = torch.Generator().manual_seed(0)
+    G = torch.randn(3, 12, 30, generator=g)
+    A = G @ G.mT
+    real = torch.linalg.eigh
+
+    def nan_row(M: torch.Tensor, *a: object, **k: object) -> torch.return_types.linalg_eigh:
+        out = real(M, *a, **k)
+        if M.dtype == torch.float32 and M.shape[0] == 3:
+            Q = out.eigenvectors.clone()
+            Q[1, 0, 0] = float("nan")
+            return torch.return_types.linalg_eigh((out.eigenvalues, Q))
+        return out
+
+    plain = real(A).eigenvectors
+    monkeypatch.setattr(torch.linalg, "eigh", nan_row)
+    Q, ok, err = soap_mod._eigh(A, torch.float32)
+    assert ok.tolist() == [True, True, True] and err == ""
+    assert torch.equal(Q[0], plain[0]) and torch.equal(Q[2], plain[2])
+    ref = real(A[1].double()).eigenvectors.float()
+    assert torch.equal(Q[1], ref)  # the fp64 solve, rounded

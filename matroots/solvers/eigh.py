@@ -82,7 +82,14 @@ class EighConfig(SolverConfig):
 
     @staticmethod
     def _eigh(A: torch.Tensor, info: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ascending eigenvalues and eigenvectors of the batch A; an fp32 failure is retried in fp64."""
+        """Ascending eigenvalues and eigenvectors of the batch A; an fp32 failure is retried in fp64.
+
+        A failure is a LinAlgError, or NaN/Inf eigenvalues for a finite matrix that LAPACK did not
+        report: MKL's threaded ssyevd (torch 2.13 CPU, 2 threads) returns NaN for some fp32 Shampoo
+        factors with many exactly zero rows (an embedding's bytes never seen; one thread or fp64
+        solve them), so every element's spectrum is checked (b x n values) and the affected
+        elements alone are solved again in fp64.
+        """
         cdtype = A.dtype
         try:
             w, Q = torch.linalg.eigh(A)
@@ -92,6 +99,15 @@ class EighConfig(SolverConfig):
             info["eigh_retry_fp64"] = f"fp32 eigh failed ({exc}); retried in fp64"
             w, Q = torch.linalg.eigh(A.double())
             w, Q = w.float(), Q.float()
+        bad = ~torch.isfinite(w).all(-1)
+        if cdtype == torch.float32 and bool(bad.any()):
+            rows = bad.nonzero().flatten()
+            w64, Q64 = torch.linalg.eigh(A.index_select(0, rows).double())
+            w[rows], Q[rows] = w64.float(), Q64.float()
+            info["eigh_retry_fp64"] = (
+                f"fp32 eigh returned non-finite eigenvalues for {rows.numel()} of {A.shape[0]} finite "
+                "matrices without an error; those were solved again in fp64"
+            )
         return w, Q
 
     def _root_eigenvalues(
@@ -120,6 +136,12 @@ class EighConfig(SolverConfig):
             lmin, lmax, shift = lmin / s, lmax / s, shift / s
         info.update(lambda_min=lmin, lambda_max=lmax, eps_abs=shift)
         e = -1.0 / float(prob.p) if inverse else 1.0 / float(prob.p)
+        if not bool(torch.isfinite(w).all()):
+            k = int((~torch.isfinite(w).all(-1)).sum())
+            raise torch.linalg.LinAlgError(
+                f"eigh: the eigensolver returned non-finite eigenvalues for {k} of {w.shape[0]} finite "
+                f"matrices ({precision.info(cdtype).name}) without reporting an error"
+            )
         if not bool(torch.isfinite(wr).all()):
             raise FormatRangeError(
                 f"eigh: an eigenvalue plus the eps shift (eps_abs={float(shift.max()):.3e}) overflows "

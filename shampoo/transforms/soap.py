@@ -463,7 +463,11 @@ def _finite_rows(X: torch.Tensor) -> torch.Tensor:
 
 
 def _eigh(A: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """Ascending eigenvectors of the batch A in ``dtype`` (a failure retried in fp64), ok per row."""
+    """Ascending eigenvectors of the batch A in ``dtype`` (a failure retried in fp64), ok per row.
+
+    Rows with non-finite eigenvectors that LAPACK did not report (MKL's threaded ssyevd on factors
+    with many zero rows, see matroots.solvers.eigh) are solved again in fp64.
+    """
     r = A.shape[0]
     for dt in dict.fromkeys((dtype, torch.float64)):
         try:
@@ -471,7 +475,16 @@ def _eigh(A: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tens
         except _NUMERICAL as exc:
             err = f"{type(exc).__name__}: {exc}"
             continue
-        return Q.to(A.dtype), _finite_rows(Q), ""
+        ok = _finite_rows(Q)
+        if dt != torch.float64 and not bool(ok.all()):
+            rows = (~ok).nonzero().flatten()
+            try:
+                Q64 = torch.linalg.eigh(A.index_select(0, rows.to(A.device)).double()).eigenvectors
+            except _NUMERICAL:
+                return Q.to(A.dtype), ok, "non-finite eigenvectors (fp32 and fp64)"
+            Q[rows.to(Q.device)] = Q64.to(Q.dtype)
+            ok = _finite_rows(Q)
+        return Q.to(A.dtype), ok, "" if bool(ok.all()) else "non-finite eigenvectors"
     return A.clone(), torch.zeros(r, dtype=torch.bool), err
 
 
