@@ -12,6 +12,7 @@ from .api import inverse_root, resolve_method, root
 from .errors import (
     ConvergenceError,
     ConvergenceWarning,
+    EigensolverError,
     EmptyMatrixError,
     FormatRangeError,
     InvalidArgumentError,
@@ -69,6 +70,7 @@ __all__ = [
     "ConvergenceError",
     "ConvergenceWarning",
     "CoupledNewtonConfig",
+    "EigensolverError",
     "EighConfig",
     "EmptyMatrixError",
     "FormatRangeError",

@@ -79,6 +79,11 @@ class FormatRangeError(MatrootsNumericalError):
     a scaling factor, an eigenvalue ratio or the root itself cannot be represented."""
 
 
+class EigensolverError(MatrootsNumericalError):
+    """The eigensolver returned a non-finite spectrum for a finite matrix without raising (seen with
+    MKL's threaded fp32 ssyevd), and a retry in fp64 did not help."""
+
+
 class ConvergenceError(MatrootsNumericalError):
     """An iterative method did not converge and ``strict=True`` was asked for.
 
@@ -97,6 +102,7 @@ class ConvergenceWarning(UserWarning):
 __all__ = [
     "ConvergenceError",
     "ConvergenceWarning",
+    "EigensolverError",
     "EmptyMatrixError",
     "FormatRangeError",
     "InvalidArgumentError",

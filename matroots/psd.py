@@ -143,8 +143,9 @@ def apply(prob: Any, policy: str, *, on_eigenvalues: bool = False) -> None:
     """Apply ``policy`` to a prepared :class:`matroots.inputs.Problem` in place (``prob.A`` is replaced
     by the shifted matrix, never written to) and record what was done in ``prob.info``.
 
-    ``on_eigenvalues``: the method applies the "meta" shift to its own eigenvalues (see
-    :func:`eigenvalue_shift`); the matrix is then left as it is here.
+    ``on_eigenvalues``: the method decides and applies this policy's shift on its own computed
+    eigenvalues (see :func:`eigenvalue_shift`; "meta", and "shift" for eigh); the matrix is then left
+    as it is here and only the floor is computed.
     """
     policy = check_policy(policy)
     info = prob.info

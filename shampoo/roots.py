@@ -341,7 +341,7 @@ def compute_roots(jobs: list[RootJob], opts: GroupOptions, diag: DiagnosticsConf
     chunks = [
         (p, chunk)
         for (n, p), group in batches.items()
-        for chunk in _chunks(group, n * n * torch.empty((), dtype=work_dtype).element_size())
+        for chunk in _chunks(group, n * n * torch.empty((), dtype=work_dtype).element_size(), _device(group))
     ]
     for p, group in chunks:
         states, steps = [], []
@@ -534,13 +534,22 @@ def _inputs(group: list[RootJob], dtype: torch.dtype, beta2: float | None) -> to
 #: Cholesky tests, eigh's eigenvectors, the root) is then chunk-sized: glibc serves it from the heap,
 #: where the previous chunk's blocks are still mapped, instead of a fresh mmap of the whole batch that
 #: the kernel faults in page by page (at d_model 1024 a 1536 x 256 x 256 fp32 batch is 400 MB per
-#: temporary). Measured in experiments/profile_step.py (``--chunk-mib``).
+#: temporary). CPU only. Measured in experiments/profile_step.py (``--chunk-mib``).
 ROUND_CHUNK_BYTES = 8 * 2**20
 
 
-def _chunks(group: list[RootJob], matrix_bytes: int) -> list[list[RootJob]]:
+def _device(group: list[RootJob]) -> torch.device:
+    return group[0].factors.device
+
+
+def _chunks(
+    group: list[RootJob], matrix_bytes: int, device: torch.device | None = None
+) -> list[list[RootJob]]:
     """``group`` cut into consecutive slices of at most ROUND_CHUNK_BYTES // matrix_bytes rows
-    (jobs cut at row boundaries; the order of the rows is kept)."""
+    (jobs cut at row boundaries; the order of the rows is kept). Only on the CPU, whose allocator the
+    limit is about: on a GPU one batched solve per (n, p) is kept (each call costs host syncs)."""
+    if device is not None and device.type != "cpu":
+        return [group]
     rows = max(1, ROUND_CHUNK_BYTES // max(matrix_bytes, 1))
     out: list[list[RootJob]] = []
     cur: list[RootJob] = []
@@ -592,7 +601,9 @@ def _previous_bases(states: list[FactorState], like: torch.Tensor) -> torch.Tens
 
 
 def _previous(group: list[RootJob]) -> torch.Tensor:
-    """The current roots of the due factors (warm starts)."""
+    """The current roots of the due factors (warm starts): views of the root storage where the due
+    rows are consecutive, so a solver must not write to its warm start or return it (matroots'
+    solvers are pure: they copy it)."""
     prevs = [_rows(job.roots, job) for job in group]
     return torch.cat(prevs) if len(prevs) > 1 else prevs[0]
 

@@ -39,8 +39,9 @@ class FactorState:
     dim: int
     n: int
     root_p: Fraction
-    # (n, n) view into the bucket's factor storage; its upper triangle is the statistic (the lower one
-    # is mirrored from it, bitwise, at each root round, state_dict() and dump: see mirror_upper_)
+    # (n, n) view into the bucket's factor storage; its upper triangle is the statistic, the lower one
+    # scratch (state_dict(), dumps and diagnostics mirror it in place; a root round reads a mirrored
+    # copy: see mirror_upper_ and shampoo.roots)
     matrix: torch.Tensor
     # (n, n) view into the bucket's root storage; identity until the first root. None for factors of
     # transforms that keep no root (SOAP keeps an eigenbasis, declared as block tensor state instead)
@@ -240,8 +241,9 @@ def mirror_upper_(F: torch.Tensor) -> torch.Tensor:
     entry (i, j) alone, so the upper triangle evolves as a one-triangle accumulation would, while the
     lower triangle (written by the same GEMM with a different summation order, asymmetric at ~1e-7
     relative in fp32 for n >= 256) is scratch. This mirror makes the factor bitwise symmetric in any
-    dtype; it runs whenever a factor is read (each root round, ``state_dict()``, factor dumps), not
-    at every step, so symmetric statistics cost nothing on the step (a per-step symmetrisation is a
+    dtype; it runs whenever a factor is read (``state_dict()``, factor dumps, diagnostics; a root
+    round writes the mirrored matrix straight into its solve's input, see shampoo.roots), not at
+    every step, so symmetric statistics cost nothing on the step (a per-step symmetrisation is a
     strided transpose of every factor, about a third of the ``baddbmm`` itself).
     """
     n = F.shape[-1]

@@ -28,7 +28,7 @@ import shampoo
 import shampoo.roots as roots_mod
 from shampoo.config import DiagnosticsConfig, GroupOptions
 from shampoo.roots import RootJob, compute_roots
-from shampoo.state import FactorState
+from shampoo.state import FactorState, mirror_upper_
 
 F64 = torch.float64
 
@@ -127,7 +127,7 @@ def test_one_factor_per_chunk_is_the_direct_solve_of_that_factor(monkeypatch: py
     checked = 0
     for f, step in _factors(opt):
         assert f.converged and f.root_step == 7, (f.solver, f.error)
-        A = f.matrix.detach().clone() / (1.0 - 0.99**step)
+        A = mirror_upper_(f.matrix.detach().clone()) / (1.0 - 0.99**step)  # the lower triangle is scratch
         direct = matroots.solvers.EighConfig().solve(A, int(f.root_p), eps=1e-10, psd="shift", dtype=F64)
         assert torch.equal(f.root, direct.root), "a one-factor chunk must be the solve of that factor alone"
         # ... and the true root of the matrix solved (float64 numpy reference, its own shift)
@@ -183,8 +183,9 @@ def test_a_failure_stays_in_its_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [f.primary_failures for f in whole] == [1] * 6
 
 
+@pytest.mark.parametrize("bias_correction", [True, False])  # False: the in-place view path
 @pytest.mark.parametrize("positions", [[1, 2], [0, 2, 3], [3]])
-def test_only_due_rows_are_read_and_written(positions: list[int]) -> None:
+def test_only_due_rows_are_read_and_written(positions: list[int], bias_correction: bool) -> None:
     b, n = 4, 6
     g = torch.Generator().manual_seed(5)
     G = torch.randn(b, n, 3 * n, generator=g, dtype=F64)
@@ -197,17 +198,20 @@ def test_only_due_rows_are_read_and_written(positions: list[int]) -> None:
         p=Fraction(2), positions=positions, steps=[3] * len(positions), label=str,
     )  # fmt: skip
     opt = shampoo.Shampoo(
-        [torch.zeros(2, dtype=F64)], betas=(0.9, 0.9), eps=1e-8, factor_dtype=F64, root_dtype=F64
-    )
+        [torch.zeros(2, dtype=F64)], betas=(0.9, 0.9), eps=1e-8, factor_dtype=F64, root_dtype=F64,
+        use_bias_correction=bias_correction,
+    )  # fmt: skip
     opts = GroupOptions.from_group(opt.param_groups[0])
     report = compute_roots([job], opts, DiagnosticsConfig())
     assert report.factors == len(positions) and report.failures == 0
     assert torch.equal(torch.triu(factors), torch.triu(kept))  # the statistic itself is never altered
+    if not bias_correction and positions == [1, 2]:  # the in-place view path: due rows mirrored
+        assert torch.equal(factors[1:3], full[1:3]) and torch.equal(factors[0], kept[0])
     for i in range(b):
         if i not in positions:
             assert torch.equal(stored[i], torch.full((n, n), 7.0, dtype=F64)), "a row not due was written"
             continue
-        A = full[i].numpy() / (1 - 0.9**3)
+        A = full[i].numpy() / ((1 - 0.9**3) if bias_correction else 1.0)
         w, Q = np.linalg.eigh(A)
         f = job.records[i]
         ref = (Q * (w + f.regularisation) ** -0.5) @ Q.T

@@ -13,7 +13,7 @@ import torch
 
 from .. import arguments, precision
 from .. import psd as psd_policy
-from ..errors import FormatRangeError, InvalidArgumentError, NotPositiveDefiniteError
+from ..errors import EigensolverError, FormatRangeError, InvalidArgumentError, NotPositiveDefiniteError
 from ..inputs import Problem, require_symmetric, symmetric_input
 from ..regularize import working_shift
 from .base import Capabilities, RawResult, SolverConfig
@@ -98,7 +98,7 @@ class EighConfig(SolverConfig):
                 raise
             info["eigh_retry_fp64"] = f"fp32 eigh failed ({exc}); retried in fp64"
             w, Q = torch.linalg.eigh(A.double())
-            w, Q = w.float(), Q.float()
+            return w.float(), Q.float()
         bad = ~torch.isfinite(w).all(-1)
         if cdtype == torch.float32 and bool(bad.any()):
             rows = bad.nonzero().flatten()
@@ -123,6 +123,12 @@ class EighConfig(SolverConfig):
         cdtype = w.dtype
         active = None
         s = prob.prescale  # report in the user's units (fp16 inputs are pre-scaled by s)
+        if not bool(torch.isfinite(w).all()):  # the spectrum itself, before any shift
+            k = int((~torch.isfinite(w).all(-1)).sum())
+            raise EigensolverError(
+                f"eigh: the computed spectrum has non-finite eigenvalues for {k} of {w.shape[0]} finite "
+                f"matrices ({precision.info(cdtype).name}) and the eigensolver reported no error"
+            )
         lmin, lmax = w[..., 0].double(), w[..., -1].double()
         psd_shift = psd_policy.eigenvalue_shift(prob, w)
         if psd_shift is not None:
@@ -136,12 +142,6 @@ class EighConfig(SolverConfig):
             lmin, lmax, shift = lmin / s, lmax / s, shift / s
         info.update(lambda_min=lmin, lambda_max=lmax, eps_abs=shift)
         e = -1.0 / float(prob.p) if inverse else 1.0 / float(prob.p)
-        if not bool(torch.isfinite(w).all()):
-            k = int((~torch.isfinite(w).all(-1)).sum())
-            raise torch.linalg.LinAlgError(
-                f"eigh: the eigensolver returned non-finite eigenvalues for {k} of {w.shape[0]} finite "
-                f"matrices ({precision.info(cdtype).name}) without reporting an error"
-            )
         if not bool(torch.isfinite(wr).all()):
             raise FormatRangeError(
                 f"eigh: an eigenvalue plus the eps shift (eps_abs={float(shift.max()):.3e}) overflows "

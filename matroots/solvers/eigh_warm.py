@@ -216,7 +216,8 @@ class _Run:
         self.cfg, self.prob, self.A, self.inverse = cfg, prob, A, inverse
         b, n = A.shape[0], A.shape[-1]
         self.info = info
-        self.defer_meta = bool(prob.info.pop(psd_policy._DEFER_KEY, False))
+        deferred = prob.info.pop(psd_policy._DEFER_KEY, None)  # only "meta" is deferred here
+        self.defer_meta = deferred is not None and deferred[0] == "meta"
         self.X = torch.empty_like(A)
         self.Q = torch.empty_like(A)
         self.w = torch.empty(b, n, dtype=A.dtype, device=A.device)

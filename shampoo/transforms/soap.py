@@ -480,8 +480,8 @@ def _eigh(A: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tens
             rows = (~ok).nonzero().flatten()
             try:
                 Q64 = torch.linalg.eigh(A.index_select(0, rows.to(A.device)).double()).eigenvectors
-            except _NUMERICAL:
-                return Q.to(A.dtype), ok, "non-finite eigenvectors (fp32 and fp64)"
+            except _NUMERICAL as exc:
+                return Q.to(A.dtype), ok, f"non-finite fp32 eigenvectors; the fp64 retry raised {exc}"
             Q[rows.to(Q.device)] = Q64.to(Q.dtype)
             ok = _finite_rows(Q)
         return Q.to(A.dtype), ok, "" if bool(ok.all()) else "non-finite eigenvectors"
