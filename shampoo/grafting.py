@@ -29,10 +29,21 @@ if TYPE_CHECKING:
     from .state import BlockState
 
 
+#: Adam grafting with a first moment (beta1 > 0) and bias correction updates both moments and writes
+#: its direction in one pass, with torch's fused Adam kernel (``torch._fused_adam_``, the kernel of
+#: ``torch.optim.Adam(fused=True)``) applied to a zeroed buffer with lr = -1: the buffer becomes
+#: m_hat / (sqrt(v_hat) + eps), the graft direction. Same formulas, rounded in a different order than
+#: the separate passes (lerp_, mul_/addcmul_, sqrt/add/div: six passes over the state), so equal to
+#: rounding, not bitwise. False: the separate passes (tests compare the two).
+FUSED_ADAM = True
+
+
 @dataclass
 class GraftState:
     v: torch.Tensor  # (b, *shape) second-moment accumulator
     work: torch.Tensor | None = None  # the direction's buffer, reused across steps (not state)
+    # set by AdamGraft.fused_update: work holds this step's direction, and its per-block scale
+    fused_scale: torch.Tensor | float | None = None
 
     def denominator(self, v: torch.Tensor) -> torch.Tensor:
         """sqrt(v) into :attr:`work` (kept while v's shape holds): the direction is written there
@@ -142,11 +153,50 @@ class RMSpropGraft(_SecondMomentGraft):
 class AdamGraft(RMSpropGraft):
     beta2: float = 0.999
 
+    def fused_update(
+        self, state: GraftState | None, m: torch.Tensor, G: torch.Tensor, ctx: StepContext, beta1: float
+    ) -> bool:
+        """Update the first moment ``m`` (the pipeline's, in place) and v, and compute the direction,
+        in one pass (see :data:`FUSED_ADAM`); False (nothing done) where that does not apply: the
+        switch off, no bias correction, a selection of rows, or a device/dtype the kernel lacks."""
+        if (
+            not FUSED_ADAM
+            or state is None
+            or ctx.sel is not None
+            or not ctx.opts.use_bias_correction
+            or G.dtype != m.dtype
+            or G.device.type not in ("cpu", "cuda")
+        ):
+            return False
+        v = state.v
+        state.work = reuse_buffer(state.work, v.shape, v)
+        P = state.work.zero_()
+        steps = ctx.steps
+        kw = dict(lr=-1.0, beta1=beta1, beta2=self.beta2, weight_decay=0.0, eps=self.eps)
+        if all(t == steps[0] for t in steps):
+            step = [torch.tensor(float(steps[0]), device=v.device)]
+            torch._fused_adam_([P], [G], [m], [v], [], step, amsgrad=False, maximize=False, **kw)
+        else:  # per-block steps: one kernel over the blocks' views
+            n = len(steps)
+            step = [torch.tensor(float(t), device=v.device) for t in steps]
+            torch._fused_adam_(
+                [P[j] for j in range(n)], [G[j] for j in range(n)], [m[j] for j in range(n)],
+                [v[j] for j in range(n)], [], step, amsgrad=False, maximize=False, **kw,
+            )  # fmt: skip
+        # the direction already holds 1 / (1 - beta1^t); the pipeline divides every scale by it
+        state.fused_scale = ctx.per_block([1.0 - beta1**t for t in steps])
+        return True
+
     def direction(
         self, state: GraftState | None, m: torch.Tensor, ctx: StepContext
     ) -> tuple[torch.Tensor, torch.Tensor | float]:
         """sqrt(v / (1 - beta2^t)) + eps is computed as (sqrt(v) + eps sqrt(1 - beta2^t)) / sqrt(1 -
-        beta2^t), which saves a pass over the state. The group's ``use_bias_correction`` applies."""
+        beta2^t), which saves a pass over the state. The group's ``use_bias_correction`` applies.
+        After :meth:`fused_update` the direction is the one it computed."""
+        if state is not None and state.fused_scale is not None:
+            scale, state.fused_scale = state.fused_scale, None
+            assert state.work is not None
+            return state.work, scale
         if not ctx.opts.use_bias_correction:
             return super().direction(state, m, ctx)
         assert state is not None

@@ -138,11 +138,18 @@ class Pipeline:
     def update(self, state: PipelineState, G: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Fold G into every statistic; returns m, the gradient EMA (G itself when beta1 = 0). The
         bias correction 1/(1 - beta1^t) of m is folded into the output scale by :meth:`direction`."""
-        self.grafting.update(state.grafting, G, ctx)
+        fused = False
+        fuse = getattr(self.grafting, "fused_update", None)  # Adam grafting: both moments in one pass
+        if fuse is not None and self.first_moment is not None:
+            fused = fuse(state.grafting, state.first_moment.m, G, ctx, self.first_moment.beta1)
+        if not fused:
+            self.grafting.update(state.grafting, G, ctx)
         if self.preconditioner is not None:
             self.preconditioner.update(state.preconditioner, G, ctx)
         if self.first_moment is None:
             return G
+        if fused:
+            return state.first_moment.m
         return self.first_moment.update(state.first_moment, G, ctx)
 
     def ready(self, state: PipelineState, j: int) -> bool:
