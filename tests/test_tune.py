@@ -143,9 +143,12 @@ def _check_table_against_rows(tab: pd.DataFrame, rows: pd.DataFrame, ts: spec.Tu
         assert cell["unit"].nunique() == e["cases"]
         meets = {}
         for solver, g in cell.groupby("solver"):
-            ok = (g["failure"].fillna("") == "").all() and (
-                g["relative_forward_error"] <= ts.margin * e["target"]
-            ).all()
+            # a candidate must cover every case of the cell (cases can repeat across sweeps)
+            ok = (
+                g["unit"].nunique() == e["cases"]
+                and (g["failure"].fillna("") == "").all()
+                and (g["relative_forward_error"] <= ts.margin * e["target"]).all()
+            )
             meets[solver] = (ok, g["gemm_equivalents"].median())
         passing = {s: c for s, (ok, c) in meets.items() if ok}
         if e["choice"] == "NA":
