@@ -534,7 +534,8 @@ def _inputs(group: list[RootJob], dtype: torch.dtype, beta2: float | None) -> to
 #: Cholesky tests, eigh's eigenvectors, the root) is then chunk-sized: glibc serves it from the heap,
 #: where the previous chunk's blocks are still mapped, instead of a fresh mmap of the whole batch that
 #: the kernel faults in page by page (at d_model 1024 a 1536 x 256 x 256 fp32 batch is 400 MB per
-#: temporary). CPU only. Measured in experiments/profile_step.py (``--chunk-mib``).
+#: temporary). CPU only. Measured (experiments/profile_step.py --size 1024, ``--chunk-mib 8`` vs 0):
+#: a round 5102 -> 4626 ms CPU, 503k -> 14 page faults, peak resident memory 5.6 -> 4.1 GB.
 ROUND_CHUNK_BYTES = 8 * 2**20
 
 
