@@ -53,6 +53,7 @@ matrix, in the user's units), ``psd_floor`` (f; NaN under "meta"), ``psd_cholesk
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -93,45 +94,61 @@ def _gershgorin_lower(W: torch.Tensor) -> torch.Tensor:
     return (d - r).min(-1).values
 
 
-def certified_shift(
-    A: torch.Tensor, floor: torch.Tensor, compute_dtype: torch.dtype
-) -> tuple[torch.Tensor, int]:
-    """The "shift" policy's s per batch element (float64) and the number of batched Cholesky calls.
-
-    ``A`` is (b, n, n) in the working format, ``floor`` the (b,) floor f in A's units.
-    """
-    W = A.to(precision.lapack_dtype(compute_dtype))
-    b = W.shape[0]
-    shift = torch.zeros(b, dtype=torch.float64)
-    f = floor.double().cpu()
-    todo = torch.nonzero(f > 0).flatten()  # a zero matrix has no floor: the eps (or the solver) decides
-    if todo.numel() == 0:
-        return shift, 0
-    s_g = (f - _gershgorin_lower(W).cpu()).clamp_min(0.0)
-    cand = torch.zeros(b, dtype=torch.float64)
-    calls = 0
+def _candidate_search(
+    f: torch.Tensor,
+    s_g: torch.Tensor,
+    todo: torch.Tensor,
+    passes: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """The "shift" policy's search (float64, per batch element; 0 outside ``todo``): for the elements
+    ``todo``, the smallest s in {0, f, 2f, 4f, ...} with ``passes(rows, s)`` (a (k,) bool tensor for
+    the candidates s of the elements rows); past the Gershgorin bound s_G, s_G itself (diagonally
+    dominant, hence positive definite in exact arithmetic; a little margin for rounding)."""
+    shift = torch.zeros_like(f)
+    cand = torch.zeros_like(f)
     while todo.numel():
-        # the matrices still searching, shifted (a fresh buffer; the whole batch needs no gather)
-        sub = W if todo.numel() == b else W.index_select(0, todo.to(W.device))
-        test = add_to_diagonal(sub, (cand[todo] - f[todo]).to(W.device))
-        _, info = torch.linalg.cholesky_ex(test)
-        calls += 1
-        ok = (info == 0).cpu()
+        ok = passes(todo, cand[todo])
         done = todo[ok]
         shift[done] = cand[done]
         todo = todo[~ok]
         if not todo.numel():
             break
-        # next candidate: 0 -> f -> 2f -> ...; past the Gershgorin bound, s_G itself (diagonally
-        # dominant, hence positive definite in exact arithmetic; a little margin for rounding)
-        nxt = torch.where(cand[todo] > 0, 2.0 * cand[todo], f[todo])
+        nxt = torch.where(cand[todo] > 0, 2.0 * cand[todo], f[todo])  # 0 -> f -> 2f -> ...
         over = nxt >= s_g[todo]
         if bool(over.any()):
             last = todo[over]
             shift[last] = s_g[last] * (1.0 + 1e-3) + f[last] * 1e-3
             todo, nxt = todo[~over], nxt[~over]
         cand[todo] = nxt
-    return shift, calls
+    return shift
+
+
+def certified_shift(
+    A: torch.Tensor, floor: torch.Tensor, compute_dtype: torch.dtype
+) -> tuple[torch.Tensor, int]:
+    """The "shift" policy's s per batch element (float64) and the number of batched Cholesky calls.
+
+    ``A`` is (b, n, n) in the working format, ``floor`` the (b,) floor f in A's units. A candidate
+    passes when the Cholesky factorisation of A + (s - f) I succeeds in the compute format.
+    """
+    W = A.to(precision.lapack_dtype(compute_dtype))
+    b = W.shape[0]
+    f = floor.double().cpu()
+    todo = torch.nonzero(f > 0).flatten()  # a zero matrix has no floor: the eps (or the solver) decides
+    if todo.numel() == 0:
+        return torch.zeros(b, dtype=torch.float64), 0
+    s_g = (f - _gershgorin_lower(W).cpu()).clamp_min(0.0)
+    calls = 0
+
+    def cholesky_passes(rows: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+        nonlocal calls
+        # the matrices still searching, shifted (a fresh buffer; the whole batch needs no gather)
+        sub = W if rows.numel() == b else W.index_select(0, rows.to(W.device))
+        _, info = torch.linalg.cholesky_ex(add_to_diagonal(sub, (cand - f[rows]).to(W.device)))
+        calls += 1
+        return (info == 0).cpu()
+
+    return _candidate_search(f, s_g, todo, cholesky_passes), calls
 
 
 def meta_shift(eigenvalues_min: torch.Tensor) -> torch.Tensor:
@@ -206,37 +223,21 @@ def eigenvalue_shift(prob: Any, w: torch.Tensor) -> torch.Tensor | None:
 def eigenvalue_certified_shift(A: torch.Tensor, w_min: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
     """The "shift" policy's s per batch element (float64) decided on computed eigenvalues.
 
-    The candidates and the cap of :func:`certified_shift` (0, f, 2f, ...; past the Gershgorin bound
-    s_G, s_G itself with the same margin), with its Cholesky test of A + (s - f) I replaced by the
-    exact-arithmetic condition w_min + s - f > 0. ``A`` (b, n, n) is read only for the Gershgorin
-    bound of the elements that need a shift.
+    The search of :func:`certified_shift` (the same candidates and Gershgorin cap) with its Cholesky
+    test of A + (s - f) I replaced by the exact-arithmetic condition w_min + s - f > 0. ``A`` (b, n, n)
+    is read only for the Gershgorin bound of the elements that need a shift.
     """
     lo = w_min.double().cpu()
     f = floor.double().cpu()
-    shift = torch.zeros_like(f)
-    todo = (f > 0) & (lo - f <= 0)  # s = 0 fails; a zero matrix has no floor (the eps decides)
-    if not bool(todo.any()):
-        return shift
-    rows = todo.nonzero().flatten()
-    W = A.index_select(0, rows.to(A.device))
+    todo = ((f > 0) & (lo - f <= 0)).nonzero().flatten()  # s = 0 fails; a zero matrix has no floor
+    if todo.numel() == 0:
+        return torch.zeros_like(f)
+    W = A.index_select(0, todo.to(A.device))
     if W.dtype not in (torch.float32, torch.float64):
         W = W.float()
-    lo_r, f_r = lo[rows], f[rows]
-    s_g = (f_r - _gershgorin_lower(W).cpu()).clamp_min(0.0)
-    out = torch.zeros_like(f_r)
-    cand = torch.zeros_like(f_r)
-    active = torch.ones_like(f_r, dtype=torch.bool)
-    while bool(active.any()):
-        nxt = torch.where(cand > 0, 2.0 * cand, f_r)
-        over = active & (nxt >= s_g)
-        out = torch.where(over, s_g * (1.0 + 1e-3) + f_r * 1e-3, out)
-        active &= ~over
-        cand = torch.where(active, nxt, cand)
-        ok = active & (lo_r + cand - f_r > 0)
-        out = torch.where(ok, cand, out)
-        active &= ~ok
-    shift[rows] = out
-    return shift
+    s_g = torch.full_like(f, math.inf)
+    s_g[todo] = (f[todo] - _gershgorin_lower(W).cpu()).clamp_min(0.0)
+    return _candidate_search(f, s_g, todo, lambda rows, cand: lo[rows] + cand - f[rows] > 0)
 
 
 def report(info: dict[str, Any], b: int) -> None:

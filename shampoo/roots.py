@@ -341,7 +341,9 @@ def compute_roots(jobs: list[RootJob], opts: GroupOptions, diag: DiagnosticsConf
     chunks = [
         (p, chunk)
         for (n, p), group in batches.items()
-        for chunk in _chunks(group, n * n * torch.empty((), dtype=work_dtype).element_size(), _device(group))
+        for chunk in _chunks(
+            group, n * n * torch.empty((), dtype=work_dtype).element_size(), group[0].factors.device
+        )
     ]
     for p, group in chunks:
         states, steps = [], []
@@ -537,10 +539,6 @@ def _inputs(group: list[RootJob], dtype: torch.dtype, beta2: float | None) -> to
 #: temporary). CPU only. Measured (experiments/profile_step.py --size 1024, ``--chunk-mib 8`` vs 0):
 #: a round 5102 -> 4626 ms CPU, 503k -> 14 page faults, peak resident memory 5.6 -> 4.1 GB.
 ROUND_CHUNK_BYTES = 8 * 2**20
-
-
-def _device(group: list[RootJob]) -> torch.device:
-    return group[0].factors.device
 
 
 def _chunks(

@@ -82,33 +82,8 @@ class EighConfig(SolverConfig):
 
     @staticmethod
     def _eigh(A: torch.Tensor, info: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ascending eigenvalues and eigenvectors of the batch A; an fp32 failure is retried in fp64.
-
-        A failure is a LinAlgError, or NaN/Inf eigenvalues for a finite matrix that LAPACK did not
-        report: MKL's threaded ssyevd (torch 2.13 CPU, 2 threads) returns NaN for some fp32 Shampoo
-        factors with many exactly zero rows (an embedding's bytes never seen; one thread or fp64
-        solve them), so every element's spectrum is checked (b x n values) and the affected
-        elements alone are solved again in fp64.
-        """
-        cdtype = A.dtype
-        try:
-            w, Q = torch.linalg.eigh(A)
-        except torch.linalg.LinAlgError as exc:
-            if cdtype != torch.float32:
-                raise
-            info["eigh_retry_fp64"] = f"fp32 eigh failed ({exc}); retried in fp64"
-            w, Q = torch.linalg.eigh(A.double())
-            return w.float(), Q.float()
-        bad = ~torch.isfinite(w).all(-1)
-        if cdtype == torch.float32 and bool(bad.any()):
-            rows = bad.nonzero().flatten()
-            w64, Q64 = torch.linalg.eigh(A.index_select(0, rows).double())
-            w[rows], Q[rows] = w64.float(), Q64.float()
-            info["eigh_retry_fp64"] = (
-                f"fp32 eigh returned non-finite eigenvalues for {rows.numel()} of {A.shape[0]} finite "
-                "matrices without an error; those were solved again in fp64"
-            )
-        return w, Q
+        """:func:`eigh_checked` (eigh_warm's cold path calls it through its config too)."""
+        return eigh_checked(A, info)
 
     def _root_eigenvalues(
         self, prob: Problem, w: torch.Tensor, info: dict, *, inverse: bool
@@ -220,6 +195,40 @@ class EighConfig(SolverConfig):
             matmuls=1.0,
             info=info,
         )
+
+
+def eigh_checked(A: torch.Tensor, info: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ascending eigenvalues and eigenvectors of the batch A; an fp32 failure is retried in fp64
+    (recorded in ``info["eigh_retry_fp64"]``). Shared by eigh, eigh_warm and SOAP's basis update.
+
+    A failure is a LinAlgError, or a non-finite spectrum or eigenvectors for a finite matrix that
+    LAPACK did not report: MKL's threaded ssyevd (torch 2.13 CPU, 2 threads) returns NaN for some
+    fp32 Shampoo factors with many exactly zero rows (an embedding's bytes never seen; one thread or
+    fp64 solve them). Every element's eigenvalues and eigenvector sums are checked (b x n values and
+    one pass over Q, <1% of the solve at n = 256) and the affected elements alone are solved again
+    in fp64.
+    """
+    cdtype = A.dtype
+    try:
+        w, Q = torch.linalg.eigh(A)
+    except torch.linalg.LinAlgError as exc:
+        if cdtype != torch.float32:
+            raise
+        info["eigh_retry_fp64"] = f"fp32 eigh failed ({exc}); retried in fp64"
+        w, Q = torch.linalg.eigh(A.double())
+        return w.float(), Q.float()
+    if cdtype != torch.float32:
+        return w, Q
+    bad = ~(torch.isfinite(w).all(-1) & torch.isfinite(Q.sum(dim=(-2, -1))))
+    if bool(bad.any()):
+        rows = bad.nonzero().flatten()
+        w64, Q64 = torch.linalg.eigh(A.index_select(0, rows).double())
+        w[rows], Q[rows] = w64.float(), Q64.float()
+        info["eigh_retry_fp64"] = (
+            f"fp32 eigh returned non-finite eigenvalues or eigenvectors for {rows.numel()} of "
+            f"{A.shape[0]} finite matrices without an error; those were solved again in fp64"
+        )
+    return w, Q
 
 
 _POW_BLOCK = 64  # elements: a multiple of every SIMD width (and unroll) of torch's CPU pow kernel

@@ -103,6 +103,7 @@ import torch
 
 from matroots import MatrootsNumericalError, arguments
 from matroots.errors import InvalidArgumentError
+from matroots.solvers.eigh import eigh_checked
 
 from ..errors import FactorResetWarning, RootComputationError
 from ..state import FactorState, declare, mirror_upper_
@@ -463,29 +464,14 @@ def _finite_rows(X: torch.Tensor) -> torch.Tensor:
 
 
 def _eigh(A: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """Ascending eigenvectors of the batch A in ``dtype`` (a failure retried in fp64), ok per row.
-
-    Rows with non-finite eigenvectors that LAPACK did not report (MKL's threaded ssyevd on factors
-    with many zero rows, see matroots.solvers.eigh) are solved again in fp64.
-    """
-    r = A.shape[0]
-    for dt in dict.fromkeys((dtype, torch.float64)):
-        try:
-            Q = torch.linalg.eigh(A.to(dt)).eigenvectors
-        except _NUMERICAL as exc:
-            err = f"{type(exc).__name__}: {exc}"
-            continue
-        ok = _finite_rows(Q)
-        if dt != torch.float64 and not bool(ok.all()):
-            rows = (~ok).nonzero().flatten()
-            try:
-                Q64 = torch.linalg.eigh(A.index_select(0, rows.to(A.device)).double()).eigenvectors
-            except _NUMERICAL as exc:
-                return Q.to(A.dtype), ok, f"non-finite fp32 eigenvectors; the fp64 retry raised {exc}"
-            Q[rows.to(Q.device)] = Q64.to(Q.dtype)
-            ok = _finite_rows(Q)
-        return Q.to(A.dtype), ok, "" if bool(ok.all()) else "non-finite eigenvectors"
-    return A.clone(), torch.zeros(r, dtype=torch.bool), err
+    """Ascending eigenvectors of the batch A in ``dtype``, ok per row (matroots' eigh_checked: an
+    fp32 failure, reported or not, is solved again in fp64)."""
+    try:
+        _, Q = eigh_checked(A.to(dtype), {})
+    except _NUMERICAL as exc:
+        return A.clone(), torch.zeros(A.shape[0], dtype=torch.bool), f"{type(exc).__name__}: {exc}"
+    ok = _finite_rows(Q)
+    return Q.to(A.dtype), ok, "" if bool(ok.all()) else "non-finite eigenvectors"
 
 
 def _eigh_warm(
