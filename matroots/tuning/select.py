@@ -71,8 +71,8 @@ def _band(values: pd.Series, edges: tuple[float, ...]) -> pd.Series:
 
 def case_kappa(rows: pd.DataFrame) -> pd.Series:
     """The condition number of the matrix actually solved (A + eps I) per row, from the reference,
-    one value per case: the median over the case's rows (``unit``). The solvers of a case may solve
-    slightly different matrices (the psd policy's shift is certified by Cholesky for the iterative
+    one value per case and format: the median over its rows (``unit``, ``dtype``). The solvers of a
+    case may solve slightly different matrices (the psd policy's shift is certified by Cholesky for the iterative
     methods and by eigh's own spectrum for eigh), so their rows' kappas can straddle a band edge; a
     case must fall in one band for every solver, or the solvers are compared on different cases."""
     k = rows["condition_number"] if "condition_number" in rows else pd.Series(np.nan, index=rows.index)
@@ -81,7 +81,8 @@ def case_kappa(rows: pd.DataFrame) -> pd.Series:
             k = k.where(k.notna(), rows[alt])
     k = k.astype(float)
     if "unit" in rows:
-        k = k.groupby(rows["unit"]).transform("median")
+        keys = [rows[c] for c in ("unit", "dtype") if c in rows]
+        k = k.groupby(keys).transform("median")
     return k
 
 
@@ -94,8 +95,6 @@ def _candidate_stats(cell: pd.DataFrame, cases: int) -> pd.DataFrame:
     out = pd.DataFrame(
         {
             "rows": g.size(),
-            # cases covered: distinct units (two sweeps can generate the same case: duplicate rows)
-            "units": g["unit"].nunique(),
             "failure_rate": g["_failed"].mean(),
             "worst_error": g["_err"].max(),
             "method": g["method"].first(),
@@ -105,7 +104,7 @@ def _candidate_stats(cell: pd.DataFrame, cases: int) -> pd.DataFrame:
     out["median_gemm_equivalents"] = ok["gemm_equivalents"].median()
     out["median_cpu_seconds"] = ok["cpu_seconds"].median()
     out["median_matmuls"] = ok["matmuls"].median()
-    out["complete"] = out["units"] == cases
+    out["complete"] = out["rows"] == cases
     # Worst error over the cases that did not fail (for the reason text of a failed candidate).
     out["worst_ok_error"] = ok["_err"].max()
     return out
