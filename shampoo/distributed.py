@@ -336,8 +336,9 @@ class BlockSharding:
         """All-gather the owned blocks' directions of one group (one collective) and write every
         block's direction into its parameter's direction tensor, in the parameter's dtype.
 
-        ``outputs``: (bucket index, positions, stacked directions D, per-block scale s) per owned
-        bucket, as returned by the engine's ``block_directions`` (block j's direction is s_j D_j,
+        ``outputs``: the :class:`~shampoo.engine.BucketDirections` (bucket index, positions, stacked
+        directions D, per-block scale s, norms) of every owned bucket, as returned by the engine's
+        ``block_directions`` (block j's direction is s_j D_j,
         and ``group.buckets[bi][j]`` says which block it is); s_j D_j is written straight into the
         send buffer. Blocks of parameters without a
         gradient this step are sent as zeros and not written.
@@ -346,7 +347,7 @@ class BlockSharding:
         device = group.device
         send = exchange.send_views(device)
         filled = [False] * len(send)
-        for bi, positions, D, scale in outputs:
+        for bi, positions, D, scale, _norms in outputs:
             blocks = group.buckets[bi]
             sc = scale.to(D.dtype) if isinstance(scale, torch.Tensor) else scale
             for k, j in enumerate(positions):

@@ -14,14 +14,14 @@ import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from .blocking import BlockSpec, ParamLayout, layout_param, tile_grid, tiled_view
 from .config import DiagnosticsConfig, GroupOptions
 from .errors import FactorResetWarning
-from .preconditioner import BlockBucket
+from .preconditioner import BlockBucket, block_norms
 from .roots import compute_roots
 from .state import BlockState, ParamState
 
@@ -99,6 +99,18 @@ def state_dtype(param_dtype: torch.dtype) -> torch.dtype:
     update is applied. Factor statistics use ``factor_dtype`` (float32 by default).
     """
     return torch.promote_types(param_dtype, torch.float32)
+
+
+class BucketDirections(NamedTuple):
+    """The directions of one bucket's present blocks: block ``positions[k]``'s is
+    ``scale[k] * D[k]`` (``scale`` a float or a (b,) tensor); ``norms[k]`` = ||D[k]|| where grafting
+    computed it on the way (None otherwise), which :meth:`GroupEngine.finite_directions` uses."""
+
+    bucket: int
+    positions: list[int]
+    D: torch.Tensor
+    scale: torch.Tensor | float
+    norms: torch.Tensor | None = None
 
 
 class GroupEngine:
@@ -196,25 +208,46 @@ class GroupEngine:
         D: torch.Tensor,
         scale: torch.Tensor | float,
         views: dict[int, torch.Tensor],
+        alpha: float | None = None,
+        skip: frozenset[int] = frozenset(),
     ) -> None:
-        """Write s_j D_j into the direction views of the parameters (the inverse of :meth:`gather`)."""
+        """Write s_j D_j into the direction views of the parameters (the inverse of :meth:`gather`).
+
+        ``alpha``: add alpha s_j D_j to the views instead (the parameters themselves: the update
+        applied straight from the bucket, see :meth:`shampoo.Shampoo._apply_from_buckets`), one
+        ``add_``/``addcmul_`` per tiled parameter. ``skip``: parameters left untouched.
+        """
         bucket, members = self.buckets[bi], self.members[bi]
-        sc = scale.to(D.dtype) if isinstance(scale, torch.Tensor) else scale
+        sc: torch.Tensor | float
+        if alpha is None:
+            sc = scale.to(D.dtype) if isinstance(scale, torch.Tensor) else scale
+        else:  # alpha s_j rounded once (float64 -> D's dtype)
+            sc = (scale * alpha).to(D.dtype) if isinstance(scale, torch.Tensor) else scale * alpha
+
+        def emit(out: torch.Tensor, src: torch.Tensor, s: torch.Tensor | float) -> None:
+            if alpha is not None:
+                if isinstance(s, torch.Tensor):
+                    out.addcmul_(src, s)
+                else:
+                    out.add_(src, alpha=s)
+            elif isinstance(s, torch.Tensor) or s != 1.0:
+                torch.mul(src, s, out=out)
+            else:
+                out.copy_(src)
+
         if len(positions) == len(members):
             for seg in self.segments[bi]:
-                if seg.tiling is None:
+                if seg.tiling is None or seg.param in skip:
                     continue
                 grid, shape = seg.tiling
                 src = D[seg.start : seg.start + seg.count].view(*grid, *shape)
                 out = tiled_view(views[seg.param], grid, shape)
-                if isinstance(sc, torch.Tensor):
-                    torch.mul(
-                        src, sc[seg.start : seg.start + seg.count].view(*grid, *([1] * len(shape))), out=out
-                    )
-                elif sc != 1.0:
-                    torch.mul(src, sc, out=out)
-                else:
-                    out.copy_(src)
+                seg_s = (
+                    sc[seg.start : seg.start + seg.count].view(*grid, *([1] * len(shape)))
+                    if isinstance(sc, torch.Tensor)
+                    else sc
+                )
+                emit(out, src, seg_s)
             todo = [
                 (k, k)
                 for seg in self.segments[bi]
@@ -224,13 +257,37 @@ class GroupEngine:
         else:
             todo = list(enumerate(positions))
         for k, j in todo:
+            if members[j] in skip:
+                continue
             out = views[members[j]][bucket.blocks[j].spec.slices]
-            if isinstance(sc, torch.Tensor):
-                torch.mul(D[k], sc[k], out=out)
-            elif sc != 1.0:
-                torch.mul(D[k], sc, out=out)
-            else:
-                out.copy_(D[k])
+            emit(out, D[k], sc[k] if isinstance(sc, torch.Tensor) else sc)
+
+    def finite_directions(self, present: list[int], outputs: list[BucketDirections]) -> list[bool]:
+        """Per present parameter: whether every entry of its direction, s_j D_j rounded to the
+        parameter's dtype, is finite (a parameter without blocks here: True).
+
+        Proved from the block norms grafting computed where it did: |s_j D_j|_ik <= |s_j| ||D_j||,
+        so a finite bound below half the dtype's largest value proves block j finite with no pass
+        over it (``shampoo.grafting``). Blocks without norms get theirs computed (one pass, as the
+        sum test of the directions costs); a block whose bound fails, rare, is tested entrywise.
+        """
+        bad: set[int] = set()
+        for out in outputs:
+            members = self.members[out.bucket]
+            big = torch.finfo(self.params[members[out.positions[0]]].dtype).max / 2
+            norms = out.norms if out.norms is not None else block_norms(out.D)
+            s = out.scale
+            bound = norms.double() * (s.abs().reshape(-1) if isinstance(s, torch.Tensor) else abs(s))
+            ok = torch.isfinite(bound) & (bound <= big)
+            if bool(ok.all()):
+                continue
+            for k in (~ok).nonzero().flatten().tolist():
+                j = out.positions[k]
+                sk = s.reshape(-1)[k] if isinstance(s, torch.Tensor) else s
+                block = (out.D[k] * sk).to(self.params[members[j]].dtype)
+                if not bool(torch.isfinite(block).all()):
+                    bad.add(members[j])
+        return [i not in bad for i in present]
 
     def _check_accumulators(self, bucket: BlockBucket) -> None:
         reset = bucket.reset_non_finite_accumulators()
@@ -257,11 +314,11 @@ class GroupEngine:
 
     def block_directions(
         self, opts: GroupOptions, present: list[int], grads: list[torch.Tensor], diag: DiagnosticsConfig
-    ) -> tuple[list[tuple[int, list[int], torch.Tensor, Any]], Any]:
+    ) -> tuple[list[BucketDirections], Any]:
         """Stages 2-4 on the owned blocks of the present parameters.
 
-        Returns (bucket index, positions, stacked directions D, per-block scale s) per bucket (block
-        j's direction is s_j D_j), and the roots report.
+        Returns the :class:`BucketDirections` of every bucket with present blocks (block j's
+        direction is s_j D_j), and the roots report.
         """
         merged = {i: self.states[i].layout.merged_view(g) for i, g in zip(present, grads, strict=True)}
         work = []
@@ -294,8 +351,16 @@ class GroupEngine:
         out = []
         for bi, bucket, positions, sel, m, steps in work:
             use = [t >= start and bucket.ready(j) for j, t in zip(positions, steps, strict=True)]
-            out.append((bi, positions, *bucket.directions(sel, m, opts, steps, use)))
+            out.append(BucketDirections(bi, positions, *bucket.directions(sel, m, opts, steps, use)))
         return out, report
 
 
-__all__ = ["GroupEngine", "GroupPlan", "PlannedBlock", "Segment", "layout_group", "state_dtype"]
+__all__ = [
+    "BucketDirections",
+    "GroupEngine",
+    "GroupPlan",
+    "PlannedBlock",
+    "Segment",
+    "layout_group",
+    "state_dtype",
+]

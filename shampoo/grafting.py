@@ -81,11 +81,22 @@ class _Graft:
         d_scale: torch.Tensor | float,
     ) -> torch.Tensor | float:
         """The per-block scale that gives the preconditioned direction ``pre`` the norm of s d."""
+        return self.graft_with_norms(pre, pre_scale, d, d_scale)[0]
+
+    def graft_with_norms(
+        self,
+        pre: torch.Tensor,
+        pre_scale: torch.Tensor | float,
+        d: torch.Tensor,
+        d_scale: torch.Tensor | float,
+    ) -> tuple[torch.Tensor | float, torch.Tensor | None, torch.Tensor | None]:
+        """(scale, ||pre_j||, ||d_j||): :meth:`graft`'s scale and the block norms it was computed
+        from (None where a method computes none). A finite norm proves every entry of its block
+        finite, which lets the optimizer skip a separate finiteness pass over the directions."""
         gn = block_norms(d)
-        if isinstance(d_scale, torch.Tensor) or d_scale != 1.0:
-            gn = gn * d_scale
+        gs = gn * d_scale if isinstance(d_scale, torch.Tensor) or d_scale != 1.0 else gn
         pn = block_norms(pre)
-        return torch.where(pn > 0, gn / pn, torch.zeros_like(pn))
+        return torch.where(pn > 0, gs / pn, torch.zeros_like(pn)), pn, gn
 
     def accumulators(self, state: GraftState | None) -> list[torch.Tensor]:
         return [state.v] if state is not None else []
@@ -103,6 +114,15 @@ class NoGraft(_Graft):
         d_scale: torch.Tensor | float,
     ) -> torch.Tensor | float:
         return pre_scale
+
+    def graft_with_norms(
+        self,
+        pre: torch.Tensor,
+        pre_scale: torch.Tensor | float,
+        d: torch.Tensor,
+        d_scale: torch.Tensor | float,
+    ) -> tuple[torch.Tensor | float, torch.Tensor | None, torch.Tensor | None]:
+        return pre_scale, None, None
 
 
 @dataclass(frozen=True)

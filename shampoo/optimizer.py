@@ -13,7 +13,10 @@ Per param group, one step is (Gupta et al. 2018; Anil et al. 2020; Shi et al. 20
 5. assembly: block directions are written into one direction tensor per parameter
    (:meth:`Shampoo._assemble_directions`, the one place a distributed all-gather slots in);
 6. update: heavy-ball ``momentum`` (``nesterov``), decoupled weight decay w <- (1 - lr wd) w, and
-   w <- w - lr d; a parameter whose direction is non-finite is skipped (counted warning).
+   w <- w - lr d; a parameter whose direction is non-finite is skipped (counted warning). On one
+   process without momentum, 5 and 6 are one pass: w <- w - lr s_j D_j straight from the buckets
+   (:data:`APPLY_FROM_BUCKETS`), and the finiteness of the directions is proved from the grafting
+   norms (:meth:`shampoo.engine.GroupEngine.finite_directions`) instead of tested by a pass.
 
 Stages 2-4 run only on blocks this process owns (:meth:`Shampoo._owns`); in a single process it owns
 all of them.
@@ -43,7 +46,7 @@ from .config import (
 )
 from .diagnostics import BlockDiagnostics, block_diagnostics, dump_factors, to_frame
 from .distributed import BlockSharding, DDPConfig
-from .engine import GroupEngine
+from .engine import BucketDirections, GroupEngine
 from .errors import NonFiniteGradientWarning, ShampooError, StateDictError
 from .optim_compat import GROUP_ONLY_KEYS, IMPL_FLAGS, check_impl_flags, check_state_dict, match_keys
 from .state import ParamState, flatten, restore
@@ -74,6 +77,25 @@ class StepTiming:
     @property
     def root_share(self) -> float:
         return self.root_seconds / self.step_seconds if self.step_seconds else 0.0
+
+
+#: Without momentum, on one process, the update is added straight from the buckets' stacked
+#: directions into the parameters (:meth:`Shampoo._apply_from_buckets`): w <- w + (-lr s_j) D_j, one
+#: pass, where the direction tensors cost a write and two reads more. Equal to writing s_j D_j first
+#: to rounding (the per-block factor -lr s_j is rounded once instead of s_j D_j), not bitwise.
+#: False: always through the direction tensors (tests compare the two).
+APPLY_FROM_BUCKETS = True
+
+
+def _direct(
+    eng: GroupEngine, idx: list[int], params: list[torch.Tensor], outputs: list[BucketDirections]
+) -> bool:
+    """Whether the update can be added straight from the buckets: every parameter contiguous (its
+    merged shape is then a view) and of its buckets' dtype (16-bit parameters keep fp32 state, and
+    their direction is rounded to the parameter's dtype first, as documented)."""
+    return all(p.is_contiguous() for p in params) and all(
+        out.D.dtype == params[idx.index(eng.members[out.bucket][out.positions[0]])].dtype for out in outputs
+    )
 
 
 def _all_finite(tensors: list[torch.Tensor]) -> list[bool]:
@@ -349,14 +371,17 @@ class Shampoo(torch.optim.Optimizer):
                 "shampoo step %d group %d: %d roots in %.3fs (%d solver failures, %d without a root)",
                 self._global_step, gi, report.factors, report.seconds, report.primary_failures, report.failures,
             )  # fmt: skip
-        dirs = self._assemble_directions(eng, idx, outputs)
-        self._apply(eng, opts, idx, plist, dirs)
+        if self._sharding is not None:
+            self._apply(eng, opts, idx, plist, self._assemble_directions(eng, idx, outputs))
+            return
+        finite = eng.finite_directions(idx, outputs)  # from the grafting norms: no pass over them
+        if APPLY_FROM_BUCKETS and opts.momentum == 0 and _direct(eng, idx, plist, outputs):
+            self._apply_from_buckets(eng, opts, idx, plist, outputs, finite)
+        else:
+            self._apply(eng, opts, idx, plist, self._assemble_directions(eng, idx, outputs), finite)
 
     def _assemble_directions(
-        self,
-        eng: GroupEngine,
-        present: list[int],
-        outputs: list[tuple[int, list[int], torch.Tensor, Any]],
+        self, eng: GroupEngine, present: list[int], outputs: list[BucketDirections]
     ) -> list[torch.Tensor]:
         """Write every block's direction (scaled by its per-block factor) into its parameter's
         direction tensor.
@@ -367,9 +392,34 @@ class Shampoo(torch.optim.Optimizer):
         if self._sharding is not None:
             return self._sharding.assemble(eng.plan, present, outputs)
         views = {i: eng.states[i].layout.merged_view(eng.directions[i]) for i in present}
-        for bi, positions, D, scale in outputs:
-            eng.scatter(bi, positions, D, scale, views)
+        for out in outputs:
+            eng.scatter(out.bucket, out.positions, out.D, out.scale, views)
         return [eng.directions[i] for i in present]
+
+    def _apply_from_buckets(
+        self,
+        eng: GroupEngine,
+        opts: GroupOptions,
+        idx: list[int],
+        params: list[torch.Tensor],
+        outputs: list[BucketDirections],
+        finite: list[bool],
+    ) -> None:
+        """Stage 5-6 in one pass without momentum: decoupled weight decay, then w <- w - lr s_j D_j
+        added straight from the buckets into the parameters' block views (no direction tensor is
+        written and read back). ``finite``: per parameter, from :meth:`GroupEngine.finite_directions`;
+        a parameter with a non-finite direction is skipped, as in :meth:`_apply`."""
+        skip = frozenset(i for i, ok in zip(idx, finite, strict=True) if not ok)
+        if skip:
+            self._skip([eng.states[i] for i in idx if i in skip], "update")
+        keep = [p for i, p in zip(idx, params, strict=True) if i not in skip]
+        if not keep:
+            return
+        if opts.weight_decay and opts.decoupled_weight_decay:
+            torch._foreach_mul_(keep, 1.0 - opts.lr * opts.weight_decay)
+        views = {i: eng.states[i].layout.merged_view(p) for i, p in zip(idx, params, strict=True)}
+        for out in outputs:
+            eng.scatter(out.bucket, out.positions, out.D, out.scale, views, alpha=-opts.lr, skip=skip)
 
     def _apply(
         self,
@@ -378,9 +428,12 @@ class Shampoo(torch.optim.Optimizer):
         idx: list[int],
         params: list[torch.Tensor],
         dirs: list[torch.Tensor],
+        finite: list[bool] | None = None,
     ) -> None:
-        """Stage 6: momentum, decoupled weight decay and the parameter update; never writes NaN/Inf."""
-        finite = _all_finite(dirs)
+        """Stage 6: momentum, decoupled weight decay and the parameter update; never writes NaN/Inf.
+        ``finite``: per parameter, whether its direction is finite (None: tested here)."""
+        if finite is None:
+            finite = _all_finite(dirs)
         if not all(finite):
             self._skip([eng.states[i] for i, ok in zip(idx, finite, strict=True) if not ok], "update")
             keep = [k for k, ok in enumerate(finite) if ok]

@@ -116,10 +116,12 @@ class BlockBucket:
         opts: GroupOptions,
         steps: list[int],
         use_preconditioner: list[bool],
-    ) -> tuple[torch.Tensor, torch.Tensor | float]:
-        """(D, s) of the selected blocks: block j's direction is s_j D_j (see
-        :meth:`shampoo.transforms.Pipeline.direction`)."""
-        return self.pipeline.direction(self.state, m, self.context(sel, opts, steps), use_preconditioner)
+    ) -> tuple[torch.Tensor, torch.Tensor | float, torch.Tensor | None]:
+        """(D, s, norms) of the selected blocks: block j's direction is s_j D_j, and norms[j] is
+        ||D_j|| where grafting computed it (see
+        :meth:`shampoo.transforms.Pipeline.direction_with_norms`)."""
+        ctx = self.context(sel, opts, steps)
+        return self.pipeline.direction_with_norms(self.state, m, ctx, use_preconditioner)
 
     def ready(self, position: int) -> bool:
         """Whether the block at ``position`` may use its preconditioner (e.g. has a root)."""

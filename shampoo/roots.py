@@ -42,6 +42,7 @@ import torch
 from matroots import MatrootsNumericalError
 from matroots.result import info_per_element
 from matroots.solvers import SolverConfig
+from matroots.solvers.auto import AutoConfig
 from matroots.spectral import power_lambda_max
 
 from .config import DiagnosticsConfig, FailurePolicy, GroupOptions, supports_warm_start
@@ -170,6 +171,11 @@ def _finite_rows(X: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(X).flatten(1).all(-1).cpu()
 
 
+# The solve() methods that test the root they return (matroots' SolverConfig._finalise: a non-finite
+# root is not converged); auto's delegates to them.
+_FINITE_CHECKED = (SolverConfig.solve, AutoConfig.solve)
+
+
 def solve_batch(
     cfg: SolverConfig,
     A: torch.Tensor,
@@ -200,8 +206,11 @@ def solve_batch(
         )
     X = res.root
     conv = res.converged if isinstance(res.converged, torch.Tensor) else torch.tensor([res.converged] * b)
-    finite = _finite_rows(X)
-    ok = conv.reshape(b).cpu() & finite
+    conv = conv.reshape(b).cpu()
+    # matroots' own solve flags a non-finite root as not converged; a config overriding solve() is
+    # tested here
+    finite = _finite_rows(X) if type(cfg).solve not in _FINITE_CHECKED else None
+    ok = conv if finite is None else conv & finite
     iters = res.iterations
     iters_l = iters.reshape(b).tolist() if isinstance(iters, torch.Tensor) else [int(iters)] * b
     resid = res.residual
@@ -226,6 +235,8 @@ def solve_batch(
         parts = []
         if not bool(conv.all()):
             parts.append(f"not converged (stop reasons: {info.get('stop_reason', '')})")
+        if finite is None:
+            finite = _finite_rows(X)
         if not bool(finite.all()):
             parts.append(f"non-finite root for {int((~finite).sum())} of {b}")
         err = "; ".join(parts)

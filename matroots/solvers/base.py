@@ -31,6 +31,11 @@ class RawResult:
     matmuls: float
     history: list[torch.Tensor] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    # (b,) bool: where the method returned the root of a prescaled problem already in the caller's
+    # units (None: nowhere; _finalise rescales the other elements)
+    in_caller_units: torch.Tensor | None = None
+    # (b,) bool: the method proved which roots are finite (None: _finalise tests the root)
+    finite: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -117,16 +122,23 @@ class SolverConfig:
         self, prob: Problem, raw: RawResult, *, inverse: bool, seconds: float, quiet: bool = False
     ) -> RootResult:
         root = raw.root
-        if prob.prescale != 1.0:
+        done = raw.in_caller_units
+        if prob.prescale != 1.0 and (done is None or not bool(done.all())):
             # root of (sA): (sA)^{-1/p} = s^{-1/p} A^{-1/p}; undo with the factor s^e in float64, formed
             # in steps (s^e alone can overflow float64, e.g. s = 2^997 with e = 100 for p = 0.01).
             log2_factor = round(math.log2(prob.prescale)) * (1 / prob.p) * (1 if inverse else -1)  # exact
             # FormatRangeError, not inf or 0; then the exact rescaling, rounded to prob.dtype
-            root = rescale_root(root, prob.dtype, log2_factor)
+            if done is None or not bool(done.any()):
+                root = rescale_root(root, prob.dtype, log2_factor)
+            else:  # only the elements the method left prescaled (it kept prob.dtype)
+                rows = (~done).nonzero().flatten().to(root.device)
+                root[rows] = rescale_root(root.index_select(0, rows), prob.dtype, log2_factor)
         elif root.dtype != prob.dtype:
             check_root_range(root, prob.dtype)
         root = root.to(prob.dtype)
-        if all_finite(root):
+        if raw.finite is not None:
+            finite = raw.finite
+        elif all_finite(root):
             finite = torch.ones(root.shape[0], dtype=torch.bool)
         else:
             finite = torch.isfinite(root).flatten(1).all(-1)

@@ -172,8 +172,10 @@ class EighConfig(SolverConfig):
         # n x n temporary fewer (at n = 1024 each fresh one costs ~4 ms of page faults). Symmetric up to
         # the GEMM's rounding (~u ||X||); not symmetrised, which would cost a strided pass over X.
         b = prob.A.shape[0]
+        folded = None
         if prob.grad_source is None:
-            W = Q.mul_(f.sqrt().unsqueeze(-2))
+            sq, folded = root_eigenvalue_sqrt(prob, wr, f, e, inverse)
+            W = Q.mul_(sq.unsqueeze(-2))
             X = W @ W.mT
         else:
             W = Q * f.sqrt().unsqueeze(-2)
@@ -187,8 +189,13 @@ class EighConfig(SolverConfig):
             info["autograd"] = "Daleckii-Krein derivative of the eigenvalue function (eigh_autograd)"
         info["eigh_calls"] = 1
         info["residual_note"] = "eigh reports no residual (NaN); use matroots.metrics for errors"
+        # finite by construction for fp32 (eigh_checked tested Q and the spectrum, f is in range):
+        # no pass over X to test it
+        certified = Q.dtype == torch.float32 and prob.grad_source is None and "eigh_retry_fp64" not in info
         return RawResult(
             root=X,
+            in_caller_units=folded,
+            finite=torch.ones(b, dtype=torch.bool) if certified else None,
             converged=torch.ones(b, dtype=torch.bool),
             iterations=torch.zeros(b, dtype=torch.int64),
             residual=torch.full((b,), float("nan"), dtype=torch.float64),
@@ -252,6 +259,48 @@ def _pow_rows(w: torch.Tensor, e: float) -> torch.Tensor:
     return padded.pow_(e)[..., :n]
 
 
+def _log2_top(wr: torch.Tensor, f: torch.Tensor, e: float) -> torch.Tensor:
+    """(b,) float64: log2 of the largest root eigenvalue in use, max e log2(wr) over f > 0 (-inf
+    where none is), from wr in float64 (f itself reads inf or 0 where it left its format)."""
+    used = (f > 0) | ~torch.isfinite(f)
+    lf = torch.where(
+        used & (wr > 0),
+        e * torch.log2(wr.double().clamp_min(1e-320)),
+        torch.full_like(f, -math.inf, dtype=torch.float64),
+    )
+    return lf.amax(dim=-1)
+
+
+def root_eigenvalue_sqrt(
+    prob: Problem, wr: torch.Tensor, f: torch.Tensor, e: float, inverse: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(sqrt(f c), folded) for the root X = W W^T, W = Q diag(sqrt(f c)): the factor c that returns
+    the root of a prescaled problem to the caller's units applied to the n root eigenvalues of an
+    element instead of to its n^2 entries (``folded``: (b,) bool, where it was; None: nowhere, c = 1).
+    Elsewhere ``SolverConfig._finalise`` rescales the root (:func:`~matroots.inputs.rescale_root`,
+    a float64 pass over the batch: ~5% of an n = 256 Shampoo root round).
+
+    An element is folded when the root is computed and returned in fp32 (Shampoo's roots; in fp64
+    the exact rescaling of the root is kept: sqrt(f) c^(1/2) squared by the GEMM adds ~2 u, which a
+    1 x 1 root at fp64's range edge shows against its 4 u test) and is clearly inside its range: |X_ij| <= max f c and max_i X_ii >= max f c / n, so with a margin of 2 neither the overflow
+    nor the underflow test of :func:`~matroots.inputs.check_root_range` could fire (where one could,
+    the rescaling and its exact test run as before). Decided per element, from its own eigenvalues:
+    an element gets the same bits in a batch as alone, and eigh_warm's cold path as eigh.
+    """
+    sq = f.sqrt()
+    fp32 = prob.dtype == wr.dtype == torch.float32
+    if prob.prescale == 1.0 or not fp32 or prob.grad_source is not None:
+        return sq, None
+    log2_factor = float(round(math.log2(prob.prescale)) * (1 / prob.p) * (1 if inverse else -1))
+    top = _log2_top(wr, f, e) + log2_factor
+    fmt = precision.info(prob.dtype)
+    lo = math.log2(fmt.tiny) + 1 + math.log2(prob.n)
+    folded = (top == -math.inf) | ((top <= math.log2(fmt.max) - 1) & (top >= lo))
+    one = torch.ones(folded.shape, dtype=torch.float64, device=folded.device)
+    c = torch.where(folded, one * 2.0 ** (log2_factor / 2), one)
+    return (sq.double() * c.unsqueeze(-1).to(sq.device)).to(sq.dtype), folded.cpu()
+
+
 def _check_root_spectrum(
     wr: torch.Tensor, f: torch.Tensor, e: float, cdtype: torch.dtype, prob: Problem
 ) -> None:
@@ -262,13 +311,7 @@ def _check_root_spectrum(
     zero root would otherwise be returned as converged.
     """
     fmt = precision.info(cdtype)
-    used = (f > 0) | ~torch.isfinite(f)
-    lf = torch.where(
-        used & (wr > 0),
-        e * torch.log2(wr.double().clamp_min(1e-320)),
-        torch.full_like(f, -math.inf, dtype=torch.float64),
-    )
-    top = lf.amax(dim=-1)
+    top = _log2_top(wr, f, e)
     if bool((top > math.log2(fmt.max)).any()):
         worst = float(wr[..., 0].min()) / prob.prescale
         raise FormatRangeError(

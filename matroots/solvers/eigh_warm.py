@@ -113,7 +113,7 @@ from .. import arguments, precision
 from .. import psd as psd_policy
 from ..inputs import Problem
 from .base import Capabilities, RawResult
-from .eigh import EighConfig
+from .eigh import EighConfig, root_eigenvalue_sqrt
 from .registry import register
 from .warm_basis import warm_basis
 from .warm_bound import binned_second_order
@@ -231,6 +231,7 @@ class _Run:
         self.per_elem: dict[str, torch.Tensor] = {}
         self.eigh_calls = 0
         self.u = precision.unit_roundoff(prob.dtype)
+        self.in_caller_units: torch.Tensor | None = None
 
     # --------------------------------------------------------------------------- spectral function
     def spectrum(
@@ -267,6 +268,14 @@ class _Run:
             elif key not in ("psd_shift",):
                 self.info.setdefault(key, val)
 
+    def _folded(self, idx: torch.Tensor, folded: torch.Tensor | None) -> None:
+        """Record where the roots of ``idx`` came out in the caller's units (root_eigenvalue_sqrt)."""
+        if folded is None:
+            return
+        if self.in_caller_units is None:
+            self.in_caller_units = torch.zeros(self.A.shape[0], dtype=torch.bool)
+        self.in_caller_units[idx] = folded
+
     # ------------------------------------------------------------------------------------- cold eigh
     def cold(self, idx: torch.Tensor, why: str | list[str]) -> None:
         """Full eigh for the elements ``idx`` (the cold path and the fallback)."""
@@ -275,9 +284,11 @@ class _Run:
         A = self.A[idx]
         w, Q = self.cfg._eigh(A, self.info)
         self.eigh_calls += 1
-        _, f, _, _ = self.spectrum(idx, w)
-        W = Q * f.sqrt().unsqueeze(-2)
+        wr, f, _, e = self.spectrum(idx, w)
+        sq, folded = root_eigenvalue_sqrt(self.prob, wr, f, e, self.inverse)
+        W = Q * sq.unsqueeze(-2)
         self.X[idx] = W @ W.mT
+        self._folded(idx, folded)
         self.Q[idx], self.w[idx] = Q, w
         n = A.shape[-1]
         self.defect[idx] = n * precision.unit_roundoff(A.dtype)  # LAPACK's orthogonality, O(n u)
@@ -352,8 +363,10 @@ class _Run:
         Qs, f, d = _take(st.Q, sel), st.f[sel], st.d[sel]
         if st.R is not None:  # unit columns: the diagonal of Q^T Q - I does not enter the root
             Qs = Qs * (1.0 - st.rd[sel]).rsqrt().unsqueeze(-2)
-        W = Qs * f.sqrt().unsqueeze(-2)
+        sq, folded = root_eigenvalue_sqrt(self.prob, st.wr[sel], f, st.e, self.inverse)
+        W = Qs * sq.unsqueeze(-2)
         self.X = _put(self.X, idx, W @ W.mT)
+        self._folded(idx, folded)
         self.gemms[idx] += 1.0
         d, perm = torch.sort(d, dim=-1)
         n = d.shape[-1]
@@ -406,6 +419,7 @@ class _Run:
             residual=self.est,
             matmuls=float(self.gemms.mean()),
             info=info,
+            in_caller_units=self.in_caller_units,
         )
 
 

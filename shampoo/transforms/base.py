@@ -163,21 +163,34 @@ class Pipeline:
         ``use[j]``: block j is past ``start_preconditioning_step`` and its preconditioner is
         :meth:`ready`; otherwise its direction is the grafting direction.
         """
+        D, scale, _ = self.direction_with_norms(state, m, ctx, use)
+        return D, scale
+
+    def direction_with_norms(
+        self, state: PipelineState, m: torch.Tensor, ctx: StepContext, use: list[bool]
+    ) -> tuple[torch.Tensor, torch.Tensor | float, torch.Tensor | None]:
+        """:meth:`direction` and the (b,) Frobenius norms ||D_j|| that grafting computed on the way
+        (None when it computed none: no grafting norms, or no preconditioned block)."""
         bc1: torch.Tensor | float = 1.0
         if self.first_moment is not None:
             bc1 = self.first_moment.bias_correction(ctx)
         d, d_scale = self.grafting.direction(state.grafting, m, ctx)
         if self.preconditioner is None or not any(use):
-            return d, _div(d_scale, bc1)
+            return d, _div(d_scale, bc1), None
         pre, pre_scale = self.preconditioner.direction(state.preconditioner, m, ctx)
-        pre_scale = self.grafting.graft(pre, pre_scale, d, d_scale)
+        with_norms = getattr(self.grafting, "graft_with_norms", None)
+        if with_norms is not None:
+            pre_scale, pn, gn = with_norms(pre, pre_scale, d, d_scale)
+        else:  # a user's grafting transform with the Protocol's graft only
+            pre_scale, pn, gn = self.grafting.graft(pre, pre_scale, d, d_scale), None, None
         if all(use):
-            return pre, _div(pre_scale, bc1)
+            return pre, _div(pre_scale, bc1), pn
         mask = torch.tensor(use, device=ctx.device)
         D = torch.where(mask.view(-1, *([1] * (pre.ndim - 1))), pre, d)
         k = len(ctx.steps)
         scale = torch.where(mask, _vec(pre_scale, k, ctx.device), _vec(d_scale, k, ctx.device))
-        return D, _div(scale, bc1)
+        norms = None if pn is None or gn is None else torch.where(mask, pn, gn)
+        return D, _div(scale, bc1), norms
 
     def refresh(
         self, state: PipelineState, positions: list[int], steps: list[int], label: Callable[[int, int], str]

@@ -1,0 +1,176 @@
+"""eigh returns the root of a prescaled fp32 problem in the caller's units by scaling its n root
+eigenvalues (matroots.solvers.eigh.root_eigenvalue_sqrt) instead of the n^2 entries of the root
+(matroots.inputs.rescale_root), and proves its fp32 roots finite instead of testing them.
+
+Checked against float64 numpy references on rank-deficient fp32 factors built by baddbmm, as Shampoo
+builds them (magnitude 1e-5: every such batch is prescaled), against the rescaling path it replaces,
+per element in a batch as alone, on an element at fp32's range edge that must keep the rescaling,
+and through Shampoo's root round (a non-finite root from a matroots solver still fails there).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import matroots
+from matroots.solvers import base as solver_base
+from matroots.solvers import eigh as eigh_mod
+
+U32 = 2.0**-24
+
+
+def factors(b: int = 6, n: int = 48, rank: int = 20, scale: float = 1e-5) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7)
+    G = torch.randn(b, n, rank, generator=g)
+    return torch.baddbmm(torch.zeros(b, n, n), G, G.mT, alpha=scale)  # rank-deficient fp32 PSD
+
+
+def reference(A: torch.Tensor, p: int, shift: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(A + shift I)^(-1/p) in float64 and its condition number, per element."""
+    out, cond = [], []
+    for a, s in zip(A.double().numpy(), shift.double().numpy(), strict=True):
+        w, Q = np.linalg.eigh(a)
+        w = w + s
+        out.append((Q * w ** (-1.0 / p)) @ Q.T)
+        cond.append(w.max() / w.min())
+    return np.stack(out), np.array(cond)
+
+
+def spy_folds(monkeypatch) -> list[torch.Tensor | None]:
+    seen: list[torch.Tensor | None] = []
+    real = eigh_mod.root_eigenvalue_sqrt
+
+    def spy(*a, **k):
+        sq, folded = real(*a, **k)
+        seen.append(folded)
+        return sq, folded
+
+    monkeypatch.setattr(eigh_mod, "root_eigenvalue_sqrt", spy)
+    return seen
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_prescaled_fp32_roots_are_in_the_callers_units_and_accurate(monkeypatch, p):
+    seen = spy_folds(monkeypatch)
+    A = factors()
+    res = matroots.EighConfig().solve(A, p, eps=1e-12, psd="shift")
+    assert res.info["prescale"] != 1.0 and seen and bool(seen[-1].all())
+    ref, cond = reference(A, p, res.info["regularisation_abs"])
+    for i in range(A.shape[0]):
+        err = np.linalg.norm(res.root[i].double().numpy() - ref[i]) / np.linalg.norm(ref[i])
+        # forward error of the root asked for: (1/p) kappa u sqrt(n) and the GEMM's n u, with margin
+        assert err <= 10 * (1 + cond[i] / p) * U32 * np.sqrt(48), (i, err, cond[i])
+
+
+def test_folded_roots_equal_the_rescaled_roots_to_a_few_ulps(monkeypatch):
+    A = factors()
+    folded = matroots.EighConfig().solve(A, 4, eps=1e-12, psd="shift").root
+    real = eigh_mod.root_eigenvalue_sqrt
+    monkeypatch.setattr(eigh_mod, "root_eigenvalue_sqrt", lambda pr, wr, f, e, inv: (f.sqrt(), None))
+    rescaled = matroots.EighConfig().solve(A, 4, eps=1e-12, psd="shift").root
+    monkeypatch.setattr(eigh_mod, "root_eigenvalue_sqrt", real)
+    scale = rescaled.abs().amax(dim=(-2, -1), keepdim=True)
+    assert float(((folded - rescaled).abs() / scale).max()) <= 8 * 48 * U32
+    assert not torch.equal(folded, rescaled)  # a different rounding order, not the same code
+
+
+def test_mixed_batch_rescales_only_the_elements_left_prescaled(monkeypatch):
+    A = factors()
+    all_folded = matroots.EighConfig().solve(A, 4, eps=1e-12, psd="shift").root
+    real = eigh_mod.root_eigenvalue_sqrt
+
+    def fold_none(pr, wr, f, e, inv):
+        return f.sqrt(), None
+
+    monkeypatch.setattr(eigh_mod, "root_eigenvalue_sqrt", fold_none)
+    none_folded = matroots.EighConfig().solve(A, 4, eps=1e-12, psd="shift").root
+
+    def fold_even(pr, wr, f, e, inv):
+        sq, folded = real(pr, wr, f, e, inv)
+        keep = torch.arange(f.shape[0]) % 2 == 0
+        return torch.where(keep.unsqueeze(-1), sq, f.sqrt()), folded & keep
+
+    monkeypatch.setattr(eigh_mod, "root_eigenvalue_sqrt", fold_even)
+    mixed = matroots.EighConfig().solve(A, 4, eps=1e-12, psd="shift").root
+    assert torch.equal(mixed[0::2], all_folded[0::2])
+    assert torch.equal(mixed[1::2], none_folded[1::2])
+
+
+def test_an_element_gets_the_same_bits_in_a_batch_as_alone():
+    A = factors(b=4)
+    A = A / A.abs().amax(dim=(-2, -1), keepdim=True) * 3e-5  # one prescale for each alone and the batch
+    batch = matroots.EighConfig().solve(A, 4, eps=1e-12, psd="shift")
+    for i in range(4):
+        alone = matroots.EighConfig().solve(A[i], 4, eps=1e-12, psd="shift")
+        assert alone.info["prescale"] == batch.info["prescale"]
+        assert torch.equal(alone.root, batch.root[i]), i
+
+
+def test_a_root_at_the_fp32_range_edge_keeps_the_exact_rescaling(monkeypatch):
+    """The forward root (p = 1) of diag(2^-125, 1.5 2^-125): prescaled by 2^125, its root would be
+    within n of fp32's smallest normal number in the caller's units, so the eigenvalues are not
+    scaled and the exact rescaling returns A (to the eigensolver's rounding)."""
+    seen = spy_folds(monkeypatch)
+    A = torch.diag(torch.tensor([2.0**-125, 1.5 * 2.0**-125], dtype=torch.float32))
+    res = matroots.EighConfig().solve(A, 1, inverse=False)
+    assert res.info["prescale"] == 2.0**125
+    assert seen and not bool(seen[-1].any())
+    torch.testing.assert_close(res.root, A, rtol=4 * U32, atol=0)
+    # eight binades higher it is folded, with the same accuracy
+    B = A * 2.0**8
+    res = matroots.EighConfig().solve(B, 1, inverse=False)
+    assert bool(seen[-1].all())
+    torch.testing.assert_close(res.root, B, rtol=4 * U32, atol=0)
+
+
+def test_fp32_roots_are_proved_finite_and_others_tested(monkeypatch):
+    calls = []
+    real = solver_base.all_finite
+    monkeypatch.setattr(solver_base, "all_finite", lambda t: calls.append(t.dtype) or real(t))
+    A = factors(b=2)
+    matroots.EighConfig().solve(A, 4, eps=1e-12, psd="shift")
+    assert calls == []  # eigh_checked tested Q and the spectrum; the root's range was checked
+    matroots.EighConfig().solve(A.double(), 4, eps=1e-12, psd="shift")
+    assert calls == [torch.float64]
+    matroots.solvers.EighWarmConfig().solve(A, 4, eps=1e-12, psd="shift")
+    assert calls == [torch.float64, torch.float32]  # eigh_warm's roots are tested
+
+
+def test_a_retried_fp32_solve_is_tested_again(monkeypatch):
+    calls = []
+    real_finite, real_eigh = solver_base.all_finite, torch.linalg.eigh
+    monkeypatch.setattr(solver_base, "all_finite", lambda t: calls.append(t.dtype) or real_finite(t))
+
+    def nan_once(A, *a, **k):
+        w, Q = real_eigh(A, *a, **k)
+        if A.dtype == torch.float32:
+            w = w.clone()
+            w[0, 0] = float("nan")
+        return w, Q
+
+    monkeypatch.setattr(torch.linalg, "eigh", nan_once)
+    res = matroots.EighConfig().solve(factors(b=2), 4, eps=1e-12, psd="shift")
+    assert "eigh_retry_fp64" in res.info and calls == [torch.float32]
+
+
+def test_shampoo_still_fails_a_non_finite_root_of_a_matroots_solver(monkeypatch):
+    """Shampoo no longer re-tests roots of matroots' own solve(): _finalise must flag a NaN root."""
+    import shampoo
+    from shampoo.config import GroupOptions
+    from shampoo.roots import solve_batch
+
+    real_run = matroots.EighConfig._run
+
+    def nan_root(self, prob, **kw):
+        raw = real_run(self, prob, **kw)
+        raw.root[1, 0, 0] = float("nan")
+        raw.finite = None  # the proof no longer holds
+        return raw
+
+    monkeypatch.setattr(matroots.EighConfig, "_run", nan_root)
+    opts = GroupOptions.from_group(shampoo.Shampoo([torch.nn.Parameter(torch.zeros(2, 2))]).param_groups[0])
+    out = solve_batch(matroots.EighConfig(), factors(b=3), 4, opts, torch.float32, None, 0)
+    assert out.ok.tolist() == [True, False, True]
+    assert "non-finite root for 1 of 3" in out.error
