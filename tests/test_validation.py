@@ -317,30 +317,42 @@ def test_validate_cli_report_and_dry_run(
     assert main([str(cfg), "--out", str(tmp_path / "r")]) == 2  # rows exist: needs --resume
 
 
-@pytest.mark.parametrize("root_dtype", ["fp32", "fp64"])
-def test_forward_errors_of_real_shampoo_roots(root_dtype: str) -> None:
+@pytest.mark.parametrize(
+    "root_dtype,statistics_frequency", [("fp32", 1), ("fp64", 1), ("fp32", 2), ("fp32", 3)]
+)
+def test_forward_errors_of_real_shampoo_roots(root_dtype: str, statistics_frequency: int) -> None:
     """Roots of real digits factors (rank deficient after 2 steps of batch 8) against the matrix
     Shampoo reports it solved: within 10 (kappa/p) u of the float64 root, kappa that matrix's condition
     number as Shampoo reports it (the conditioning of A^{-1/p} itself), u that of the fp32 statistics;
     the error against the matrix
-    asked for (eps 1e-12 on a rank-deficient factor) is O(1), which is why both are recorded."""
+    asked for (eps 1e-12 on a rank-deficient factor) is O(1), which is why both are recorded.
+
+    With ``statistics_frequency`` k > 1 the factor at the root's step t has had u < t updates and
+    Shampoo divides it by 1 - beta2^u: the reference must too (with 1 - beta2^t the "solved" error of
+    these roots read 0.1-0.4, against a reference that was not the matrix solved)."""
+    steps = 2 if statistics_frequency == 1 else 6  # k = 2: u = 3 of t = 6; k = 3: u = 2
     grid = config.from_dict(
         {
-            "tasks": {"digits": {"steps": 2, "size": {"hidden": 16, "batch_size": 8}}},
+            "tasks": {"digits": {"steps": steps, "size": {"hidden": 16, "batch_size": 8}}},
             "diagnostics": {"root_error_samples": 100},
             "optimizers": [
                 {"name": "adamw", "lr": [1e-3]},
-                {"name": "shampoo", "lr": [1e-2], "root_dtype": [root_dtype], "precondition_frequency": [2]},
+                {
+                    "name": "shampoo", "lr": [1e-2], "root_dtype": [root_dtype],
+                    "precondition_frequency": [steps],
+                    "options": {"statistics_frequency": statistics_frequency},
+                },
             ],
         }
-    )
+    )  # fmt: skip
     unit = grid.units()[1]
     task = get_task("digits", hidden=16, batch_size=8)
     model = task.build_model(0)
     opt = training.make_optimizer(unit, model)
-    for _, batch in zip(range(2), task.batches(0), strict=False):
+    for _, batch in zip(range(steps), task.batches(0), strict=False):
         training._one_step(task, model, opt, batch)
-    rows = training.root_rows(opt, unit, 2)
+    rows = training.root_rows(opt, unit, steps)
+    assert all(r["root_step"] == steps for r in rows)
     assert len(rows) >= 3 and all(r["sampled"] for r in rows)
     # The statistics are fp32 data (and Shampoo bias-corrects them in fp32), so even an fp64 solve
     # is of a matrix known to fp32's u: the bound uses the coarser of the two formats.

@@ -178,6 +178,9 @@ def root_forward_errors(
     """Relative Frobenius forward errors of a factor's current root X against float64 eigh roots of
     the same (bias-corrected) factor A:
 
+    A is bias-corrected as Shampoo does it: divided by 1 - beta2^u, u the factor's statistics updates
+    (the root's step unless ``statistics_frequency`` > 1).
+
     * ``forward_error``: against (A_psd + eps_abs I)^{-1/p}, the factor regularised as configured:
       what the user asked for (the solver's, the format's and the rank policy's deviation);
     * ``forward_error_total``: against (A_psd + reference_eps I)^{-1/p}, one target for every
@@ -186,8 +189,13 @@ def root_forward_errors(
       reports it (rank-policy shift + eps): the matrix actually solved, so only the solver's and the
       format's error remain (NaN when r is not reported).
     """
+    from shampoo.transforms.kronecker import statistics_updates
+
+    # Shampoo's bias correction 1 - beta2^u counts the factor's updates u, which is the step t of its
+    # root only when every step updates it (statistics_frequency k > 1: u = statistics_updates)
     t = int(f.root_step)
-    bc = 1.0 - opts.beta2**t if opts.use_bias_correction and opts.beta2 < 1.0 and t > 0 else 1.0
+    u = statistics_updates(t, opts.statistics_frequency, opts.start_preconditioning_step)
+    bc = 1.0 - opts.beta2**u if opts.use_bias_correction and opts.beta2 < 1.0 and u > 0 else 1.0
     A = f.matrix.detach().double().cpu().numpy() / bc
     X = f.root.detach().double().cpu().numpy()
     p = float(f.root_p)
