@@ -9,7 +9,8 @@ Phases are measured by wrapping the functions that implement them (exclusive tim
 time, without the wrapped functions it calls), so the numbers add up to the wrapped total:
 
 * the optimizer step: gradient gather, statistics update, root round, directions (preconditioning
-  and grafting), scatter, parameter update, the rest (``step`` bookkeeping);
+  and grafting), scatter (with the update added straight from the buckets, the update's adds),
+  the directions' finiteness, parameter update, the rest (``step`` bookkeeping);
 * the root round (``shampoo.roots.compute_roots``): factor inputs (mirror, bias correction), input
   validation (solve options, ``prepare``, the symmetry test), the psd policy, the solve itself
   (eigh and the root's eigenvalue function and GEMM), result checks (``_finalise``), the kappa
@@ -64,6 +65,9 @@ STEP_PHASES = [
     ("shampoo.preconditioner", "BlockBucket.directions", "step: directions (precondition, graft)"),
     ("shampoo.engine", "GroupEngine.scatter", "step: scatter directions"),
     ("shampoo.optimizer", "Shampoo._apply", "step: parameter update"),
+    # the update straight from the buckets: weight decay here, the adds in "scatter directions"
+    ("shampoo.optimizer", "Shampoo._apply_from_buckets", "step: parameter update"),
+    ("shampoo.engine", "GroupEngine.finite_directions", "step: direction finiteness"),
 ]
 ROOT_PHASES = [
     ("shampoo.roots", "compute_roots", "round: bookkeeping"),

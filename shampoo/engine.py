@@ -43,8 +43,8 @@ class GroupPlan:
 
     ``blocks``: every block of every parameter of the group (owned or not), in (param, block)
     order. ``buckets[bi][j]``: the block at position j of owned bucket bi, i.e. where the direction
-    ``D[k]`` of an output ``(bi, positions, D, s)`` of :meth:`GroupEngine.block_directions` with
-    ``positions[k] = j`` belongs. ``merged_shapes[i]`` and ``directions[i]``: parameter i's merged
+    ``D[k]`` of a :class:`BucketDirections` ``(bi, positions, D, s, norms)`` of
+    :meth:`GroupEngine.block_directions` with ``positions[k] = j`` belongs. ``merged_shapes[i]`` and ``directions[i]``: parameter i's merged
     shape (the space its blocks' slices index) and its direction workspace, which the assembly
     fills in place.
     """
@@ -99,6 +99,15 @@ def state_dtype(param_dtype: torch.dtype) -> torch.dtype:
     update is applied. Factor statistics use ``factor_dtype`` (float32 by default).
     """
     return torch.promote_types(param_dtype, torch.float32)
+
+
+def _rounded(scale: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
+    """A per-block factor as the (b,) tensor of ``like``'s dtype (and device) that multiplies the
+    directions ``like``, as :meth:`GroupEngine.scatter` rounds it."""
+    b = like.shape[0]
+    if isinstance(scale, torch.Tensor):
+        return scale.reshape(-1).to(device=like.device, dtype=like.dtype).expand(b)
+    return torch.full((b,), scale, dtype=torch.float64, device=like.device).to(like.dtype)
 
 
 class BucketDirections(NamedTuple):
@@ -262,31 +271,40 @@ class GroupEngine:
             out = views[members[j]][bucket.blocks[j].spec.slices]
             emit(out, D[k], sc[k] if isinstance(sc, torch.Tensor) else sc)
 
-    def finite_directions(self, present: list[int], outputs: list[BucketDirections]) -> list[bool]:
+    def finite_directions(
+        self, present: list[int], outputs: list[BucketDirections], alpha: float | None = None
+    ) -> list[bool]:
         """Per present parameter: whether every entry of its direction, s_j D_j rounded to the
-        parameter's dtype, is finite (a parameter without blocks here: True).
+        parameter's dtype, is finite (a parameter without blocks here: True); with ``alpha`` (the
+        update added straight from the buckets, :meth:`scatter`), also every alpha s_j D_j.
 
         Proved from the block norms grafting computed where it did: |s_j D_j|_ik <= |s_j| ||D_j||,
-        so a finite bound below half the dtype's largest value proves block j finite with no pass
-        over it (``shampoo.grafting``). Blocks without norms get theirs computed (one pass, as the
-        sum test of the directions costs); a block whose bound fails, rare, is tested entrywise.
+        with s_j the factor :meth:`scatter` multiplies by (rounded to D's dtype, as is alpha s_j), so
+        a finite bound below half the dtype's largest value proves block j finite with no pass over
+        it (``shampoo.grafting``). Blocks without norms get theirs computed (one pass, as the sum test
+        of the directions costs); a block whose bound fails is tested entrywise. In fp16 the bound is
+        ||s_j D_j||_F <= 32752: exceeded only by directions of entries ~1e2 (Adam-grafted ones are ~1).
         """
         bad: set[int] = set()
         for out in outputs:
             members = self.members[out.bucket]
             big = torch.finfo(self.params[members[out.positions[0]]].dtype).max / 2
             norms = out.norms if out.norms is not None else block_norms(out.D)
-            s = out.scale
-            bound = norms.double() * (s.abs().reshape(-1) if isinstance(s, torch.Tensor) else abs(s))
-            ok = torch.isfinite(bound) & (bound <= big)
+            b = out.D.shape[0]
+            factors = [_rounded(out.scale, out.D)]
+            if alpha is not None:
+                factors.append(_rounded(out.scale * alpha, out.D))
+            ok = torch.ones(b, dtype=torch.bool, device=out.D.device)
+            for f in factors:
+                bound = norms.double() * f.double().abs()
+                ok &= torch.isfinite(bound) & (bound <= big)
             if bool(ok.all()):
                 continue
             for k in (~ok).nonzero().flatten().tolist():
-                j = out.positions[k]
-                sk = s.reshape(-1)[k] if isinstance(s, torch.Tensor) else s
-                block = (out.D[k] * sk).to(self.params[members[j]].dtype)
-                if not bool(torch.isfinite(block).all()):
-                    bad.add(members[j])
+                i = members[out.positions[k]]
+                dtype = self.params[i].dtype
+                if not all(bool(torch.isfinite((out.D[k] * f[k]).to(dtype)).all()) for f in factors):
+                    bad.add(i)
         return [i not in bad for i in present]
 
     def _check_accumulators(self, bucket: BlockBucket) -> None:

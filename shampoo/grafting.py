@@ -231,4 +231,9 @@ class AdamGraft(RMSpropGraft):
         return torch.div(m, denom, out=denom), scale
 
 
+# graft() is graft_with_norms()'s scale in these classes: the pipeline may call graft_with_norms()
+# instead. A subclass that overrides graft() alone lacks the mark, and its graft() is called.
+_Graft.graft.from_norms = True  # type: ignore[attr-defined]
+NoGraft.graft.from_norms = True  # type: ignore[attr-defined]
+
 __all__ = ["AdaGradGraft", "AdamGraft", "GraftState", "NoGraft", "RMSpropGraft", "SGDGraft"]

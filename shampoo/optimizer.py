@@ -14,9 +14,11 @@ Per param group, one step is (Gupta et al. 2018; Anil et al. 2020; Shi et al. 20
    (:meth:`Shampoo._assemble_directions`, the one place a distributed all-gather slots in);
 6. update: heavy-ball ``momentum`` (``nesterov``), decoupled weight decay w <- (1 - lr wd) w, and
    w <- w - lr d; a parameter whose direction is non-finite is skipped (counted warning). On one
-   process without momentum, 5 and 6 are one pass: w <- w - lr s_j D_j straight from the buckets
-   (:data:`APPLY_FROM_BUCKETS`), and the finiteness of the directions is proved from the grafting
-   norms (:meth:`shampoo.engine.GroupEngine.finite_directions`) instead of tested by a pass.
+   process without momentum, for contiguous parameters of their state's dtype (fp32, fp64), 5 and
+   6 are one pass: w <- w - lr s_j D_j straight from the buckets (:data:`APPLY_FROM_BUCKETS`; the
+   direction tensors stay allocated, unused). On one process the finiteness of the directions is
+   proved from the grafting norms (:meth:`shampoo.engine.GroupEngine.finite_directions`) instead of
+   tested by a pass.
 
 Stages 2-4 run only on blocks this process owns (:meth:`Shampoo._owns`); in a single process it owns
 all of them.
@@ -374,10 +376,11 @@ class Shampoo(torch.optim.Optimizer):
         if self._sharding is not None:
             self._apply(eng, opts, idx, plist, self._assemble_directions(eng, idx, outputs))
             return
-        finite = eng.finite_directions(idx, outputs)  # from the grafting norms: no pass over them
         if APPLY_FROM_BUCKETS and opts.momentum == 0 and _direct(eng, idx, plist, outputs):
+            finite = eng.finite_directions(idx, outputs, alpha=-opts.lr)  # from the grafting norms
             self._apply_from_buckets(eng, opts, idx, plist, outputs, finite)
         else:
+            finite = eng.finite_directions(idx, outputs)
             self._apply(eng, opts, idx, plist, self._assemble_directions(eng, idx, outputs), finite)
 
     def _assemble_directions(

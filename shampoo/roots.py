@@ -42,7 +42,6 @@ import torch
 from matroots import MatrootsNumericalError
 from matroots.result import info_per_element
 from matroots.solvers import SolverConfig
-from matroots.solvers.auto import AutoConfig
 from matroots.spectral import power_lambda_max
 
 from .config import DiagnosticsConfig, FailurePolicy, GroupOptions, supports_warm_start
@@ -171,9 +170,10 @@ def _finite_rows(X: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(X).flatten(1).all(-1).cpu()
 
 
-# The solve() methods that test the root they return (matroots' SolverConfig._finalise: a non-finite
-# root is not converged); auto's delegates to them.
-_FINITE_CHECKED = (SolverConfig.solve, AutoConfig.solve)
+# The solve() method that tests the root it returns (matroots' SolverConfig._finalise: a non-finite
+# root is not converged). Not auto's: it delegates to any registered config, whose solve() may be
+# its own.
+_FINITE_CHECKED = (SolverConfig.solve,)
 
 
 def solve_batch(

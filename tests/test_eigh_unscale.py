@@ -17,6 +17,7 @@ import torch
 import matroots
 from matroots.solvers import base as solver_base
 from matroots.solvers import eigh as eigh_mod
+from matroots.solvers import eigh_warm as eigh_warm_mod
 
 U32 = 2.0**-24
 
@@ -48,6 +49,7 @@ def spy_folds(monkeypatch) -> list[torch.Tensor | None]:
         return sq, folded
 
     monkeypatch.setattr(eigh_mod, "root_eigenvalue_sqrt", spy)
+    monkeypatch.setattr(eigh_warm_mod, "root_eigenvalue_sqrt", spy)
     return seen
 
 
@@ -136,6 +138,73 @@ def test_fp32_roots_are_proved_finite_and_others_tested(monkeypatch):
     assert calls == [torch.float64]
     matroots.solvers.EighWarmConfig().solve(A, 4, eps=1e-12, psd="shift")
     assert calls == [torch.float64, torch.float32]  # eigh_warm's roots are tested
+
+
+@pytest.mark.parametrize(
+    "diag,p",
+    [([1e-33, 0.0], 1), ([1.0, 0.0], 0.1)],  # clamped to thresh = n u lambda_max: thresh^(-1/p) > 3.4e38
+    ids=["prescaled", "unscaled"],
+)
+def test_clamped_roots_beyond_fp32_are_range_errors_not_converged(diag, p):
+    """rank_policy="clamp" powers max(wr, thresh): with wr = 0 the largest root eigenvalue is
+    thresh^(-1/p), here beyond fp32 (its log2 is judged from the values powered, not from wr)."""
+    A = torch.diag(torch.tensor(diag))
+    lam_max = max(diag)
+    assert (2 * U32 * lam_max) ** (-1.0 / p) > torch.finfo(torch.float32).max  # the true root overflows
+    with pytest.raises(matroots.FormatRangeError, match=r"beyond fp32|overflow fp32"):
+        matroots.inverse_root(A, p, method=matroots.EighConfig(rank_policy="clamp"))
+
+
+def test_clamped_root_inside_fp32_is_the_documented_one():
+    """diag(1, 0), p = 4, clamp: eigenvalues floored at rtol lambda_max (rtol = n u), so the root is
+    diag(1, (2 u)^(-1/4)): finite, converged, proved finite without a pass."""
+    res = matroots.inverse_root(
+        torch.diag(torch.tensor([1.0, 0.0])), 4, method=matroots.EighConfig(rank_policy="clamp")
+    )
+    assert res.converged and bool(torch.isfinite(res.root).all())
+    assert float(res.root[0, 0]) == pytest.approx(1.0, rel=1e-6)
+    assert float(res.root[1, 1]) == pytest.approx((2 * U32) ** -0.25, rel=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["perturb", "clamp", "pseudo_inverse"])
+def test_a_root_whose_eigenvalues_all_underflow_is_a_range_error(policy):
+    """(4 I)^(-1/0.01) = 2^-200 I underflows fp32 to 0 in every entry: before, a zero root came back
+    converged. No prescale (max|A| = 4 is in fp32's band), so eigh's own test must catch it."""
+    with pytest.raises(matroots.FormatRangeError, match="underflow"):
+        matroots.inverse_root(
+            torch.diag(torch.tensor([4.0, 4.0])), 0.01, method=matroots.EighConfig(rank_policy=policy)
+        )
+    # in fp64 the same root is representable and right
+    res = matroots.inverse_root(torch.diag(torch.tensor([4.0, 4.0], dtype=torch.float64)), 0.01)
+    assert float(res.root[0, 0]) == pytest.approx(2.0**-200, rel=1e-12)
+
+
+def test_pseudo_inverse_zeros_are_not_underflow():
+    """pseudo_inverse sets the root eigenvalue of a dropped (zero) eigenvalue to 0: not an underflow."""
+    res = matroots.inverse_root(
+        torch.diag(torch.tensor([4.0, 0.0])), 2, method=matroots.EighConfig(rank_policy="pseudo_inverse")
+    )
+    assert res.converged
+    torch.testing.assert_close(res.root, torch.diag(torch.tensor([0.5, 0.0])), rtol=2 * U32, atol=0)
+
+
+def test_eigh_warm_warm_roots_are_folded_and_accurate(monkeypatch):
+    """eigh_warm's warm path (a Rayleigh-Ritz step from the previous basis) folds like eigh."""
+    seen = spy_folds(monkeypatch)
+    cfg = matroots.solvers.EighWarmConfig()
+    A0 = factors(rank=96)  # full rank: the warm path's clusters are well separated
+    g = torch.Generator().manual_seed(11)
+    G = torch.randn(6, 48, 2, generator=g)
+    A1 = torch.baddbmm(A0, G, G.mT, alpha=1e-8)  # the next round's factors: a small update
+    r0 = cfg.solve(A0, 4, eps=1e-12, psd="shift")
+    r1 = cfg.solve(A1, 4, eps=1e-12, psd="shift", warm_start=r0)
+    assert r1.info["prescale"] != 1.0
+    assert all(w.startswith(("accepted", "refined")) for w in r1.info["warm"]), r1.info["warm"]
+    assert seen and all(bool(s.all()) for s in seen if s is not None)
+    ref, cond = reference(A1, 4, r1.info["regularisation_abs"])
+    for i in range(6):
+        err = np.linalg.norm(r1.root[i].double().numpy() - ref[i]) / np.linalg.norm(ref[i])
+        assert err <= 10 * (1 + cond[i] / 4) * U32 * np.sqrt(48), (i, err, cond[i], r1.info["warm"][i])
 
 
 def test_a_retried_fp32_solve_is_tested_again(monkeypatch):

@@ -186,15 +186,18 @@ def _engine(dtype: torch.dtype) -> tuple[shampoo.Shampoo, list[nn.Parameter]]:
     return opt, [p, q]
 
 
-def _truth(eng, out: BucketDirections, params) -> list[bool]:
-    """Entrywise: every s_j D_j, rounded to its parameter's dtype, finite (the definition)."""
+def _truth(eng, out: BucketDirections, params, alpha: float | None = None) -> list[bool]:
+    """Entrywise: every s_j D_j (and alpha s_j D_j), with the factor rounded to D's dtype as the
+    scatter rounds it and the product to the parameter's dtype, finite (the definition)."""
     ok = [True] * len(params)
-    s = out.scale
+    s = out.scale if isinstance(out.scale, torch.Tensor) else torch.tensor(out.scale, dtype=torch.float64)
+    scales = [s.reshape(-1)] + ([(s * alpha).reshape(-1)] if alpha is not None else [])
     for k, j in enumerate(out.positions):
         i = eng.members[out.bucket][j]
-        sk = s.reshape(-1)[k] if isinstance(s, torch.Tensor) else s
-        if not bool(torch.isfinite((out.D[k] * sk).to(params[i].dtype)).all()):
-            ok[i] = False
+        for sc in scales:
+            x = out.D[k] * sc[k % sc.numel()].to(out.D.dtype)
+            if not bool(torch.isfinite(x.to(params[i].dtype)).all()):
+                ok[i] = False
     return ok
 
 
@@ -205,6 +208,8 @@ CASES = {
     "-inf": lambda D, s: (D.index_put_((torch.tensor([6]), torch.tensor([0]), torch.tensor([0])), torch.tensor(float("-inf"))), s),
     "huge scale": lambda D, s: (D, s.index_fill_(0, torch.tensor([2]), 1e300)),
     "finite block beyond the bound": lambda D, s: (D.index_fill_(0, torch.tensor([7]), 3e37), s),
+    # s_j is finite in float64 but inf once rounded to fp32, the factor the scatter multiplies by
+    "huge scale, tiny block": lambda D, s: (D.index_fill_(0, torch.tensor([4]), 1e-20), s.index_fill_(0, torch.tensor([4]), 1e40)),
 }  # fmt: skip
 
 
@@ -220,6 +225,9 @@ def test_finite_directions_equals_the_entrywise_truth(case, with_norms):
     norms = torch.linalg.vector_norm(D.reshape(8, -1), dim=1) if with_norms else None
     out = BucketDirections(0, list(range(8)), D, s, norms)
     assert eng.finite_directions([0, 1], [out]) == _truth(eng, out, params)
+    # the update straight from the buckets multiplies by -lr s_j: lr = 1e10 overflows s_j ~ 1 too
+    for alpha in (-0.01, -1e10 if case == "finite block beyond the bound" else -1e38):
+        assert eng.finite_directions([0, 1], [out], alpha) == _truth(eng, out, params, alpha), alpha
 
 
 def test_finite_directions_in_fp16_judges_the_rounded_direction():
@@ -231,6 +239,31 @@ def test_finite_directions_in_fp16_judges_the_rounded_direction():
     s[6] = 1e5  # 1e5 > 65504: inf in fp16, finite in fp32
     out = BucketDirections(0, list(range(8)), D, s, torch.full((8,), 32.0))
     assert eng.finite_directions([0, 1], [out]) == [True, False] == _truth(eng, out, params)
+
+
+def test_a_grafting_subclass_that_overrides_graft_is_used():
+    """A user's AdamGraft subclass with its own graft(): the pipeline must call it, not reuse the
+    built-in norms (here: half the built-in scale, so the update halves)."""
+    from dataclasses import dataclass
+
+    from shampoo.grafting import AdamGraft
+
+    @dataclass(frozen=True)
+    class HalfGraft(AdamGraft):
+        def graft(self, pre, pre_scale, d, d_scale):
+            return 0.5 * super().graft(pre, pre_scale, d, d_scale)
+
+    @dataclass(frozen=True)
+    class HalfAdam(shampoo.AdamGrafting):
+        def transform(self):
+            return HalfGraft(eps=self.eps, beta2=self.beta2)
+
+    # the first step from the same state, preconditioned at once (roots at step 1)
+    half = one_step_each_way(0, grafting=HalfAdam(), start_preconditioning_step=1)
+    full = one_step_each_way(0, grafting=shampoo.AdamGrafting(), start_preconditioning_step=1)
+    for k in ("a", "b"):  # Kronecker-preconditioned, grafted
+        for h, f in zip(half, full, strict=True):  # with the switch on and off
+            assert float(h[k].norm() / f[k].norm()) == pytest.approx(0.5, rel=1e-5), k
 
 
 @pytest.mark.parametrize("flag", [True, False])

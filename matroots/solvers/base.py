@@ -34,7 +34,7 @@ class RawResult:
     # (b,) bool: where the method returned the root of a prescaled problem already in the caller's
     # units (None: nowhere; _finalise rescales the other elements)
     in_caller_units: torch.Tensor | None = None
-    # (b,) bool: the method proved which roots are finite (None: _finalise tests the root)
+    # (b,) bool, all True: the method proved every root finite (None: _finalise tests the root)
     finite: torch.Tensor | None = None
 
 
@@ -136,7 +136,7 @@ class SolverConfig:
         elif root.dtype != prob.dtype:
             check_root_range(root, prob.dtype)
         root = root.to(prob.dtype)
-        if raw.finite is not None:
+        if raw.finite is not None and bool(raw.finite.all()):
             finite = raw.finite
         elif all_finite(root):
             finite = torch.ones(root.shape[0], dtype=torch.bool)

@@ -156,7 +156,8 @@ class EighConfig(SolverConfig):
                 info["dropped"] = (~keep).sum(-1)
                 if not inverse:
                     f = torch.where(keep, _pow_rows(wr.clamp_min(0), e), torch.zeros_like(wr))
-        _check_root_spectrum(wr, f, e, cdtype, prob)
+        powered = active if self.rank_policy == "pseudo_inverse" else True  # its zeros are dropped ones
+        _check_root_spectrum(wr, f, e, cdtype, prob, powered)
         return wr, f, e, psd_shift, active
 
     def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
@@ -172,9 +173,17 @@ class EighConfig(SolverConfig):
         # n x n temporary fewer (at n = 1024 each fresh one costs ~4 ms of page faults). Symmetric up to
         # the GEMM's rounding (~u ||X||); not symmetrised, which would cost a strided pass over X.
         b = prob.A.shape[0]
-        folded = None
+        folded, certified = None, False
         if prob.grad_source is None:
             sq, folded = root_eigenvalue_sqrt(prob, wr, f, e, inverse)
+            # Proved finite, with no pass over X, for fp32: eigh_checked tested Q's entries (no fp64
+            # retry ran) and every sqrt(f c) is finite, so |X_ij| <= max f c, here <= half the max
+            top = 2.0 * _log2_top(sq)
+            certified = (
+                Q.dtype == torch.float32
+                and "eigh_retry_fp64" not in info
+                and bool((top <= math.log2(torch.finfo(sq.dtype).max) - 1).all())
+            )
             W = Q.mul_(sq.unsqueeze(-2))
             X = W @ W.mT
         else:
@@ -189,9 +198,6 @@ class EighConfig(SolverConfig):
             info["autograd"] = "Daleckii-Krein derivative of the eigenvalue function (eigh_autograd)"
         info["eigh_calls"] = 1
         info["residual_note"] = "eigh reports no residual (NaN); use matroots.metrics for errors"
-        # finite by construction for fp32 (eigh_checked tested Q and the spectrum, f is in range):
-        # no pass over X to test it
-        certified = Q.dtype == torch.float32 and prob.grad_source is None and "eigh_retry_fp64" not in info
         return RawResult(
             root=X,
             in_caller_units=folded,
@@ -259,14 +265,25 @@ def _pow_rows(w: torch.Tensor, e: float) -> torch.Tensor:
     return padded.pow_(e)[..., :n]
 
 
-def _log2_top(wr: torch.Tensor, f: torch.Tensor, e: float) -> torch.Tensor:
-    """(b,) float64: log2 of the largest root eigenvalue in use, max e log2(wr) over f > 0 (-inf
-    where none is), from wr in float64 (f itself reads inf or 0 where it left its format)."""
-    used = (f > 0) | ~torch.isfinite(f)
+def _log2_top(f: torch.Tensor, powered: torch.Tensor | bool = False) -> torch.Tensor:
+    """(b,) float64: log2 of the largest root eigenvalue, max log2 f over the positive f; +inf where
+    some f is not finite (its power overflowed). A zero f counts as log2 of half the format's
+    smallest subnormal where it is ``powered`` (True: everywhere; a (b, n) mask: where the rank
+    policy raised an eigenvalue to its power, so 0 is an underflow), else as -inf (set to 0 by the
+    rank policy). Read from f itself, the values actually powered (under "clamp" a non-positive wr
+    has f = thresh^e, the largest root eigenvalue of an inverse root), not from e log2(wr).
+    """
+    fd = f.double()
+    fi = torch.finfo(f.dtype)
+    zero = torch.where(
+        torch.as_tensor(powered, device=f.device),
+        math.log2(fi.smallest_normal) + math.log2(fi.eps) - 1,  # half the smallest subnormal
+        -math.inf,
+    )
     lf = torch.where(
-        used & (wr > 0),
-        e * torch.log2(wr.double().clamp_min(1e-320)),
-        torch.full_like(f, -math.inf, dtype=torch.float64),
+        torch.isfinite(fd) & (fd > 0),
+        torch.log2(fd.clamp_min(1e-320)),
+        torch.where(torch.isfinite(fd), zero.to(fd.dtype), math.inf),
     )
     return lf.amax(dim=-1)
 
@@ -282,7 +299,8 @@ def root_eigenvalue_sqrt(
 
     An element is folded when the root is computed and returned in fp32 (Shampoo's roots; in fp64
     the exact rescaling of the root is kept: sqrt(f) c^(1/2) squared by the GEMM adds ~2 u, which a
-    1 x 1 root at fp64's range edge shows against its 4 u test) and is clearly inside its range: |X_ij| <= max f c and max_i X_ii >= max f c / n, so with a margin of 2 neither the overflow
+    1 x 1 root at fp64's range edge shows against its 4 u test) and is clearly inside its range:
+    |X_ij| <= max f c and max_i X_ii >= max f c / n, so with a margin of 2 neither the overflow
     nor the underflow test of :func:`~matroots.inputs.check_root_range` could fire (where one could,
     the rescaling and its exact test run as before). Decided per element, from its own eigenvalues:
     an element gets the same bits in a batch as alone, and eigh_warm's cold path as eigh.
@@ -292,7 +310,7 @@ def root_eigenvalue_sqrt(
     if prob.prescale == 1.0 or not fp32 or prob.grad_source is not None:
         return sq, None
     log2_factor = float(round(math.log2(prob.prescale)) * (1 / prob.p) * (1 if inverse else -1))
-    top = _log2_top(wr, f, e) + log2_factor
+    top = _log2_top(f) + log2_factor
     fmt = precision.info(prob.dtype)
     lo = math.log2(fmt.tiny) + 1 + math.log2(prob.n)
     folded = (top == -math.inf) | ((top <= math.log2(fmt.max) - 1) & (top >= lo))
@@ -302,16 +320,22 @@ def root_eigenvalue_sqrt(
 
 
 def _check_root_spectrum(
-    wr: torch.Tensor, f: torch.Tensor, e: float, cdtype: torch.dtype, prob: Problem
+    wr: torch.Tensor,
+    f: torch.Tensor,
+    e: float,
+    cdtype: torch.dtype,
+    prob: Problem,
+    powered: torch.Tensor | bool,
 ) -> None:
-    """FormatRangeError when the root's eigenvalues f = wr^e overflow or all underflow ``cdtype``.
+    """FormatRangeError when the root's eigenvalues f overflow or all underflow ``cdtype``.
 
-    X = Q diag(f) Q^T has |X_ij| <= max f, so max f decides the range. It is judged from
-    e log2(wr) in float64, not from f itself: an overflowing f reads inf, an underflowing one 0, and a
-    zero root would otherwise be returned as converged.
+    X = Q diag(f) Q^T has |X_ij| <= max f, so max f decides the range (:func:`_log2_top`): an
+    overflowing f reads inf, and an underflowing one 0, which where the eigenvalue was ``powered``
+    (not zeroed by the rank policy) is an underflow: a zero root would otherwise be returned as
+    converged (before, (4 I)^(-1/0.01) came back as 0, converged).
     """
     fmt = precision.info(cdtype)
-    top = _log2_top(wr, f, e)
+    top = _log2_top(f, powered)
     if bool((top > math.log2(fmt.max)).any()):
         worst = float(wr[..., 0].min()) / prob.prescale
         raise FormatRangeError(

@@ -179,9 +179,9 @@ class Pipeline:
             return d, _div(d_scale, bc1), None
         pre, pre_scale = self.preconditioner.direction(state.preconditioner, m, ctx)
         with_norms = getattr(self.grafting, "graft_with_norms", None)
-        if with_norms is not None:
+        if with_norms is not None and getattr(type(self.grafting).graft, "from_norms", False):
             pre_scale, pn, gn = with_norms(pre, pre_scale, d, d_scale)
-        else:  # a user's grafting transform with the Protocol's graft only
+        else:  # a grafting transform with its own graft (the Protocol's): no norms to reuse
             pre_scale, pn, gn = self.grafting.graft(pre, pre_scale, d, d_scale), None, None
         if all(use):
             return pre, _div(pre_scale, bc1), pn
