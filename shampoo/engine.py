@@ -272,11 +272,16 @@ class GroupEngine:
             emit(out, D[k], sc[k] if isinstance(sc, torch.Tensor) else sc)
 
     def finite_directions(
-        self, present: list[int], outputs: list[BucketDirections], alpha: float | None = None
+        self,
+        present: list[int],
+        outputs: list[BucketDirections],
+        alpha: float | None = None,
+        written: bool = True,
     ) -> list[bool]:
         """Per present parameter: whether every entry of its direction, s_j D_j rounded to the
-        parameter's dtype, is finite (a parameter without blocks here: True); with ``alpha`` (the
-        update added straight from the buckets, :meth:`scatter`), also every alpha s_j D_j.
+        parameter's dtype, is finite (a parameter without blocks here: True); with ``alpha``, also
+        every alpha s_j D_j (the update -lr s_j D_j); ``written=False``: only the latter (the update
+        added straight from the buckets by :meth:`scatter`, where s_j D_j is never formed).
 
         Proved from the block norms grafting computed where it did: |s_j D_j|_ik <= |s_j| ||D_j||,
         with s_j the factor :meth:`scatter` multiplies by (rounded to D's dtype, as is alpha s_j), so
@@ -289,9 +294,10 @@ class GroupEngine:
         for out in outputs:
             members = self.members[out.bucket]
             big = torch.finfo(self.params[members[out.positions[0]]].dtype).max / 2
-            norms = out.norms if out.norms is not None else block_norms(out.D)
+            # norms computed here are summed in float64: fp32 squares of entries below ~1e-23 vanish
+            norms = out.norms if out.norms is not None else block_norms(out.D, torch.float64)
             b = out.D.shape[0]
-            factors = [_rounded(out.scale, out.D)]
+            factors = [_rounded(out.scale, out.D)] if written or alpha is None else []
             if alpha is not None:
                 factors.append(_rounded(out.scale * alpha, out.D))
             ok = torch.ones(b, dtype=torch.bool, device=out.D.device)

@@ -377,10 +377,11 @@ class Shampoo(torch.optim.Optimizer):
             self._apply(eng, opts, idx, plist, self._assemble_directions(eng, idx, outputs))
             return
         if APPLY_FROM_BUCKETS and opts.momentum == 0 and _direct(eng, idx, plist, outputs):
-            finite = eng.finite_directions(idx, outputs, alpha=-opts.lr)  # from the grafting norms
+            finite = eng.finite_directions(idx, outputs, -opts.lr, written=False)  # from grafting norms
             self._apply_from_buckets(eng, opts, idx, plist, outputs, finite)
-        else:
-            finite = eng.finite_directions(idx, outputs)
+        else:  # without momentum the update is -lr d: its overflow skips the parameter too
+            alpha = -opts.lr if opts.momentum == 0 else None
+            finite = eng.finite_directions(idx, outputs, alpha)
             self._apply(eng, opts, idx, plist, self._assemble_directions(eng, idx, outputs), finite)
 
     def _assemble_directions(

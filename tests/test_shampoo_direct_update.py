@@ -186,18 +186,19 @@ def _engine(dtype: torch.dtype) -> tuple[shampoo.Shampoo, list[nn.Parameter]]:
     return opt, [p, q]
 
 
-def _truth(eng, out: BucketDirections, params, alpha: float | None = None) -> list[bool]:
-    """Entrywise: every s_j D_j (and alpha s_j D_j), with the factor rounded to D's dtype as the
-    scatter rounds it and the product to the parameter's dtype, finite (the definition)."""
-    ok = [True] * len(params)
-    s = out.scale if isinstance(out.scale, torch.Tensor) else torch.tensor(out.scale, dtype=torch.float64)
-    scales = [s.reshape(-1)] + ([(s * alpha).reshape(-1)] if alpha is not None else [])
-    for k, j in enumerate(out.positions):
-        i = eng.members[out.bucket][j]
-        for sc in scales:
-            x = out.D[k] * sc[k % sc.numel()].to(out.D.dtype)
-            if not bool(torch.isfinite(x.to(params[i].dtype)).all()):
-                ok[i] = False
+def _truth(
+    eng, out: BucketDirections, params, alpha: float | None = None, written: bool = True
+) -> list[bool]:
+    """The definition: whatever the scatter writes (s_j D_j into direction tensors of the
+    parameter's dtype) and/or adds (alpha s_j D_j into the parameters), from zero, is finite."""
+    ok = []
+    for i, p in enumerate(params):
+        fine = True
+        for a in ([None] if written else []) + ([alpha] if alpha is not None else []):
+            view = eng.states[i].layout.merged_view(torch.zeros_like(p))
+            eng.scatter(out.bucket, out.positions, out.D, out.scale, {i: view, 1 - i: view.clone()}, alpha=a)
+            fine &= bool(torch.isfinite(view).all())
+        ok.append(fine)
     return ok
 
 
@@ -227,7 +228,9 @@ def test_finite_directions_equals_the_entrywise_truth(case, with_norms):
     assert eng.finite_directions([0, 1], [out]) == _truth(eng, out, params)
     # the update straight from the buckets multiplies by -lr s_j: lr = 1e10 overflows s_j ~ 1 too
     for alpha in (-0.01, -1e10 if case == "finite block beyond the bound" else -1e38):
-        assert eng.finite_directions([0, 1], [out], alpha) == _truth(eng, out, params, alpha), alpha
+        for written in (True, False):  # through the direction tensors, or straight from the buckets
+            got = eng.finite_directions([0, 1], [out], alpha, written=written)
+            assert got == _truth(eng, out, params, alpha, written), (alpha, written)
 
 
 def test_finite_directions_in_fp16_judges_the_rounded_direction():

@@ -132,7 +132,8 @@ class SolverConfig:
                 root = rescale_root(root, prob.dtype, log2_factor)
             else:  # only the elements the method left prescaled (it kept prob.dtype)
                 rows = (~done).nonzero().flatten().to(root.device)
-                root[rows] = rescale_root(root.index_select(0, rows), prob.dtype, log2_factor)
+                fixed = rescale_root(root.index_select(0, rows), prob.dtype, log2_factor)
+                root = root.index_copy(0, rows, fixed)  # not in place: raw.root need not be owned
         elif root.dtype != prob.dtype:
             check_root_range(root, prob.dtype)
         root = root.to(prob.dtype)

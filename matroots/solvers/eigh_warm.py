@@ -363,7 +363,12 @@ class _Run:
         Qs, f, d = _take(st.Q, sel), st.f[sel], st.d[sel]
         if st.R is not None:  # unit columns: the diagonal of Q^T Q - I does not enter the root
             Qs = Qs * (1.0 - st.rd[sel]).rsqrt().unsqueeze(-2)
-        sq, folded = root_eigenvalue_sqrt(self.prob, st.wr[sel], f, st.e, self.inverse)
+        if why:  # not converged: the basis may be far from orthonormal, so the fold's range margin,
+            # which assumes unit rows, does not hold; left prescaled (unrecorded elements are) for
+            # _finalise's exact rescaling
+            sq, folded = f.sqrt(), None
+        else:
+            sq, folded = root_eigenvalue_sqrt(self.prob, st.wr[sel], f, st.e, self.inverse)
         W = Qs * sq.unsqueeze(-2)
         self.X = _put(self.X, idx, W @ W.mT)
         self._folded(idx, folded)

@@ -245,9 +245,9 @@ def per_block(values: list[float], ndim: int, device: torch.device) -> float | t
     return torch.tensor(values, dtype=torch.float64, device=device).view(-1, *([1] * (ndim - 1)))
 
 
-def block_norms(x: torch.Tensor) -> torch.Tensor:
-    """Frobenius norm of each block of a stack, shape (b,)."""
-    return torch.linalg.vector_norm(x.reshape(x.shape[0], -1), dim=1)
+def block_norms(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Frobenius norm of each block of a stack, shape (b,) (accumulated in ``dtype`` if given)."""
+    return torch.linalg.vector_norm(x.reshape(x.shape[0], -1), dim=1, dtype=dtype)
 
 
 __all__ = [
