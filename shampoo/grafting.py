@@ -106,15 +106,6 @@ class _Graft:
 class NoGraft(_Graft):
     """No grafting: the preconditioned direction keeps its own scale (plain SGD before preconditioning)."""
 
-    def graft(
-        self,
-        pre: torch.Tensor,
-        pre_scale: torch.Tensor | float,
-        d: torch.Tensor,
-        d_scale: torch.Tensor | float,
-    ) -> torch.Tensor | float:
-        return pre_scale
-
     def graft_with_norms(
         self,
         pre: torch.Tensor,
@@ -234,6 +225,5 @@ class AdamGraft(RMSpropGraft):
 # graft() is graft_with_norms()'s scale in these classes: the pipeline may call graft_with_norms()
 # instead. A subclass that overrides graft() alone lacks the mark, and its graft() is called.
 _Graft.graft.from_norms = True  # type: ignore[attr-defined]
-NoGraft.graft.from_norms = True  # type: ignore[attr-defined]
 
 __all__ = ["AdaGradGraft", "AdamGraft", "GraftState", "NoGraft", "RMSpropGraft", "SGDGraft"]
