@@ -44,9 +44,9 @@ class GroupPlan:
     ``blocks``: every block of every parameter of the group (owned or not), in (param, block)
     order. ``buckets[bi][j]``: the block at position j of owned bucket bi, i.e. where the direction
     ``D[k]`` of a :class:`BucketDirections` ``(bi, positions, D, s, norms)`` of
-    :meth:`GroupEngine.block_directions` with ``positions[k] = j`` belongs. ``merged_shapes[i]`` and ``directions[i]``: parameter i's merged
-    shape (the space its blocks' slices index) and its direction workspace, which the assembly
-    fills in place.
+    :meth:`GroupEngine.block_directions` with ``positions[k] = j`` belongs. ``merged_shapes[i]``
+    and ``directions[i]``: parameter i's merged shape (the space its blocks' slices index) and its
+    direction workspace, which the assembly fills in place.
     """
 
     blocks: tuple[PlannedBlock, ...]

@@ -48,7 +48,7 @@ from .config import (
 )
 from .diagnostics import BlockDiagnostics, block_diagnostics, dump_factors, to_frame
 from .distributed import BlockSharding, DDPConfig
-from .engine import BucketDirections, GroupEngine
+from .engine import BucketDirections, GroupEngine, state_dtype
 from .errors import NonFiniteGradientWarning, ShampooError, StateDictError
 from .optim_compat import GROUP_ONLY_KEYS, IMPL_FLAGS, check_impl_flags, check_state_dict, match_keys
 from .state import ParamState, flatten, restore
@@ -89,15 +89,12 @@ class StepTiming:
 APPLY_FROM_BUCKETS = True
 
 
-def _direct(
-    eng: GroupEngine, idx: list[int], params: list[torch.Tensor], outputs: list[BucketDirections]
-) -> bool:
+def _direct(params: list[torch.Tensor]) -> bool:
     """Whether the update can be added straight from the buckets: every parameter contiguous (its
-    merged shape is then a view) and of its buckets' dtype (16-bit parameters keep fp32 state, and
-    their direction is rounded to the parameter's dtype first, as documented)."""
-    return all(p.is_contiguous() for p in params) and all(
-        out.D.dtype == params[idx.index(eng.members[out.bucket][out.positions[0]])].dtype for out in outputs
-    )
+    merged shape is then a view) and of its state's dtype, which its buckets' directions have
+    (16-bit parameters keep fp32 state, and their direction is rounded to the parameter's dtype
+    first, as documented)."""
+    return all(p.is_contiguous() and state_dtype(p.dtype) == p.dtype for p in params)
 
 
 def _all_finite(tensors: list[torch.Tensor]) -> list[bool]:
@@ -376,7 +373,7 @@ class Shampoo(torch.optim.Optimizer):
         if self._sharding is not None:
             self._apply(eng, opts, idx, plist, self._assemble_directions(eng, idx, outputs))
             return
-        if APPLY_FROM_BUCKETS and opts.momentum == 0 and _direct(eng, idx, plist, outputs):
+        if APPLY_FROM_BUCKETS and opts.momentum == 0 and _direct(plist):
             finite = eng.finite_directions(idx, outputs, -opts.lr, written=False)  # from grafting norms
             self._apply_from_buckets(eng, opts, idx, plist, outputs, finite)
         else:  # without momentum the update is -lr d: its overflow skips the parameter too
