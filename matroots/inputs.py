@@ -384,6 +384,11 @@ class Problem:
     def batched(self) -> bool:
         return len(self.batch_shape) > 0
 
+    def root_log2_scale(self, inverse: bool = True) -> Fraction:
+        """Exact log2 of the factor that returns the root of the prescaled matrix s A to the caller's
+        units: (s A)^(-+1/p) = s^(-+1/p) A^(-+1/p), so the factor is s^(+-1/p) (0 when s = 1)."""
+        return round(math.log2(self.prescale)) * (1 / self.p) * (1 if inverse else -1)
+
 
 # Outside fp16, the working matrix is pre-scaled unless its magnitude m is already in [2^-B, 2^B]
 # (B = 2). That keeps squares and norms (||A||_F, Lanczos' beta^2, the symmetry defect) in range, and

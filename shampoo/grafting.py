@@ -19,7 +19,7 @@ formulas are torch.optim's, so that grafting alone reproduces it to rounding:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -57,6 +57,9 @@ class GraftState:
 class _Graft:
     """Grafting without state (sgd): d = m; the preconditioned direction gets d's norm."""
 
+    # whether the preconditioned direction is rescaled to the grafting direction's norm
+    rescales: ClassVar[bool] = True
+
     def init(self, stack: Stack) -> GraftState | None:
         return None
 
@@ -91,8 +94,11 @@ class _Graft:
         d_scale: torch.Tensor | float,
     ) -> tuple[torch.Tensor | float, torch.Tensor | None, torch.Tensor | None]:
         """(scale, ||pre_j||, ||d_j||): :meth:`graft`'s scale and the block norms it was computed
-        from (None where a method computes none). A finite norm proves every entry of its block
-        finite, which lets the optimizer skip a separate finiteness pass over the directions."""
+        from (None where a method computes none: without :attr:`rescales`, ``pre_scale`` itself). A
+        finite norm proves every entry of its block finite, which lets the optimizer skip a separate
+        finiteness pass over the directions."""
+        if not self.rescales:
+            return pre_scale, None, None
         gn = block_norms(d)
         gs = gn * d_scale if isinstance(d_scale, torch.Tensor) or d_scale != 1.0 else gn
         pn = block_norms(pre)
@@ -106,14 +112,7 @@ class _Graft:
 class NoGraft(_Graft):
     """No grafting: the preconditioned direction keeps its own scale (plain SGD before preconditioning)."""
 
-    def graft_with_norms(
-        self,
-        pre: torch.Tensor,
-        pre_scale: torch.Tensor | float,
-        d: torch.Tensor,
-        d_scale: torch.Tensor | float,
-    ) -> tuple[torch.Tensor | float, torch.Tensor | None, torch.Tensor | None]:
-        return pre_scale, None, None
+    rescales: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)

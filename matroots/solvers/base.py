@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -126,7 +125,7 @@ class SolverConfig:
         if prob.prescale != 1.0 and (done is None or not bool(done.all())):
             # root of (sA): (sA)^{-1/p} = s^{-1/p} A^{-1/p}; undo with the factor s^e in float64, formed
             # in steps (s^e alone can overflow float64, e.g. s = 2^997 with e = 100 for p = 0.01).
-            log2_factor = round(math.log2(prob.prescale)) * (1 / prob.p) * (1 if inverse else -1)  # exact
+            log2_factor = prob.root_log2_scale(inverse)  # exact
             # FormatRangeError, not inf or 0; then the exact rescaling, rounded to prob.dtype
             if done is None or not bool(done.any()):
                 root = rescale_root(root, prob.dtype, log2_factor)

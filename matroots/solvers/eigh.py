@@ -309,7 +309,7 @@ def root_eigenvalue_sqrt(
     fp32 = prob.dtype == wr.dtype == torch.float32
     if prob.prescale == 1.0 or not fp32 or prob.grad_source is not None:
         return sq, None
-    log2_factor = float(round(math.log2(prob.prescale)) * (1 / prob.p) * (1 if inverse else -1))
+    log2_factor = float(prob.root_log2_scale(inverse))
     top = _log2_top(f) + log2_factor
     fmt = precision.info(prob.dtype)
     lo = math.log2(fmt.tiny) + 1 + math.log2(prob.n)
