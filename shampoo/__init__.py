@@ -29,6 +29,7 @@ from .errors import (
     RootFailureWarning,
     ShampooError,
     StateDictError,
+    UnknownOptionError,
 )
 from .optimizer import Shampoo, StepTiming
 from .transforms.soap import SOAP
@@ -59,5 +60,6 @@ __all__ = [
     "ShampooError",
     "StateDictError",
     "StepTiming",
+    "UnknownOptionError",
     "layout_param",
 ]

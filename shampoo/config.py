@@ -436,7 +436,7 @@ class GroupOptions:
     statistics_frequency: int = 1
     statistics_dtype: torch.dtype | None = None
     # A per-block preconditioner transform replacing the Kronecker one of the group's Shampoo blocks
-    # (the interface: shampoo.transforms.Preconditioner); a param-group key, None: Kronecker factors.
+    # (the interface: shampoo.transforms.Preconditioner); None: Kronecker factors.
     preconditioner: Any = None
 
     def __post_init__(self) -> None:

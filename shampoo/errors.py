@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from matroots.errors import InvalidArgumentError
+
 
 class ShampooError(RuntimeError):
     """Base class of errors raised by :class:`shampoo.Shampoo` while stepping or loading state."""
@@ -13,6 +15,11 @@ class RootComputationError(ShampooError):
 
 class StateDictError(ShampooError, ValueError):
     """A state dict does not fit this optimizer (missing parameters, different blocking, ...)."""
+
+
+class UnknownOptionError(InvalidArgumentError, TypeError):
+    """A keyword that is not an option of :class:`shampoo.Shampoo` (a TypeError, as Python raises for
+    an unexpected keyword, and a matroots input error, so the CLI reports it in one line)."""
 
 
 class NonFiniteGradientWarning(RuntimeWarning):
@@ -34,4 +41,5 @@ __all__ = [
     "RootFailureWarning",
     "ShampooError",
     "StateDictError",
+    "UnknownOptionError",
 ]

@@ -5,14 +5,30 @@ optimizer's parameters. Checked by tests/test_optim_conformance.py against ``tor
 
 from __future__ import annotations
 
+import difflib
+import inspect
+from collections.abc import Callable
 from typing import Any
 
-from .errors import StateDictError
+from .errors import StateDictError, UnknownOptionError
 
 #: torch.optim implementation flags and the values Shampoo accepts (see :class:`Shampoo`).
 IMPL_FLAGS = ("foreach", "fused", "capturable", "differentiable")
-#: GroupOptions fields set only per param group (not arguments of :class:`Shampoo`).
-GROUP_ONLY_KEYS = ("preconditioner",)
+
+
+def unknown_option_error(name: str, init: Callable[..., Any]) -> UnknownOptionError:
+    """The error for a keyword ``name`` that ``init`` does not take, with the closest option."""
+    options = [
+        p.name
+        for p in inspect.signature(init).parameters.values()
+        if p.kind is p.KEYWORD_ONLY
+        or (p.kind is p.POSITIONAL_OR_KEYWORD and p.name not in ("self", "params"))
+    ]
+    close = difflib.get_close_matches(name, options, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return UnknownOptionError(
+        f"Shampoo got an unknown option {name!r}{hint}; the options are {', '.join(options)}"
+    )
 
 
 def check_impl_flags(
@@ -97,4 +113,4 @@ def check_state_dict(state_dict: Any, n_groups: int) -> tuple[list[dict[str, Any
     return list(groups), state
 
 
-__all__ = ["GROUP_ONLY_KEYS", "IMPL_FLAGS", "check_impl_flags", "check_state_dict", "match_keys"]
+__all__ = ["IMPL_FLAGS", "check_impl_flags", "check_state_dict", "match_keys", "unknown_option_error"]

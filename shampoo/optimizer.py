@@ -50,7 +50,7 @@ from .diagnostics import BlockDiagnostics, block_diagnostics, dump_factors, to_f
 from .distributed import BlockSharding, DDPConfig
 from .engine import BucketDirections, GroupEngine, state_dtype
 from .errors import NonFiniteGradientWarning, ShampooError, StateDictError
-from .optim_compat import GROUP_ONLY_KEYS, IMPL_FLAGS, check_impl_flags, check_state_dict, match_keys
+from .optim_compat import IMPL_FLAGS, check_impl_flags, check_state_dict, match_keys, unknown_option_error
 from .state import ParamState, flatten, restore
 from .transforms.kronecker import statistics_updates
 
@@ -162,11 +162,18 @@ class Shampoo(torch.optim.Optimizer):
             bias correction count updates). statistics_dtype: None or torch.bfloat16 (G rounded to
             bf16, G G^T accumulated in factor_dtype). Exact semantics and measured costs:
             :class:`shampoo.config.GroupOptions`.
+        preconditioner: None (Kronecker factors and their inverse roots) or a per-block
+            preconditioner transform replacing them in the group's Shampoo blocks: ``"soap"`` or a
+            :class:`shampoo.SOAP` config (eigenvalue-corrected Shampoo), or any
+            :class:`shampoo.transforms.Preconditioner`.
         foreach, fused, capturable, differentiable: torch.optim's implementation flags. Shampoo always
             uses the ``torch._foreach_*`` kernels, so ``foreach`` may be None or True (False is
             refused); ``fused=True``, ``capturable=True`` (CUDA-graph capture: the failure policy
             syncs with the host) and ``differentiable=True`` (the step runs under no_grad and the
             root solvers are not traced) are refused with a ValueError.
+
+    A keyword that is none of these raises :class:`shampoo.UnknownOptionError` (a TypeError) naming
+    the closest option.
 
     Every option except ``diagnostics``, ``distributed`` and the implementation flags can be set per
     param group (they are the fields of :class:`shampoo.config.GroupOptions`, the one definition of
@@ -214,11 +221,15 @@ class Shampoo(torch.optim.Optimizer):
         maximize: bool = False,
         statistics_frequency: int = 1,
         statistics_dtype: torch.dtype | None = None,
+        preconditioner: Any = None,
         foreach: bool | None = None,
         fused: bool | None = None,
         capturable: bool = False,
         differentiable: bool = False,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            raise unknown_option_error(next(iter(unknown)), Shampoo.__init__)
         check_impl_flags(foreach=foreach, fused=fused, capturable=capturable, differentiable=differentiable)
         if distributed is not None and not isinstance(distributed, DDPConfig):
             raise ValueError(f"distributed must be a shampoo.DDPConfig or None, got {distributed!r}")
@@ -231,11 +242,7 @@ class Shampoo(torch.optim.Optimizer):
         self.timing = StepTiming()
         # the hyperparameters are the fields of GroupOptions (one definition; validated there)
         arguments = locals()
-        defaults = {
-            f.name: arguments[f.name]
-            for f in dataclasses.fields(GroupOptions)
-            if f.name not in GROUP_ONLY_KEYS
-        }
+        defaults = {f.name: arguments[f.name] for f in dataclasses.fields(GroupOptions)}
         super().__init__(params, defaults)
 
     # -- copy and pickle -----------------------------------------------------------------------------

@@ -260,6 +260,20 @@ def test_implementation_flags(kind: str, flag: str, value, supported_by_shampoo:
         opt.add_param_group({"params": list(model.parameters()), flag: value})
 
 
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("precondition_frequncy", "precondition_frequency"), ("root_sovler", "root_solver"), ("beta", "betas")],
+)
+def test_a_mistyped_keyword_is_a_typed_one_line_error_with_the_closest_option(typo: str, meant: str) -> None:
+    from matroots.errors import InvalidArgumentError
+
+    with pytest.raises(shampoo.UnknownOptionError) as info:
+        shampoo.Shampoo([torch.nn.Parameter(torch.randn(3))], **{typo: 1})
+    assert isinstance(info.value, TypeError) and isinstance(info.value, InvalidArgumentError)
+    msg = str(info.value)
+    assert "\n" not in msg and repr(typo) in msg and f"did you mean {meant!r}?" in msg
+
+
 def test_hyperparameters_have_one_definition() -> None:
     """The optimizer's keyword arguments are GroupOptions' fields (plus the optimizer-wide and
     implementation options), and its defaults validate through GroupOptions."""
@@ -267,11 +281,11 @@ def test_hyperparameters_have_one_definition() -> None:
     import inspect
 
     from shampoo.config import GroupOptions
-    from shampoo.optim_compat import GROUP_ONLY_KEYS, IMPL_FLAGS
+    from shampoo.optim_compat import IMPL_FLAGS
 
     sig = inspect.signature(shampoo.Shampoo.__init__)
-    args = set(sig.parameters) - {"self", "params", "diagnostics", "distributed", *IMPL_FLAGS}
-    fields = {f.name for f in dataclasses.fields(GroupOptions)} - set(GROUP_ONLY_KEYS)
+    args = set(sig.parameters) - {"self", "params", "diagnostics", "distributed", "unknown", *IMPL_FLAGS}
+    fields = {f.name for f in dataclasses.fields(GroupOptions)}
     assert args == fields
     opt = shampoo.Shampoo([torch.nn.Parameter(torch.randn(3))])
     assert set(opt.defaults) == fields

@@ -244,6 +244,30 @@ def test_preconditioner_by_name_and_a_misspelt_name() -> None:
         shampoo.Shampoo([{"params": model.parameters(), "preconditioner": "soapp"}])
 
 
+def test_preconditioner_as_a_constructor_argument_is_the_group_default() -> None:
+    """``Shampoo(params, preconditioner="soap")`` is the param-group key set for every group: the same
+    config, and the same steps (bitwise: the same code runs on the same numbers)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 7, dtype=torch.float64), torch.randn(32, 4, dtype=torch.float64)
+    kw = {"lr": 1e-2, "precondition_frequency": 2, "start_preconditioning_step": 1}
+    models = [_mlp(), _mlp()]
+    by_arg = shampoo.Shampoo(models[0].parameters(), preconditioner="soap", **kw)
+    by_group = shampoo.Shampoo([{"params": models[1].parameters(), "preconditioner": "soap"}], **kw)
+    assert by_arg.param_groups[0]["preconditioner"] == shampoo.SOAP()
+    assert by_arg.defaults["preconditioner"] == "soap"
+    for _ in range(4):
+        for model, opt in zip(models, (by_arg, by_group), strict=True):
+            opt.zero_grad()
+            (model(x) - y).square().mean().backward()
+            opt.step()
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(a, b)
+    opt = shampoo.Shampoo(models[0].parameters(), preconditioner=shampoo.SOAP(basis_update="qr"))
+    assert opt.param_groups[0]["preconditioner"] == shampoo.SOAP(basis_update="qr")
+    with pytest.raises(InvalidArgumentError, match=r"preconditioner must be .*'soapp'"):
+        shampoo.Shampoo(models[0].parameters(), preconditioner="soapp")
+
+
 # -- resume ----------------------------------------------------------------------------------------
 
 
