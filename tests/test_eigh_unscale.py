@@ -2,8 +2,8 @@
 eigenvalues (matroots.solvers.eigh.root_eigenvalue_sqrt) instead of the n^2 entries of the root
 (matroots.inputs.rescale_root), and proves its fp32 roots finite instead of testing them.
 
-Checked against float64 numpy references on rank-deficient fp32 factors built by baddbmm, as Shampoo
-builds them (magnitude 1e-5: every such batch is prescaled), against the rescaling path it replaces,
+Checked against float64 numpy references on rank-deficient fp32 factors built by baddbmm and read with
+the upper triangle mirrored, as Shampoo builds them (magnitude 1e-5: every such batch is prescaled), against the rescaling path it replaces,
 per element in a batch as alone, on an element at fp32's range edge that must keep the rescaling,
 and through Shampoo's root round (a non-finite root from a matroots solver still fails there).
 """
@@ -18,6 +18,7 @@ import matroots
 from matroots.solvers import base as solver_base
 from matroots.solvers import eigh as eigh_mod
 from matroots.solvers import eigh_warm as eigh_warm_mod
+from shampoo.state import mirror_upper_
 
 U32 = 2.0**-24
 
@@ -25,7 +26,8 @@ U32 = 2.0**-24
 def factors(b: int = 6, n: int = 48, rank: int = 20, scale: float = 1e-5) -> torch.Tensor:
     g = torch.Generator().manual_seed(7)
     G = torch.randn(b, n, rank, generator=g)
-    return torch.baddbmm(torch.zeros(b, n, n), G, G.mT, alpha=scale)  # rank-deficient fp32 PSD
+    # rank-deficient fp32 PSD, exactly symmetric on every CPU (the GEMM's lower triangle is scratch)
+    return mirror_upper_(torch.baddbmm(torch.zeros(b, n, n), G, G.mT, alpha=scale))
 
 
 def reference(A: torch.Tensor, p: int, shift: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -209,7 +211,7 @@ def test_eigh_warm_warm_roots_are_folded_and_accurate(monkeypatch):
     A0 = factors(rank=96)  # full rank: the warm path's clusters are well separated
     g = torch.Generator().manual_seed(11)
     G = torch.randn(6, 48, 2, generator=g)
-    A1 = torch.baddbmm(A0, G, G.mT, alpha=1e-8)  # the next round's factors: a small update
+    A1 = mirror_upper_(torch.baddbmm(A0, G, G.mT, alpha=1e-8))  # the next round's factors: a small update
     r0 = cfg.solve(A0, 4, eps=1e-12, psd="shift")
     r1 = cfg.solve(A1, 4, eps=1e-12, psd="shift", warm_start=r0)
     assert r1.info["prescale"] != 1.0
