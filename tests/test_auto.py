@@ -1,6 +1,7 @@
 """method="auto": lookup semantics on a hand-written table, the contract of info["auto"], grouping of
-batches, the fallbacks, and (on the shipped table) accuracy and cost on matrices held back from the
-tuning run: other families and seeds."""
+batches, the fallbacks, and (on the shipped table) accuracy on matrices held back from the tuning run:
+other families and seeds. Cost against the cheapest candidate is a timing, measured by
+experiments/bench_auto_cost.py, never asserted here."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import matroots
 from matroots import matrices, reference
 from matroots.metrics import relative_forward_error
 from matroots.solvers.auto import AutoConfig, TargetWarning, default_target
-from matroots.tuning import cost, table
+from matroots.tuning import table
 from matroots.tuning.select import TABLE_COLUMNS
+from shampoo.state import mirror_upper_
 
 
 def _entry(kappa_lo, kappa_hi, target, choice, method, options="{}", **kw):
@@ -146,7 +148,7 @@ def test_chosen_solver_that_raises_is_resolved_by_the_safe_choice(toy_table: str
     # eigenvalues; the safe choice (eigh with clamping) solves it and info says so.
     g = torch.Generator().manual_seed(0)
     G = torch.randn(1, 32, 4, generator=g)
-    F = torch.baddbmm(torch.zeros(1, 32, 32), G, G.mT).double()
+    F = mirror_upper_(torch.baddbmm(torch.zeros(1, 32, 32), G, G.mT)).double()  # read as Shampoo does
     auto = AutoConfig(table=toy_table, target=1e-4, fallback=matroots.EighConfig(rank_policy="clamp"))
     with pytest.raises(matroots.NotPositiveDefiniteError):
         matroots.inverse_root(F, 2, "eigh")
@@ -232,60 +234,3 @@ def test_auto_meets_target_on_held_out_matrices(dtype: str) -> None:
                 else:
                     assert a["groups"][0]["cells"][0]["reason"]
     assert checked >= 50
-
-
-# The stated bound: chosen <= 4 x the cheapest candidate meeting the target on that matrix. Measured
-# (2026-12-01): ratios 0.89 .. 2.87; the largest is inherent to a per-band promise: at fp32 and kappa in
-# [1e4, 1e6) eigh misses 1e-2 on some tuning matrices, so the band gets coupled Newton, which costs ~2.9x
-# eigh on a held-out matrix where eigh happens to suffice. 4 leaves room for timing noise.
-COST_FACTOR = 4.0
-
-
-def _measured_cost(cfg, A, p, dtype, solve_kw) -> tuple[float, float, object]:
-    """GEMM-equivalents measured here: process CPU seconds of the solve / of one n x n GEMM."""
-    gemm = cost.gemm_seconds(A.shape[-1], dtype)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        res, cpu = cost.timed(lambda: cfg.solve(A, p, dtype=dtype, **solve_kw))
-    return cpu / gemm, cpu, res
-
-
-def test_auto_cost_within_factor_of_cheapest_meeting_candidate() -> None:
-    """On held-out matrices (small n), the configuration auto chooses costs at most COST_FACTOR times
-    the cheapest candidate of the table that meets the target on that very matrix, in GEMM-equivalents
-    measured in the test (CPU time / one GEMM of that n, one torch thread)."""
-    shipped = table.load_table()
-    candidates = shipped.provenance["candidates"]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    ratios = []
-    try:
-        for fam, n, kappa, seed in _held_out_cases():
-            if n != 16 or fam not in ("randsvd5", "correlation"):
-                continue
-            A = torch.from_numpy(matrices.generate(fam, n, kappa, np.random.default_rng(seed))[0])
-            ref = reference.inverse_root(A.numpy(), 2)
-            for dtype, target in (("fp64", 1e-8), ("fp32", 1e-2)):
-                res = matroots.inverse_root(A, 2, "auto", dtype=dtype, target=target)
-                g = res.info["auto"]["groups"][0]
-                if g["status"] != "chosen":
-                    continue
-                meeting = {}
-                for label in candidates:
-                    cfg, sopts = AutoConfig._candidate(shipped, label)
-                    try:
-                        c, _, r = _measured_cost(cfg, A, 2, dtype, sopts)
-                    except matroots.MatrootsError:
-                        continue
-                    if (
-                        r.all_converged
-                        and relative_forward_error(r.root.double().numpy(), ref.root) <= target
-                    ):
-                        meeting[label] = c
-                cfg, sopts = AutoConfig._candidate(shipped, res.info["auto"]["chosen"][0])
-                chosen_cost, _, _ = _measured_cost(cfg, A, 2, dtype, sopts)
-                assert meeting, (fam, kappa, dtype)
-                ratios.append(chosen_cost / min(meeting.values()))
-    finally:
-        torch.set_num_threads(threads)
-    assert ratios and max(ratios) <= COST_FACTOR, sorted(ratios)
