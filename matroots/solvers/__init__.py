@@ -5,6 +5,7 @@ from .base import SolverConfig
 from .coupled_newton import CoupledNewtonConfig
 from .eigh import EighConfig
 from .eigh_warm import EighWarmConfig
+from .newton_schulz_sign import NewtonSchulzSignConfig
 from .registry import available, get, register
 from .schur_newton import SchurNewtonConfig
 
@@ -13,6 +14,7 @@ __all__ = [
     "CoupledNewtonConfig",
     "EighConfig",
     "EighWarmConfig",
+    "NewtonSchulzSignConfig",
     "SchurNewtonConfig",
     "SolverConfig",
     "available",

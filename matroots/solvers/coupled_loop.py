@@ -1,0 +1,138 @@
+"""The stopping contract of coupled_newton (:func:`matroots.solvers.newton_core.coupled_newton_iterate`)
+for any coupled root iteration whose progress is measured by a matrix M_k -> I.
+
+An iteration here is a state (a tuple of matrices, e.g. (X_k,) or (Y_k, Z_k)) and its residual matrix
+M_k, advanced by a ``step(k, rows, state, M) -> (state, M)`` on the rows of the batch still iterating.
+Each element stops on ``||M_k - I||_F <= tol``; on stagnation (once the residual is below
+``quadratic_start`` it must at least halve each step; the better of the last two iterates is kept and
+counts as converged when its residual is <= min(``accept``, ``quadratic_start``)); on divergence
+(non-finite values, or the residual growing ``divergence_factor`` times past max(res_0, 1)); and at
+``max_iter``. That is the test that makes coupled_newton's ``converged`` a promise about the answer:
+M_k = f(X_k, A) holds as an identity in exact arithmetic, so ||M_k - I|| small means the iterate is the
+root of a matrix near A (each solver's docstring states its invariant).
+
+A residual recomputed from two factors (M = Z Y) cannot be resolved below ~u ||Z|| ||Y||, so
+``floor_scale`` may raise the stagnation acceptance by that factor, as the Newton-Schulz inverse does
+with kappa_F (:mod:`matroots.solvers.newton_schulz`). Residual norms are taken in float32 for 16-bit formats. Elements that stop leave the active set: the
+products are counted per element (``matmuls_each``), as coupled_newton does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import precision
+
+State = tuple[torch.Tensor, ...]
+Step = Callable[[int, torch.Tensor, State, torch.Tensor], tuple[State, torch.Tensor]]
+
+
+@dataclass
+class LoopOutcome:
+    """Final states (b, n, n) per state slot, and the per-element stop record."""
+
+    state: State
+    converged: torch.Tensor  # (b,) bool
+    iterations: torch.Tensor  # (b,) int64
+    residual: torch.Tensor  # (b,) float64
+    reason: list[str]
+    matmuls_each: torch.Tensor  # (b,) float64
+    history: list[torch.Tensor] = field(default_factory=list)
+
+
+def residual_norms(M: torch.Tensor) -> list[float]:
+    """||M - I||_F per batch element (float32 for 16-bit formats)."""
+    W = M if M.dtype in (torch.float32, torch.float64) else M.float()
+    I = torch.eye(W.shape[-1], dtype=W.dtype, device=W.device)
+    return [float(v) for v in torch.linalg.matrix_norm(W - I).reshape(-1).tolist()]
+
+
+def default_tol(dtype: torch.dtype, n: int, p: int) -> float:
+    """coupled_newton's tolerance 4 p sqrt(n) u, capped at 0.05 so that the stagnation test (which starts
+    below 1/2) decides in the 16-bit formats, where 4 p sqrt(n) u can exceed 1 (bf16, n = 256, p = 4)."""
+    return min(precision.default_tol(dtype, n, p), 0.05)
+
+
+def run_coupled(
+    state: State,
+    M: torch.Tensor,
+    step: Step,
+    *,
+    tol: float,
+    max_iter: int,
+    accept: float,
+    per_iter: float,
+    record_history: bool = False,
+    quadratic_start: float = 0.5,
+    divergence_factor: float = 1e3,
+    floor_scale: Callable[[State], list[float]] | None = None,
+) -> LoopOutcome:
+    """Iterate ``step`` on the batch until every element stops (see the module docstring).
+
+    ``floor_scale(state)``: per row, a factor >= 1 by which the rounding floor of the residual exceeds
+    the identity's (a residual M = Z Y recomputed from two factors carries an error ~ u ||Z|| ||Y||);
+    a stagnated element is accepted at ``accept`` times that factor (still at most ``quadratic_start``).
+    """
+    b = M.shape[0]
+    state = tuple(s.clone() for s in state)
+    M = M.clone()
+    res = residual_norms(M)
+    res0 = list(res)
+    converged = [r <= tol for r in res]
+    reason = ["tol" if c else "max_iter" for c in converged]
+    active = [not c for c in converged]
+    iters = [0] * b
+    accept = min(accept, quadratic_start)
+    history = [torch.tensor(res, dtype=torch.float64)] if record_history else []
+    for k in range(max_iter):
+        idx = [i for i in range(b) if active[i]]
+        if not idx:
+            break
+        rows = torch.tensor(idx, dtype=torch.long)
+        whole = len(idx) == b
+        sub = state if whole else tuple(s.index_select(0, rows) for s in state)
+        new_state, new_M = step(k, rows, sub, M if whole else M.index_select(0, rows))
+        res_new = residual_norms(new_M)
+        finite = torch.stack([torch.isfinite(s).flatten(1).all(-1) for s in new_state]).all(0).tolist()
+        scale = floor_scale(new_state) if floor_scale is not None else [1.0] * len(idx)
+        take_rows = []
+        for j, i in enumerate(idx):
+            r_old, r_new = res[i], res_new[j] if finite[j] else math.inf
+            iters[i] += 1
+            take = True
+            if not math.isfinite(r_new) or r_new > divergence_factor * max(res0[i], 1.0):
+                reason[i], take, active[i] = "divergence", False, False
+            elif r_new <= tol:
+                reason[i], converged[i], res[i], active[i] = "tol", True, r_new, False
+            elif r_old < quadratic_start and r_new > 0.5 * r_old:
+                reason[i], active[i] = "stagnation", False
+                take = r_new < r_old  # keep the better of the last two iterates
+                if take:
+                    res[i] = r_new
+                converged[i] = res[i] <= min(accept * max(scale[j], 1.0), quadratic_start)
+            else:
+                res[i] = r_new
+            if take:
+                take_rows.append(j)
+        if take_rows:
+            sel = torch.tensor(take_rows, dtype=torch.long)
+            dst = rows.index_select(0, sel)
+            state = tuple(
+                s.index_copy(0, dst, ns.index_select(0, sel)) for s, ns in zip(state, new_state, strict=True)
+            )
+            M = M.index_copy(0, dst, new_M.index_select(0, sel))
+        if record_history:
+            history.append(torch.tensor(res, dtype=torch.float64))
+    return LoopOutcome(
+        state=state,
+        converged=torch.tensor(converged, dtype=torch.bool),
+        iterations=torch.tensor(iters, dtype=torch.int64),
+        residual=torch.tensor(res, dtype=torch.float64),
+        reason=reason,
+        matmuls_each=torch.tensor(iters, dtype=torch.float64) * per_iter,
+        history=history,
+    )
