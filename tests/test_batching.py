@@ -111,17 +111,43 @@ def test_batching_benchmark_reports_every_case_with_its_floor(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("n", [5, 24, 40])
-@pytest.mark.parametrize("method", ["eigh", "eigh_warm"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_eigh_batch_is_bitwise_when_n_is_not_a_simd_multiple(n, method, dtype):
+def test_root_eigenvalue_powers_are_bitwise_batch_invariant(n, dtype):
     """The root's eigenvalues lambda^(-1/p) are rounded alike in a batch and alone: torch's vector pow and
     its scalar tail differ in the last bit, and with n = 24 a row of a 4 x 24 batch used to land in the
-    tail differently from its solve alone (3e-8 relative in an fp32 root)."""
+    tail differently from its solve alone (3e-8 relative in an fp32 root). eigh pads each row to whole
+    vector blocks (matroots.solvers.eigh._pow_rows), so a row's powers are the same op on the same bits
+    in a batch as alone: bitwise on every CPU."""
+    from matroots.solvers.eigh import _pow_rows
+
+    g = torch.Generator().manual_seed(n)
+    w = torch.rand(4, n, generator=g, dtype=torch.float64).mul_(1e4).add_(1e-3).to(dtype)
+    batch = _pow_rows(w, -0.25)
+    for i in range(4):
+        assert torch.equal(batch[i], _pow_rows(w[i].clone(), -0.25)), i
+
+
+@pytest.mark.parametrize("n", [5, 24, 40])
+@pytest.mark.parametrize("method", ["eigh", "eigh_warm"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_eigh_batch_equals_per_matrix_within_the_rounding_bound(n, method, dtype):
+    """A batched eigh solve and each matrix's solve alone run the same algorithm, but LAPACK's syevd and
+    the GEMMs round differently with the memory alignment of a batch element on some CPUs (MKL on
+    AVX-512 EPYC: fp64 n = 5 elements 1 and 3 differ from their solves alone; identical under
+    MKL_CBWR=COMPATIBLE), so bitwise equality is not a property of the code. Each root is within the
+    forward bound fwd_bound(kappa, p, n, u) of the exact root (tests/_refs.py, eigh is backward stable),
+    hence the two are within twice that bound of each other (triangle inequality)."""
     mats = [spd_matrix(n, k, seed=i) for i, k in enumerate(np.logspace(1, 5, 4))]
     A = torch.from_numpy(np.stack(mats)).to(dtype)
     A = A * 2.0 ** -torch.floor(torch.log2(A.abs().amax((1, 2)))).view(-1, 1, 1)  # no per-call prescale
     res = matroots.inverse_root(A, 4, method=method, rank_policy="clamp")
+    u = U["fp64" if dtype == torch.float64 else "fp32"]
     for i in range(A.shape[0]):
-        assert torch.equal(
-            res.root[i], matroots.inverse_root(A[i], 4, method=method, rank_policy="clamp").root
+        one = matroots.inverse_root(A[i], 4, method=method, rank_policy="clamp")
+        assert bool(res.converged[i]) and one.converged, i
+        diff = float(
+            torch.linalg.matrix_norm((res.root[i] - one.root).double())
+            / torch.linalg.matrix_norm(one.root.double())
         )
+        kappa = np.linalg.cond(A[i].double().numpy())
+        assert diff <= 2 * fwd_bound(kappa, 4, n, u), (i, diff)
