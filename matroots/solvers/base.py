@@ -10,8 +10,9 @@ from typing import Any, ClassVar
 
 import torch
 
+from .. import precision
 from .. import psd as psd_policy
-from ..errors import ConvergenceError, ConvergenceWarning, InvalidArgumentError
+from ..errors import ConvergenceError, ConvergenceWarning, FormatRangeError, InvalidArgumentError
 from ..inputs import Problem, all_finite, check_root_range, prepare, rescale_root
 from ..options import SolveOptions
 from ..result import RootResult
@@ -82,6 +83,9 @@ class SolverConfig:
     capabilities: ClassVar[Capabilities] = Capabilities()
     # the psd policies a method decides and applies on its own computed eigenvalues (eigh: both)
     psd_on_eigenvalues: ClassVar[frozenset[str]] = frozenset()
+    # True: the method judges each root's range from the root's own eigenvalues (eigh), where it also
+    # knows which zeros its rank policy put there; False: _finalise judges it from the root's entries
+    range_on_eigenvalues: ClassVar[bool] = False
     psd: str = "none"
 
     def solve(self, A: object, p: object, options: SolveOptions | None = None, **kwargs: Any) -> RootResult:
@@ -136,15 +140,23 @@ class SolverConfig:
         elif root.dtype != prob.dtype:
             check_root_range(root, prob.dtype)
         root = root.to(prob.dtype)
-        if raw.finite is not None and bool(raw.finite.all()):
+        amax = None
+        if self.range_on_eigenvalues and raw.finite is not None and bool(raw.finite.all()):
             finite = raw.finite
-        elif all_finite(root):
-            finite = torch.ones(root.shape[0], dtype=torch.bool)
-        else:
-            finite = torch.isfinite(root).flatten(1).all(-1)
+        elif self.range_on_eigenvalues:
+            if all_finite(root):
+                finite = torch.ones(root.shape[0], dtype=torch.bool)
+            else:
+                finite = torch.isfinite(root).flatten(1).all(-1)
+        else:  # max|X| per matrix: the finiteness test (NaN and inf propagate) and the range check
+            amax = root.detach().abs().flatten(1).amax(-1).double().cpu()
+            finite = torch.isfinite(amax)
         converged = raw.converged & finite
         info = {**prob.info, **raw.info}
         psd_policy.report(info, root.shape[0])
+        if amax is not None:
+            check_root_range(root, prob.dtype, amax=amax)
+            _check_zero_roots(self.name, prob, amax, info, inverse=inverse)
         if not bool(finite.all()):
             info["non_finite_root"] = int((~finite).sum())
         n_bad = int((~converged).sum())
@@ -177,6 +189,38 @@ class SolverConfig:
                 warnings.warn(msg, ConvergenceWarning, stacklevel=3)
                 log.warning(msg)
         return out
+
+
+def _check_zero_roots(name: str, prob: Problem, amax: torch.Tensor, info: dict, *, inverse: bool) -> None:
+    """FormatRangeError where a root came out exactly 0 although the matrix solved is not 0.
+
+    A p-th root X of M (X^p = M) is 0 only when M is: the forward root of a zero matrix with no shift.
+    A zero root of any other matrix is an underflow to 0 (the same rule as eigh's root eigenvalues,
+    :func:`~matroots.solvers.eigh._check_root_spectrum`), which :func:`check_root_range` cannot tell
+    from a legitimate zero by the entries alone: before, the fp16 forward root of A + 1e-16 I with
+    A = 0 in a batch whose other matrix set the scale came back as 0, converged. ``amax``: the (b,)
+    max|root| per matrix; ``info["regularisation_abs"]``: the whole shift of the matrix solved.
+    """
+    zero = (amax == 0).nonzero().flatten()
+    if zero.numel() == 0:
+        return
+    if not inverse:
+        shift = info.get("regularisation_abs")
+        shifted = (
+            torch.zeros(zero.numel(), dtype=torch.bool)
+            if shift is None
+            else (torch.as_tensor(shift).double().reshape(-1).expand(amax.numel())[zero] != 0)
+        )
+        nonzero_a = prob.A.index_select(0, zero.to(prob.A.device)).flatten(1).ne(0).any(-1).cpu()
+        zero = zero[shifted | nonzero_a]
+        if zero.numel() == 0:
+            return
+    fmt = precision.info(prob.dtype)
+    raise FormatRangeError(
+        f"{name}: the root of {zero.numel()} of {amax.numel()} matrices (batch positions "
+        f"{zero.tolist()[:8]}) came out exactly 0, but the matrix solved is not 0, so its root is not: "
+        f"its entries underflowed {fmt.name} (smallest normal {fmt.tiny:.3e}); use a wider dtype"
+    )
 
 
 def matmul_count_power(p: int) -> int:

@@ -48,6 +48,7 @@ class EighConfig(SolverConfig):
     # the psd "meta" and "shift" shifts go on the computed eigenvalues (as Meta's does; "shift" is
     # decided on them, no Cholesky test: see matroots.psd)
     psd_on_eigenvalues = frozenset({"meta", "shift"})
+    range_on_eigenvalues = True  # _check_root_spectrum, and _finalise's check of a root it rescales
     capabilities = Capabilities(differentiable=True)
     rank_policy: str = "perturb"
     atol: float = 0.0
