@@ -70,7 +70,11 @@ A the matrix solved (after the psd policy, :mod:`matroots.psd`) and f the root's
 5. Fall back to a full eigh (and say why in ``info["warm"]``) when the basis is too far (a
    cluster larger than ``max_cluster`` n: the first-order rotation cannot separate the spectrum; r >= 1
    alone only makes est infinite, it does not stop the refinement), the estimate does not drop by 4x per step, or ``max_iter``
-   refinement steps (default 3) did not reach tol. With ``fallback=False`` such elements return the
+   refinement steps (default 3) did not reach tol; and where the estimate cannot be formed: non-finite
+   Ritz values, a matrix (or root) whose scale lies outside [sqrt(tiny)/u, sqrt(max)] of the format,
+   where the estimate's squares would underflow and make it too small (a batch is prescaled as a
+   whole: a gradient spike puts a factor 1e35 times its neighbour into it), or an estimate or
+   tolerance that is not a number. With ``fallback=False`` such elements return the
    refined root with ``converged=False`` instead.
 
 Cost in GEMMs (n x n products) per matrix: accepted at once 3 (S and the root W W^T, W = Q~ f^(1/2));
@@ -209,6 +213,24 @@ def _norm2(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.matrix_norm(x).double()
 
 
+def _out_of_band(v: torch.Tensor, what: str, dtype: torch.dtype) -> dict[int, str]:
+    """{row: why} for the rows of ``v`` (m, n) whose largest |v| is not finite or lies outside
+    [sqrt(tiny) / u, sqrt(max)] of ``dtype``: there the estimate's squares (O o O, ||f||, ||P||) would
+    underflow below the second-order term (off-diagonal entries of ~sqrt(u) times the scale) or
+    overflow, and an underflow makes the estimate too small. Inside a batch prescaled as a whole a
+    matrix 1e35 times its neighbour (a gradient spike) lands there; the cold eigh solves it.
+    """
+    fi = torch.finfo(dtype)
+    lo, hi = math.sqrt(fi.tiny) / precision.unit_roundoff(dtype), math.sqrt(fi.max)
+    top = v.detach().abs().amax(-1).double().cpu()
+    bad = ~((top >= lo) & (top <= hi))  # NaN and inf included
+    return {
+        int(j): f"{what} at scale {float(top[j]):.2e}, outside [{lo:.1e}, {hi:.1e}] where the warm "
+        f"estimate is representable in {precision.info(dtype).name}"
+        for j in bad.nonzero().flatten().tolist()
+    }
+
+
 class _Run:
     """State of one batched eigh_warm call: per-element outputs filled in as elements finish."""
 
@@ -307,7 +329,7 @@ class _Run:
         max_iter = self.prob.max_iter if self.prob.max_iter is not None else _MAX_ITER
         Q, delta, A = _take(Q0, idx), defect0[idx].clone(), _take(self.A, idx)
         # Q^T Q is formed (one GEMM) unless the basis is known orthonormal to LAPACK's level
-        gram = bool((delta > _TRUSTED * n * precision.unit_roundoff(self.A.dtype)).any())
+        gram = bool((~(delta <= _TRUSTED * n * precision.unit_roundoff(self.A.dtype))).any())  # NaN: form it
         prev = torch.full((idx.numel(),), math.inf, dtype=torch.float64)
         k = 0
         while idx.numel():
@@ -317,7 +339,7 @@ class _Run:
             done = (est <= tol).nonzero().flatten()
             if done.numel():
                 self._finish(idx[done], st, done, est[done], tol[done], k)
-            rest = (est > tol).nonzero().flatten()
+            rest = (~(est <= tol)).nonzero().flatten()  # NaN too: every element finishes or falls back
             if rest.numel() == 0:
                 break
             why = st.plan(rest, est, tol, prev, k, max_iter)
@@ -461,7 +483,17 @@ class _Step:
         else:
             self.d = dS.clone()
             self.defect = self.delta = delta
-        wr, f, active, e = run.spectrum(idx, self.d)
+        # elements whose estimate the working format cannot hold go to the fallback with the reason
+        # (position in idx -> why); their Ritz values are replaced by 1 for the shared spectrum call,
+        # which refuses non-finite ones
+        self.unusable = _out_of_band(self.d, "Ritz values", A.dtype)
+        d = self.d
+        if self.unusable:
+            rows = torch.tensor(sorted(self.unusable), device=d.device)
+            d = d.index_fill(0, rows, 1.0)
+        wr, f, active, e = run.spectrum(idx, d)
+        for j, why in _out_of_band(f, "root eigenvalues", A.dtype).items():
+            self.unusable.setdefault(j, why)
         self.wr, self.f, self.active, self.e = wr, f, active, e
         self.S = S
         self.any_inactive = bool((~active).any())
@@ -470,7 +502,7 @@ class _Step:
             self.z = torch.where(active, wr, zfloor.expand_as(wr))
         else:
             self.z = wr
-        self.gn = torch.linalg.vector_norm(f, dim=-1).double()
+        self.gn = torch.linalg.vector_norm(f.double(), dim=-1)  # ||f||_2 (fp32 squares overflow at 2^64)
 
     def estimate(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(est, tol) per element (float64, CPU): the estimated relative error of the root from Q."""
@@ -501,8 +533,10 @@ class _Step:
         rows = (rows.clamp_min(0) * w).double()
         r = rows.sum(-1).sqrt()
         fOh = ((f.double() ** 2) * rows).sum(-1).sqrt()
-        g1 = torch.where(self.active, e * f / z, torch.zeros_like(f))  # f'(z)
-        cond = g1.abs().amax(-1).double() * torch.linalg.vector_norm(z, dim=-1).double() / self.gn
+        # f'(z) and ||z||_2 in float64: in fp32 f / z overflows and ||z|| underflows far from scale 1
+        zd = z.double()
+        g1 = torch.where(self.active, e * f.double() / zd, torch.zeros_like(zd))
+        cond = g1.abs().amax(-1) * torch.linalg.vector_norm(zd, dim=-1) / self.gn
         run = self.run
         if run.prob.tol is not None:
             tol = torch.full_like(cond, float(run.prob.tol))
@@ -520,6 +554,9 @@ class _Step:
                 t2[need] = torch.minimum(old2[need], binned_second_order(_take(O2, need), z[need], f[need]))
         self.r = r.cpu()
         est = base + t2 / self.gn
+        if self.unusable:
+            est = est.clone()
+            est[torch.tensor(sorted(self.unusable), device=est.device)] = math.nan
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "eigh_warm step: first-order %s second-order %s tail %s ||Ohat||_F %s basis defect %s",
@@ -544,7 +581,11 @@ class _Step:
             ej, tj, pj = est_all[j], tol_all[j], prev_all[j]
             # ||Ohat||_F >= 1 only makes the estimate infinite (no acceptance): the refinement can still
             # converge; whether it can is the cluster test below (a basis too far shows as one cluster)
-            if k >= max_iter:
+            if j in self.unusable:
+                why.append(self.unusable[j])
+            elif math.isnan(ej) or math.isnan(tj):  # an overflow in the estimate: nothing to refine on
+                why.append(f"the error estimate is not a number (estimate {ej:.2e}, tol {tj:.2e})")
+            elif k >= max_iter:
                 why.append(f"{k} refinement steps left the estimate {ej:.2e} > tol {tj:.2e}")
             elif k > 0 and not math.isfinite(ej):  # ||Ohat||_F still >= 1 after a rotation
                 why.append(f"basis too far (estimate still unbounded after {k} refinement step(s))")

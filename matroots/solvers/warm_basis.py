@@ -4,7 +4,8 @@
 ``info["eigenvectors"]`` and ``info["basis_defect"]``) or an eigenvector tensor / array of shape
 (..., n, n) (one per matrix, or one for all). A basis of the wrong shape is a caller error
 (InvalidArgumentError); a non-finite or non-orthonormal one (for instance a previous *root* passed by
-mistake) is not used: the element falls back to the full eigh, and ``info["warm"]`` says why.
+mistake) is not used: the element falls back to the full eigh, and ``info["warm"]`` says why. A defect
+that is not a number (the estimate's Q^T Q overflowed, e.g. for 1e20 Q in fp32) is not small.
 """
 
 from __future__ import annotations
@@ -85,9 +86,10 @@ def warm_basis(ws: object, A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     for i in range(b):
         if not bool(finite[i]):
             bad.append("warm basis has non-finite entries")
-        elif float(defect[i]) > _MAX_DEFECT:
+        elif not float(defect[i]) <= _MAX_DEFECT:  # NaN too: Q^T Q of a scaled basis can overflow
             bad.append(
-                f"warm basis is not orthonormal (||Q^T Q - I||_F ~ {float(defect[i]):.2e} > {_MAX_DEFECT:g})"
+                f"warm basis is not orthonormal (||Q^T Q - I||_F ~ {float(defect[i]):.2e}, not <= "
+                f"{_MAX_DEFECT:g})"
             )
         else:
             bad.append("")

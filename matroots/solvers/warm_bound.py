@@ -32,9 +32,12 @@ def binned_second_order(O2: torch.Tensor, z: torch.Tensor, f: torch.Tensor) -> t
     m, n = z.shape
     zd = z.double()
     lz = torch.log2(zd / zd.amin(-1, keepdim=True))
-    nb = int(min(_BIN_MAX, int(lz.max().ceil()) + 1))
+    spread = float(lz.max())
+    if not math.isfinite(spread):  # a non-positive or non-finite z: no bound (the estimate rejects)
+        return torch.full((m,), math.inf, dtype=torch.float64, device=O2.device)
+    nb = int(min(_BIN_MAX, math.ceil(spread) + 1))
     b = (
-        torch.clamp((lz * (nb / max(float(lz.max()), 1e-300))).floor().long(), max=nb - 1)
+        torch.clamp((lz * (nb / max(spread, 1e-300))).floor().long(), max=nb - 1)
         if nb > 1
         else (torch.zeros_like(lz, dtype=torch.long))
     )
