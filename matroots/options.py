@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +104,7 @@ class SolveOptions:
     @classmethod
     def names(cls) -> tuple[str, ...]:
         """The option names, in definition order."""
-        return tuple(f.name for f in dataclasses.fields(cls))
+        return _field_names(cls)
 
     @classmethod
     def build(cls, options: SolveOptions | None = None, /, **kwargs: Any) -> SolveOptions:
@@ -121,7 +122,7 @@ class SolveOptions:
                 f"unknown solve option {unknown[0]!r}{hint}; the options are {', '.join(cls.names())}"
             )
         if options is None:
-            return cls(**kwargs)
+            return cls(**kwargs) if kwargs else _defaults(cls)
         return dataclasses.replace(options, **kwargs) if kwargs else options
 
     def changed(self) -> dict[str, Any]:
@@ -136,10 +137,27 @@ class SolveOptions:
     @classmethod
     def split(cls, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """``kwargs`` split into (solve options, the rest: fields of a solver config)."""
-        names = set(cls.names())
+        names = _field_set(cls)
         return {k: v for k, v in kwargs.items() if k in names}, {
             k: v for k, v in kwargs.items() if k not in names
         }
+
+
+# Per-call constants of a solve, computed once (the options are frozen, so one default instance serves
+# every call that passes none).
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@functools.cache
+def _field_set(cls: type) -> frozenset[str]:
+    return frozenset(_field_names(cls))
+
+
+@functools.cache
+def _defaults(cls: type) -> SolveOptions:
+    return cls()
 
 
 __all__ = ["SolveOptions"]

@@ -14,7 +14,7 @@ import torch
 from .. import arguments, precision
 from .. import psd as psd_policy
 from ..errors import EigensolverError, FormatRangeError, InvalidArgumentError, NotPositiveDefiniteError
-from ..inputs import Problem, require_symmetric, symmetric_input
+from ..inputs import Problem, all_finite, require_symmetric, symmetric_input
 from ..regularize import working_shift
 from .base import Capabilities, RawResult, SolverConfig
 from .eigh_autograd import SpectralRoot
@@ -99,7 +99,7 @@ class EighConfig(SolverConfig):
         cdtype = w.dtype
         active = None
         s = prob.prescale  # report in the user's units (fp16 inputs are pre-scaled by s)
-        if not bool(torch.isfinite(w).all()):  # the spectrum itself, before any shift
+        if not all_finite(w):  # the spectrum itself, before any shift
             k = int((~torch.isfinite(w).all(-1)).sum())
             raise EigensolverError(
                 f"eigh: the computed spectrum has non-finite eigenvalues for {k} of {w.shape[0]} finite "
@@ -118,7 +118,7 @@ class EighConfig(SolverConfig):
             lmin, lmax, shift = lmin / s, lmax / s, shift / s
         info.update(lambda_min=lmin, lambda_max=lmax, eps_abs=shift)
         e = -1.0 / float(prob.p) if inverse else 1.0 / float(prob.p)
-        if not bool(torch.isfinite(wr).all()):
+        if not all_finite(wr):
             raise FormatRangeError(
                 f"eigh: an eigenvalue plus the eps shift (eps_abs={float(shift.max()):.3e}) overflows "
                 f"{precision.info(cdtype).name}; use a smaller eps or a wider dtype"
@@ -135,7 +135,10 @@ class EighConfig(SolverConfig):
             f = _pow_rows(wr, e)
             # the spectrum of the matrix actually solved (psd shift and eps included), user units:
             # its condition number for diagnostics (shampoo) without another pass over the matrix
-            info.update(solved_lambda_min=wr[..., 0].double() / s, solved_lambda_max=wr[..., -1].double() / s)
+            solved = wr[..., [0, -1]].double()
+            if s != 1.0:
+                solved = solved / s
+            info.update(solved_lambda_min=solved[..., 0], solved_lambda_max=solved[..., 1])
         else:
             rtol = self.rtol if self.rtol is not None else prob.n * precision.unit_roundoff(cdtype)
             thresh = torch.clamp(rtol * wr[..., -1:].abs(), min=self.atol * prob.prescale)
@@ -179,11 +182,10 @@ class EighConfig(SolverConfig):
             sq, folded = root_eigenvalue_sqrt(prob, wr, f, e, inverse)
             # Proved finite, with no pass over X, for fp32: eigh_checked tested Q's entries (no fp64
             # retry ran) and every sqrt(f c) is finite, so |X_ij| <= max f c, here <= half the max
-            top = 2.0 * _log2_top(sq)
             certified = (
                 Q.dtype == torch.float32
                 and "eigh_retry_fp64" not in info
-                and bool((top <= math.log2(torch.finfo(sq.dtype).max) - 1).all())
+                and 2.0 * float(_log2_top(sq).max()) <= math.log2(torch.finfo(sq.dtype).max) - 1
             )
             W = Q.mul_(sq.unsqueeze(-2))
             X = W @ W.mT
@@ -233,6 +235,9 @@ def eigh_checked(A: torch.Tensor, info: dict) -> tuple[torch.Tensor, torch.Tenso
         return w.float(), Q.float()
     if cdtype != torch.float32:
         return w, Q
+    sums = w.sum(-1) + Q.sum(dim=(-2, -1))  # finite exactly where w and Q are (or the sum overflowed)
+    if math.isfinite(float(sums.sum())):
+        return w, Q
     bad = ~(torch.isfinite(w).all(-1) & torch.isfinite(Q.sum(dim=(-2, -1))))
     if bool(bad.any()):
         rows = bad.nonzero().flatten()
@@ -267,26 +272,30 @@ def _pow_rows(w: torch.Tensor, e: float) -> torch.Tensor:
 
 
 def _log2_top(f: torch.Tensor, powered: torch.Tensor | bool = False) -> torch.Tensor:
-    """(b,) float64: log2 of the largest root eigenvalue, max log2 f over the positive f; +inf where
-    some f is not finite (its power overflowed). A zero f counts as log2 of half the format's
-    smallest subnormal where it is ``powered`` (True: everywhere; a (b, n) mask: where the rank
-    policy raised an eigenvalue to its power, so 0 is an underflow), else as -inf (set to 0 by the
-    rank policy). Read from f itself, the values actually powered (under "clamp" a non-positive wr
-    has f = thresh^e, the largest root eigenvalue of an inverse root), not from e log2(wr).
+    """(b,) float64: log2 of the largest root eigenvalue, log2 max f (log2 is monotone); +inf where
+    some f is not finite (its power overflowed). A row whose f are all zero reads log2 of half the
+    format's smallest subnormal where a zero is ``powered`` (True: everywhere; a (b, n) mask: where
+    the rank policy raised an eigenvalue to its power, so 0 is an underflow), else -inf (set to 0 by
+    the rank policy). Read from f itself, the values actually powered (under "clamp" a non-positive
+    wr has f = thresh^e, the largest root eigenvalue of an inverse root), not from e log2(wr).
+
+    The common case, every row's max positive and finite, costs a reduction, a log2 and one scalar
+    read (a finite sum of the logs proves every row so); other rows take the entrywise path.
     """
-    fd = f.double()
+    top = f.detach().amax(dim=-1).double().log2()  # NaN, inf and 0 maxima: non-finite logs
+    if math.isfinite(float(top.sum())):
+        return top
     fi = torch.finfo(f.dtype)
+    powered_row = torch.as_tensor(powered, device=f.device)
+    if powered_row.dim() > 0:
+        powered_row = powered_row.any(dim=-1)
     zero = torch.where(
-        torch.as_tensor(powered, device=f.device),
+        powered_row,
         math.log2(fi.smallest_normal) + math.log2(fi.eps) - 1,  # half the smallest subnormal
         -math.inf,
-    )
-    lf = torch.where(
-        torch.isfinite(fd) & (fd > 0),
-        torch.log2(fd.clamp_min(1e-320)),
-        torch.where(torch.isfinite(fd), zero.to(fd.dtype), math.inf),
-    )
-    return lf.amax(dim=-1)
+    ).to(torch.float64)
+    finite = torch.isfinite(f).all(dim=-1)
+    return torch.where(finite, torch.where(top > -math.inf, top, zero), math.inf)
 
 
 def root_eigenvalue_sqrt(
@@ -337,13 +346,14 @@ def _check_root_spectrum(
     """
     fmt = precision.info(cdtype)
     top = _log2_top(f, powered)
-    if bool((top > math.log2(fmt.max)).any()):
+    lo, hi = (float(v) for v in torch.aminmax(top))
+    if hi > math.log2(fmt.max):
         worst = float(wr[..., 0].min()) / prob.prescale
         raise FormatRangeError(
             f"eigh: the root's eigenvalues (lambda + eps)^({e:.4g}) overflow {fmt.name} (smallest shifted "
             f"eigenvalue {worst:.3e}); increase eps or use a wider dtype"
         )
-    if bool(((top < math.log2(fmt.tiny)) & (top > -math.inf)).any()):
+    if lo < math.log2(fmt.tiny) and bool(((top < math.log2(fmt.tiny)) & (top > -math.inf)).any()):
         raise FormatRangeError(
             f"eigh: the root's eigenvalues (lambda + eps)^({e:.4g}) all underflow {fmt.name} (below "
             f"{fmt.tiny:.3e}); use a wider dtype"

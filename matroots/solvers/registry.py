@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from ..errors import InvalidArgumentError, MatrootsError
@@ -17,6 +18,12 @@ def register(cls: type) -> type:
         raise MatrootsError(f"solver name {name!r} is already registered by {_REGISTRY[name].__name__}")
     _REGISTRY[name] = cls
     return cls
+
+
+@functools.cache
+def _default(cls: type) -> Any:
+    """The default config of a solver class (frozen: one instance serves every call)."""
+    return cls()
 
 
 def available() -> list[str]:
@@ -36,6 +43,8 @@ def get(name: str, **options: Any) -> Any:
         raise InvalidArgumentError(
             f"unknown method {name!r}; available: {', '.join(available())} (or pass a solver config object)"
         ) from None
+    if not options:
+        return _default(cls)
     try:
         return cls(**options)
     except TypeError as exc:

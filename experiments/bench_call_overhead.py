@@ -1,0 +1,148 @@
+"""Per-call overhead of a matroots solve against the bare kernels it wraps, in one interleaved run.
+
+For eigh: ``matroots.inverse_root(A, p, method="eigh")`` against bare ``torch.linalg.eigh`` plus the
+one GEMM of the root (Q diag(w^{-1/p}) Q^T), on the same SPD matrix, calls interleaved round by round
+so that the load of a shared machine hits both alike. Reported: the median process CPU time per call
+(all threads), in GEMM-equivalents (one n x n GEMM timed in the same rounds) and as a ratio to the
+bare kernels. ``--profile`` adds a cProfile of the matroots calls (where the overhead goes).
+
+``--mlp`` adds the small-model end of the same question: the optimizer step of Shampoo at its defaults
+(``root_solver="eigh"``, roots every 100 steps) against AdamW's on a newcomer's 20-64-2 MLP, the two
+models trained on the same batches, their ``step()`` calls interleaved and timed in process CPU time.
+
+    python experiments/bench_call_overhead.py --sizes 64 128 256 --dtype fp32 fp64
+    python experiments/bench_call_overhead.py --sizes 128 --profile
+    python experiments/bench_call_overhead.py --sizes 128 --mlp 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import time
+
+import torch
+
+import matroots
+
+DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
+
+
+def _spd(n: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    G = torch.randn(n, 2 * n, generator=g, dtype=torch.float64)
+    A = G @ G.T / (2 * n) + 1e-3 * torch.eye(n, dtype=torch.float64)
+    A = (A + A.T) / 2
+    return A.to(dtype)
+
+
+def _bare(A: torch.Tensor, p: int) -> torch.Tensor:
+    w, Q = torch.linalg.eigh(A)
+    W = Q * w.pow(-0.5 / p).unsqueeze(-2)
+    return W @ W.mT
+
+
+def _cpu_per_call(fn, reps: int) -> float:
+    t0 = time.process_time()
+    for _ in range(reps):
+        fn()
+    return (time.process_time() - t0) / reps
+
+
+def measure(n: int, dtype: torch.dtype, p: int, rounds: int, reps: int) -> dict[str, float]:
+    A = _spd(n, dtype)
+    B = torch.randn(n, n, dtype=dtype)
+    fns = {
+        "gemm": lambda: A @ B,
+        "bare": lambda: _bare(A, p),
+        "matroots": lambda: matroots.inverse_root(A, p, method="eigh"),
+    }
+    for fn in fns.values():  # warm up (thread pools, first-call allocations)
+        for _ in range(3):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            times[k].append(_cpu_per_call(fn, reps * (20 if k == "gemm" else 1)))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "gemm_us": med["gemm"] * 1e6,
+        "bare_gemms": med["bare"] / med["gemm"],
+        "matroots_gemms": med["matroots"] / med["gemm"],
+        "ratio": med["matroots"] / med["bare"],
+        "overhead_us": (med["matroots"] - med["bare"]) * 1e6,
+    }
+
+
+def mlp_step_ratio(steps: int, root_solver: str = "eigh") -> dict[str, float]:
+    """Median CPU time of Shampoo's and AdamW's ``step()`` on a 20-64-2 MLP, and their ratio."""
+    import shampoo
+
+    torch.manual_seed(0)
+    make = lambda: torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2))  # noqa: E731
+    models = [make(), make()]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = {
+        "shampoo": shampoo.Shampoo(models[0].parameters(), lr=1e-3, root_solver=root_solver),
+        "adamw": torch.optim.AdamW(models[1].parameters(), lr=1e-3),
+    }
+    g = torch.Generator().manual_seed(1)
+    times: dict[str, list[float]] = {k: [] for k in opts}
+    for _ in range(steps):
+        x = torch.randn(64, 20, generator=g)
+        y = torch.randn(64, 2, generator=g)
+        for model, (k, opt) in zip(models, opts.items(), strict=True):
+            opt.zero_grad()
+            (model(x) - y).square().mean().backward()
+            t0 = time.process_time()
+            opt.step()
+            times[k].append(time.process_time() - t0)
+    # the mean, not the median: the root rounds (every 100 steps) are part of Shampoo's cost
+    mean = {k: statistics.fmean(v) for k, v in times.items()}
+    return {"shampoo_us": mean["shampoo"] * 1e6, "adamw_us": mean["adamw"] * 1e6,
+            "ratio": mean["shampoo"] / mean["adamw"]}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[128])
+    ap.add_argument("--dtype", nargs="+", default=["fp32", "fp64"], choices=sorted(DTYPES))
+    ap.add_argument("-p", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: stable CPU times under load)")
+    ap.add_argument("--mlp", type=int, default=0, metavar="STEPS", help="also time the MLP steps")
+    ap.add_argument("--profile", action="store_true", help="cProfile the matroots calls at the first size")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; process CPU time, median of "
+          f"{args.rounds} interleaved rounds of {args.reps} calls")  # fmt: skip
+    print(
+        f"{'n':>5} {'dtype':>5} {'GEMM us':>8} {'bare':>7} {'matroots':>9} {'ratio':>6} {'overhead us':>11}"
+    )
+    for dt in args.dtype:
+        for n in args.sizes:
+            r = measure(n, DTYPES[dt], args.p, args.rounds, args.reps)
+            print(
+                f"{n:>5} {dt:>5} {r['gemm_us']:>8.1f} {r['bare_gemms']:>7.1f} {r['matroots_gemms']:>9.1f} "
+                f"{r['ratio']:>6.2f} {r['overhead_us']:>11.0f}"
+            )
+    print("(bare and matroots in GEMM-equivalents: CPU time / one n x n GEMM's)")
+    if args.mlp:
+        r = mlp_step_ratio(args.mlp)
+        print(f"20-64-2 MLP, {args.mlp} steps, mean step CPU time: Shampoo (eigh, defaults) "
+              f"{r['shampoo_us']:.0f} us, AdamW {r['adamw_us']:.0f} us, ratio {r['ratio']:.2f}")  # fmt: skip
+    if args.profile:
+        A = _spd(args.sizes[0], DTYPES[args.dtype[0]])
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            matroots.inverse_root(A, args.p, method="eigh")
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+
+
+if __name__ == "__main__":
+    main()
