@@ -53,11 +53,25 @@ which exceeds 1 in modulus as soon as s > 3 (p = 2), i.e. kappa(A) > 9. So:
   squares exactly each step (R_{k+1} = R_k^2) for any X_0, so it converges to A^{-1} whenever
   ||I - A Z||_F < 1/2 (checked first), quadratically from the first step.
 * p >= 2 (and p = 1 when Z is not close enough): the spectral interval of A from the previous root
-  (lambda_min >= zmax^{-p} with zmax the previous root's largest eigenvalue, Lanczos upper estimate;
-  lambda_max from Lanczos on A, with its residual bound) and the dynamically scaled iteration from
-  X_0 = I/c. X_0 stays a function of A, so the answer is the true root; the tight interval removes
-  about half of the linear phase (the quadratic phase remains). If the iteration diverges (an estimate
-  was wrong), it is rerun with Frobenius scaling and ``info`` says so.
+  and the dynamically scaled iteration from X_0 = I/c. X_0 stays a function of A, so the iteration
+  converges to the true root; the tight interval removes about half of the linear phase (the
+  quadratic phase remains). lambda_max is Lanczos on A with its residual bound (an upper bound).
+  The lower end is the previous root's guess, zmax^{-p} (inverse; zmax its largest eigenvalue, Lanczos
+  upper estimate) or zmin^p (forward), where that is below the smallest Ritz value of A (an upper
+  bound of lambda_min). A guess that is too high only makes the small eigenvalues lag; one far too
+  low is wrong in the other way: the dynamic scaling then pushes the whole true spectrum towards p + 1,
+  where one step maps it to tiny values of M and the rounding errors couple with the weight of the
+  interval's kappa instead of A's (issue 22: a root of a kappa-1e6 matrix as the warm start of a
+  kappa-10 one, fp32, p = 4: error 5.1e-4 against the cold 2.8e-7, converged). So the guess is checked
+  on the matrix: a Cholesky factorisation of A + (shift - 4 lmin) I in float64 that *fails* shows
+  lambda_min < 4 lmin (:data:`WARM_LMIN_FACTOR`; the interval's kappa is then < 4 kappa(A), measured
+  error growth <= 3x the exact interval's), and an element whose factorisation succeeds starts cold
+  (``info["warm_start_fallback"]``, the indices; bitwise the cold solve when every element falls back).
+  If the iteration diverges (an estimate was wrong), it is rerun with Frobenius scaling and ``info``
+  says so.
+
+A warm start with NaN or Inf entries is refused (NonFiniteInputError), as is one of the wrong shape
+(InvalidArgumentError); on general input a valid warm start is not used.
 
 Failure is never silent: symmetric input that is not positive definite raises NotPositiveDefiniteError
 (from the Lanczos estimate when it proves it, or after a diverged run by a Cholesky test); general input
@@ -90,7 +104,13 @@ import torch
 
 from .. import arguments, precision
 from ..conditioning import eigenvalue_conditions
-from ..errors import FormatRangeError, InvalidArgumentError, NotPositiveDefiniteError, NotSymmetricError
+from ..errors import (
+    FormatRangeError,
+    InvalidArgumentError,
+    NonFiniteInputError,
+    NotPositiveDefiniteError,
+    NotSymmetricError,
+)
 from ..inputs import Problem, symmetric_input
 from ..regularize import working_shift
 from ..result import RootResult
@@ -114,6 +134,10 @@ from .newton_schulz import newton_schulz_inverse
 from .registry import register
 
 SCALINGS = ("auto", "frobenius", "power", "optimal", "dynamic")
+WARM_LMIN_FACTOR = 4.0
+"""A warm start's lower end lambda_min must be within this factor of the true one (module docstring)."""
+WARM_CHECK_MATMULS = 1.0 / 6.0
+"""The Cholesky test of a warm start's lower end, in matrix products (n^3/3 flops against 2 n^3)."""
 
 
 @register
@@ -182,7 +206,9 @@ class CoupledNewtonConfig(SolverConfig):
         # Spectral estimates of the unshifted matrix; the shift moves every Ritz value exactly.
         est: SpectrumEstimate | None = None
         eigs = kappas = None
-        if sym and (relative or (warm_start is None and scaling in ("optimal", "dynamic"))):
+        Z = self._warm_root(warm_start, A, p, prob, inverse) if warm_start is not None else None
+        Z = Z if sym else None  # general input: a (valid) warm start is not used
+        if sym and (relative or (Z is None and scaling in ("optimal", "dynamic"))):
             # a relative eps needs lambda_max itself: Lanczos is extended until its top Ritz value is
             # certified to 1e-12 (residual bound), so the shift is eigh's to ~1e-12 relative
             est = _lanczos_lambda_max(A, self.lanczos_steps, 1e-12 if relative else None)
@@ -215,7 +241,6 @@ class CoupledNewtonConfig(SolverConfig):
         tol = prob.tol if prob.tol is not None else precision.default_tol(cdt, n, p)
         max_iter = prob.max_iter if prob.max_iter is not None else 100
         accept = self.stagnation_accept * tol
-        Z = self._warm_root(warm_start, A, p, prob, inverse, info) if sym and warm_start is not None else None
         if Z is not None and p == 1 and inverse:
             ns = newton_schulz_inverse(
                 _materialise(A, shift).to(cdt),
@@ -242,42 +267,49 @@ class CoupledNewtonConfig(SolverConfig):
                     info=info,
                 )
             info["warm_start_note"] = "||I - A Z||_F >= 1/2: previous inverse too far for Newton-Schulz"
-        interval = None
         # Forward roots, and inverse roots with p > GH_MAX_P, keep M_k's spectrum in (0, beta_p]
         # (newton_core docstring: the rounding errors of a start near p+1 couple with weight ~kappa).
         capped = capped_start(p, inverse)
         top = forward_top(p) if capped else None
-        fwd_fro = min((p + 1) / 2, forward_top(p)) if capped else 1.0
+        # elements given a spectral interval (dynamic scaling; the Frobenius retry after a divergence)
+        dynamic = torch.zeros(b, dtype=torch.bool)
+        interval = None
+        warm = torch.zeros(b, dtype=torch.bool)
         if Z is not None:
-            cp, interval, mv, est = self._warm_scaling(A, shift, p, Z, inverse)
-            matmuls += mv / n
-            info["warm_start"] = "spectral interval from the previous root + dynamic scaling"
-        elif scaling == "frobenius":
-            fro = _shifted_fro(A, shift)
-            cp = fro / fwd_fro if capped else 2.0 * fro / (p + 1)
-        elif scaling == "power":
-            lam_p, mv = power_lambda_max(A, self.power_iters)
-            matmuls += mv / n
-            lam_p = (lam_p + shift).clamp_min(torch.finfo(torch.float64).tiny)
-            cp = lam_p / fwd_fro if capped else 2.0 * lam_p / (p + 1)
-        else:
-            assert est is not None
-            lmax = (est.lmax_upper * (1 + 1e-6)).numpy()
-            lmin = np.clip(est.lmin.numpy(), 0.0, None)
-            cpn = lmax / forward_top(p) if capped else optimal_c_power(lmin, lmax, p)
-            info.update(lambda_min_est=est.lmin / prob.prescale, lambda_max_est=est.lmax / prob.prescale)
-            if scaling == "dynamic":
-                interval = (np.maximum(lmin, lmax * 1e-300) / cpn, lmax / cpn)
-            elif not capped:
-                cpn, info["c_choice"] = self._choose_optimal_c(A, shift, est, cpn, p, tol, max_iter)
+            cp_w, interval_w, lmin_w, mv, est_w = self._warm_scaling(A, shift, p, Z, inverse)
+            warm = self._warm_lower_end_holds(A, shift, lmin_w)
+            matmuls += mv / n + WARM_CHECK_MATMULS
+            est = est if est is not None else est_w
+            if bool(warm.any()):
+                info["warm_start"] = "spectral interval from the previous root + dynamic scaling"
+            if not bool(warm.all()):
+                info["warm_start_fallback"] = [i for i in range(b) if not bool(warm[i])]
+                info["warm_start_note"] = (
+                    f"the previous root puts lambda_min more than {WARM_LMIN_FACTOR:g}x below that of this "
+                    "matrix (Cholesky test): those elements start cold"
+                )
+        if not bool(warm.all()):
+            cp, interval, mv = self._cold_scaling(
+                A, shift, est, scaling, p, capped, tol, max_iter, info, prob
+            )
+            matmuls += mv
+            if interval is not None:
+                dynamic[:] = True
+        if bool(warm.any()):
+            if bool(warm.all()):
+                cp, interval = cp_w, interval_w
             else:
-                info["c_choice"] = [
-                    "lambda_max / beta_p (M_0's spectrum in (0, beta_p], see newton_core)"
-                ] * b
-            cp = torch.as_tensor(cpn, dtype=torch.float64)
+                # cold elements without an interval get (1, 1): never rescaled (s = 1 exactly)
+                lo = np.ones(b) if interval is None else np.array(interval[0], dtype=float, copy=True)
+                hi = np.ones(b) if interval is None else np.array(interval[1], dtype=float, copy=True)
+                wi = warm.numpy()
+                lo[wi], hi[wi] = interval_w[0][wi], interval_w[1][wi]
+                cp = torch.where(warm, cp_w, cp)
+                interval = (lo, hi)
+            dynamic |= warm
         if est is not None:
             self._refuse_indefinite(est, prob)
-        info["scaling"] = "warm" if Z is not None else scaling
+        info["scaling"] = "warm" if bool(warm.any()) else scaling
         cp = torch.where(cp > 0, cp, torch.ones_like(cp))
         t_loop, c_loop = time.perf_counter(), time.process_time()
         out = coupled_newton_iterate(
@@ -298,9 +330,10 @@ class CoupledNewtonConfig(SolverConfig):
         info["iteration_seconds"] = time.perf_counter() - t_loop
         info["iteration_cpu_seconds"] = time.process_time() - c_loop
         matmuls += out.matmuls
-        if interval is not None and "divergence" in out.reason:
+        idx = [i for i, r in enumerate(out.reason) if r == "divergence" and bool(dynamic[i])]
+        if idx:
             # A wrong spectral estimate: redo those problems with the always-safe Frobenius scaling.
-            idx = [i for i, r in enumerate(out.reason) if r == "divergence"]
+            fwd_fro = min((p + 1) / 2, forward_top(p)) if capped else 1.0
             fro = _shifted_fro(A[idx], shift[idx])
             cp_f = fro / fwd_fro if capped else 2.0 * fro / (p + 1)
             retry = coupled_newton_iterate(
@@ -344,6 +377,45 @@ class CoupledNewtonConfig(SolverConfig):
             history=out.history,
             info=info,
         )
+
+    def _cold_scaling(
+        self,
+        A: torch.Tensor,
+        shift: torch.Tensor,
+        est: SpectrumEstimate | None,
+        scaling: str,
+        p: int,
+        capped: bool,
+        tol: float,
+        max_iter: int,
+        info: dict,
+        prob: Problem,
+    ) -> tuple[torch.Tensor, tuple[np.ndarray, np.ndarray] | None, float]:
+        """c^p of a cold start (per element), the dynamic scaling's interval (or None) and the matrix
+        products the estimates cost (module docstring: the scalings; ``est`` is Lanczos on A + shift I,
+        needed by "optimal" and "dynamic")."""
+        b = A.shape[0]
+        fwd_fro = min((p + 1) / 2, forward_top(p)) if capped else 1.0
+        if scaling == "frobenius":
+            fro = _shifted_fro(A, shift)
+            return (fro / fwd_fro if capped else 2.0 * fro / (p + 1)), None, 0.0
+        if scaling == "power":
+            lam_p, mv = power_lambda_max(A, self.power_iters)
+            lam_p = (lam_p + shift).clamp_min(torch.finfo(torch.float64).tiny)
+            return (lam_p / fwd_fro if capped else 2.0 * lam_p / (p + 1)), None, mv / A.shape[-1]
+        assert est is not None
+        interval = None
+        lmax = (est.lmax_upper * (1 + 1e-6)).numpy()
+        lmin = np.clip(est.lmin.numpy(), 0.0, None)
+        cpn = lmax / forward_top(p) if capped else optimal_c_power(lmin, lmax, p)
+        info.update(lambda_min_est=est.lmin / prob.prescale, lambda_max_est=est.lmax / prob.prescale)
+        if scaling == "dynamic":
+            interval = (np.maximum(lmin, lmax * 1e-300) / cpn, lmax / cpn)
+        elif not capped:
+            cpn, info["c_choice"] = self._choose_optimal_c(A, shift, est, cpn, p, tol, max_iter)
+        else:
+            info["c_choice"] = ["lambda_max / beta_p (M_0's spectrum in (0, beta_p], see newton_core)"] * b
+        return torch.as_tensor(cpn, dtype=torch.float64), interval, 0.0
 
     @staticmethod
     def _choose_optimal_c(
@@ -505,10 +577,10 @@ class CoupledNewtonConfig(SolverConfig):
             )
 
     @staticmethod
-    def _warm_root(
-        warm_start: object, A: torch.Tensor, p: int, prob: Problem, inverse: bool, info: dict
-    ) -> torch.Tensor | None:
-        """The previous root as a (b, n, n) tensor in A's dtype and pre-scaled units, or None if unusable."""
+    def _warm_root(warm_start: object, A: torch.Tensor, p: int, prob: Problem, inverse: bool) -> torch.Tensor:
+        """The previous root as a (b, n, n) tensor in A's dtype and pre-scaled units.
+
+        Raises InvalidArgumentError for a wrong shape and NonFiniteInputError for NaN/Inf entries."""
         Z = warm_start.root if isinstance(warm_start, RootResult) else warm_start
         if not isinstance(Z, torch.Tensor):
             Z = torch.as_tensor(np.asarray(Z))
@@ -518,9 +590,12 @@ class CoupledNewtonConfig(SolverConfig):
                 f"size {A.shape[-1]}; pass the previous result for the same (batch of) matrices"
             )
         Z = Z.detach().reshape(A.shape).to(torch.float64)
-        if not bool(torch.isfinite(Z).all()):
-            info["warm_start_note"] = "previous root has non-finite entries: ignored (cold start)"
-            return None
+        bad = ~torch.isfinite(Z).flatten(1).all(-1)
+        if bool(bad.any()):
+            raise NonFiniteInputError(
+                f"warm_start has NaN or Inf entries (batch elements {bad.nonzero().flatten().tolist()}); "
+                "pass a finite previous root, or warm_start=None for a cold start"
+            )
         if prob.prescale != 1.0:
             # the root of (sA) is s^{-1/p} Z (inverse) or s^{1/p} Z (forward root).
             Z = Z * prob.prescale ** ((-1.0 if inverse else 1.0) / p)
@@ -528,10 +603,14 @@ class CoupledNewtonConfig(SolverConfig):
 
     def _warm_scaling(
         self, A: torch.Tensor, shift: torch.Tensor, p: int, Z: torch.Tensor, inverse: bool
-    ) -> tuple[torch.Tensor, tuple[np.ndarray, np.ndarray], int, SpectrumEstimate]:
-        """c^p and the dynamic-scaling interval from Lanczos on A + shift I and the previous root's extremes.
+    ) -> tuple[torch.Tensor, tuple[np.ndarray, np.ndarray], np.ndarray, int, SpectrumEstimate]:
+        """c^p, the dynamic-scaling interval and its lower end lambda_min (in A + shift I's units) from
+        Lanczos on A + shift I and the previous root's extremes.
 
-        Forward roots start with c^p = lambda_max / beta_p (M_0's spectrum in (0, beta_p], see newton_core).
+        The top Ritz value plus its residual bound is an upper bound of lambda_max. The lower end is the
+        previous root's estimate where it is below the smallest Ritz value (itself an upper bound of
+        lambda_min): a guess, checked by :meth:`_warm_lower_end_holds`. Forward roots start with
+        c^p = lambda_max / beta_p (M_0's spectrum in (0, beta_p], see newton_core).
         """
         est = _shifted(lanczos_extremes(A, self.lanczos_steps), shift)
         zest = lanczos_extremes(Z, self.lanczos_steps)
@@ -544,7 +623,23 @@ class CoupledNewtonConfig(SolverConfig):
         lmin = np.minimum(np.minimum(ritz_min, from_z), lmax)
         lmin = np.maximum(lmin, lmax * 1e-300)
         cpn = lmax / forward_top(p) if capped_start(p, inverse) else optimal_c_power(lmin, lmax, p)
-        return torch.as_tensor(cpn), (lmin / cpn, lmax / cpn), est.matvecs + zest.matvecs, est
+        return torch.as_tensor(cpn), (lmin / cpn, lmax / cpn), lmin, est.matvecs + zest.matvecs, est
+
+    @staticmethod
+    def _warm_lower_end_holds(A: torch.Tensor, shift: torch.Tensor, lmin: np.ndarray) -> torch.Tensor:
+        """(b,) bool: lambda_min(A + shift I) < WARM_LMIN_FACTOR * lmin, shown by a failing Cholesky
+        factorisation of A + (shift - WARM_LMIN_FACTOR lmin) I in float64 (module docstring, warm start).
+
+        A success proves the opposite up to Cholesky's backward error (~n u_64 ||A||): the previous root
+        belongs to a matrix whose smallest eigenvalue is far below this one's, and the interval would
+        make the dynamic scaling push the whole true spectrum towards p + 1 (rounding errors amplified
+        by the interval's kappa instead of A's). Cost: one Cholesky per element (1/6 of a GEMM).
+        """
+        Ad = _materialise(A, shift, torch.float64)
+        d = torch.diagonal(Ad, dim1=-2, dim2=-1)
+        d -= torch.as_tensor(WARM_LMIN_FACTOR * np.asarray(lmin, dtype=float), dtype=torch.float64)[:, None]
+        _, fail = torch.linalg.cholesky_ex(Ad)
+        return fail > 0
 
 
 def _lanczos_lambda_max(A: torch.Tensor, steps: int, rtol: float | None) -> SpectrumEstimate:
