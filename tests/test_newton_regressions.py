@@ -54,14 +54,24 @@ def test_forward_root_of_ill_conditioned_spd_tracks_its_own_condition_number(n, 
     H, _ = matrices.generate("hilbert", n, None, None)
     Hw = _rounded(H, dtype)
     ref = reference.root(Hw, p)
+    lam = reference.eigvalsh(Hw)
+    assert lam[0] > 0  # fl(hilb(n)) is SPD (exact eigenvalues, mpmath): a principal root exists
+    ill_posed = lam[-1] / lam[0] * U[dtype] > 1  # hilb(8) in fp32: kappa(fl(A)) u ~ 90
     for method in ("coupled_newton", "schur_newton"):
-        res = _solve(H, p, method, inverse=False, dtype=dtype)
+        try:
+            res = _solve(H, p, method, inverse=False, dtype=dtype)
+        except matroots.NotPositiveDefiniteError:
+            # kappa u > 1: the fp32 Schur form's smallest eigenvalue is pure rounding and lands on
+            # either side of 0 depending on the CPU's kernels (-5.5e-10 on AVX-512 EPYC), so a typed
+            # refusal is an allowed way to give up there, never elsewhere
+            assert ill_posed, method
+            continue
         if res.converged:
             err = metrics.relative_forward_error(res.root, ref.root)
             assert err <= _bound(Hw, p, False, U[dtype]), (method, err)
             assert res.info["backward_error"] <= 1e-3
         else:
-            assert n == 8  # only where kappa(fl(A)) u > 1 may a solver give up
+            assert ill_posed, method  # only where kappa(fl(A)) u > 1 may a solver give up
     if dtype == torch.float64:  # and it must deliver where the problem is well posed
         res = _solve(H, p, "coupled_newton", inverse=False, dtype=dtype)
         assert res.converged and res.info["c_choice"][0].startswith("lambda_max / beta_p")
