@@ -46,15 +46,19 @@ def _start_vectors(batch: int, n: int, dtype: torch.dtype, device: torch.device)
 def _matvec(A: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """A v for symmetric A (b, n, n), v (b, n), computed as the row product v^T A.
 
-    The row form is batch-invariant (each element's result is bitwise the same whether it is solved
-    alone or in a stack, so a batched solve equals per-element solves) and faster on CPU (MKL);
-    ``bmm(A, v[..., None])`` is neither: its rounding depends on the batch size.
+    The row form is batch-invariant where the BLAS rounds a stack element as it rounds the matrix
+    alone (each element's result is then bitwise its solo one, so a batched solve equals per-element
+    solves): MKL does for elements at the alignment of a fresh matrix (n = 16 in fp32/fp64), and for
+    any layout under ``MKL_CBWR``; on AVX-512 EPYC without it an element of odd n (33) rounds by its
+    offset in the stack, and batch and solo results agree to rounding only. It is also faster on CPU
+    (MKL); ``bmm(A, v[..., None])`` rounds with the batch size even where the row form does not.
     """
     return torch.bmm(v.unsqueeze(-2), A).squeeze(-2)
 
 
 def _project(V: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """V V^T w (b, n) for V (b, n, k), in the batch-invariant row form (see :func:`_matvec`)."""
+    """V V^T w (b, n) for V (b, n, k), in the row form (batch-invariant where the BLAS is, see
+    :func:`_matvec`)."""
     return torch.bmm(torch.bmm(w.unsqueeze(-2), V), V.mT).squeeze(-2)
 
 

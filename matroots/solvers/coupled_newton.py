@@ -650,7 +650,7 @@ def _lanczos_lambda_max(A: torch.Tensor, steps: int, rtol: float | None) -> Spec
     The residual |beta_k s_k| bounds the distance of the top Ritz value to an eigenvalue; 24 steps on an
     arithmetic spectrum (randsvd mode 4, n = 512) leave it 2e-3 below lambda_max. Only the uncertified
     elements are rerun, so every element of a batch gets the estimate (and the cost) of its solve alone
-    (Lanczos is batch-invariant, :mod:`matroots.spectral`); ``ritz``/``weights`` rows of elements that
+    (up to the BLAS's batch rounding, :func:`matroots.spectral._matvec`); ``ritz``/``weights`` rows of elements that
     stopped earlier are padded with NaN/0, and ``matvecs`` is the mean over the batch.
     """
     n = A.shape[-1]

@@ -313,7 +313,8 @@ def root_eigenvalue_sqrt(
     |X_ij| <= max f c and max_i X_ii >= max f c / n, so with a margin of 2 neither the overflow
     nor the underflow test of :func:`~matroots.inputs.check_root_range` could fire (where one could,
     the rescaling and its exact test run as before). Decided per element, from its own eigenvalues:
-    an element gets the same bits in a batch as alone, and eigh_warm's cold path as eigh.
+    given the same eigenvalues an element gets the same bits in a batch as alone, and eigh_warm's
+    cold path as eigh (LAPACK's eigenvalues themselves may round by a stack element's alignment).
     """
     sq = f.sqrt()
     fp32 = prob.dtype == wr.dtype == torch.float32

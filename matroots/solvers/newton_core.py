@@ -391,9 +391,12 @@ def coupled_newton_iterate(
     has its iterate (scaled by 1/c or c) written to the output and leaves; its row is filled by a
     continuing row from above the new active size (in place, two n x n copies, at most one move per
     departed element, against p + 2 products per row and step saved, so compacting at every departure
-    always pays). Batched products over a subset are bitwise the products of each matrix alone (MKL,
-    fp32/fp64, whatever its row), and a lone element runs on 2-D tensors as a single solve does, so
-    each element's iterates, stop and iteration count are those of its own solve. The work buffers are
+    always pays). Batched products over a subset are the products of each matrix alone where MKL
+    rounds a stack element as it rounds the matrix alone (bitwise in fp32/fp64 whatever its row when
+    every element sits at a fresh matrix's alignment, e.g. n = 16, and for any n under ``MKL_CBWR``;
+    on AVX-512 EPYC an n = 33 fp64 element differs in its last bits), and a lone element runs on 2-D
+    tensors as a single solve does, so each element's iterates, stop and iteration count are those of
+    its own solve, up to that rounding where the BLAS is not batch-invariant. The work buffers are
     reused across calls (:mod:`matroots.solvers.workspace`: no page faults per call); the returned X
     is a fresh tensor.
     """
