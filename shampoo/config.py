@@ -353,6 +353,14 @@ def _check_beta(b: float, name: str, *, allow_one: bool) -> None:
         raise ValueError(f"{name} must be in [0, {'1]' if allow_one else '1)'}, got {b!r}")
 
 
+def _number(value: Any, what: str) -> float:
+    """``value`` (a real number or a one-element tensor) as a float; ValueError ``what`` otherwise."""
+    ok = isinstance(value, int | float) or (isinstance(value, torch.Tensor) and value.numel() == 1)
+    if isinstance(value, bool) or not ok or (isinstance(value, torch.Tensor) and value.is_complex()):
+        raise ValueError(f"{what}, got {value!r}")
+    return float(value)
+
+
 def _check_eps(e: float, name: str) -> None:
     if not (isinstance(e, int | float) and math.isfinite(e) and e >= 0.0):
         raise ValueError(f"{name} must be a finite number >= 0, got {e!r}")
@@ -440,8 +448,8 @@ class GroupOptions:
     preconditioner: Any = None
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.lr, int | float | torch.Tensor) and float(self.lr) >= 0.0):
-            raise ValueError(f"lr must be >= 0, got {self.lr!r}")
+        if not (isinstance(self.lr, int | float | torch.Tensor) and 0.0 <= float(self.lr) < math.inf):
+            raise ValueError(f"lr must be a finite number >= 0, got {self.lr!r}")
         if len(self.betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), got {self.betas!r}")
         _check_beta(self.betas[0], "betas[0] (gradient EMA)", allow_one=False)
@@ -543,8 +551,12 @@ class GroupOptions:
     def from_group(cls, group: Mapping[str, Any]) -> GroupOptions:
         """Build from a torch param-group dict (already normalised by :func:`normalise_group`)."""
         kw = {f.name: group[f.name] for f in dataclasses.fields(cls) if f.name in group}
-        kw["lr"] = float(kw["lr"])
-        kw["betas"] = (float(kw["betas"][0]), float(kw["betas"][1]))
+        kw["lr"] = _number(kw["lr"], "lr must be a finite number >= 0")
+        betas = kw["betas"]
+        if not isinstance(betas, tuple | list) or len(betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        what = "betas must be a pair (beta1, beta2) of numbers in [0, 1)"
+        kw["betas"] = (_number(betas[0], what), _number(betas[1], what))
         return cls(**kw)
 
 

@@ -5,11 +5,13 @@ optimizer's parameters. Checked by tests/test_optim_conformance.py against ``tor
 
 from __future__ import annotations
 
+import copy
 import difflib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
+from .config import CONFIG_KEYS, GroupOptions
 from .errors import StateDictError, UnknownOptionError
 
 #: torch.optim implementation flags and the values Shampoo accepts (see :class:`Shampoo`).
@@ -93,6 +95,22 @@ def match_keys(
     return {mapping[k]: v for k, v in saved.items()}
 
 
+def loaded_group(
+    group: dict[str, Any], saved: dict[str, Any], gi: int
+) -> tuple[dict[str, Any], GroupOptions]:
+    """The param group ``group`` with the saved group's hyperparameters (config objects, dtypes and
+    ``params`` stay as configured now), and its options, validated by the rules the constructor
+    applies (:class:`~shampoo.config.GroupOptions`): a value the constructor refuses (``lr='abc'``,
+    ``lr=nan``, ``precondition_frequency=0``, ``betas=(0.9,)``) is a StateDictError (a ValueError)
+    with the constructor's message, before anything is loaded. ``group`` itself is not modified."""
+    merged = dict(group)
+    merged.update({k: copy.deepcopy(v) for k, v in saved.items() if k not in CONFIG_KEYS and k != "params"})
+    try:
+        return merged, GroupOptions.from_group(merged)
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        raise StateDictError(f"state dict param group {gi}: {exc}") from exc
+
+
 def check_state_dict(state_dict: Any, n_groups: int) -> tuple[list[dict[str, Any]], dict[Any, Any]]:
     """The (param_groups, state) of a state dict, after checking its structure (StateDictError)."""
     if not isinstance(state_dict, dict):
@@ -113,4 +131,11 @@ def check_state_dict(state_dict: Any, n_groups: int) -> tuple[list[dict[str, Any
     return list(groups), state
 
 
-__all__ = ["IMPL_FLAGS", "check_impl_flags", "check_state_dict", "match_keys", "unknown_option_error"]
+__all__ = [
+    "IMPL_FLAGS",
+    "check_impl_flags",
+    "check_state_dict",
+    "loaded_group",
+    "match_keys",
+    "unknown_option_error",
+]

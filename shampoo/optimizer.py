@@ -50,8 +50,15 @@ from .diagnostics import BlockDiagnostics, block_diagnostics, dump_factors, to_f
 from .distributed import BlockSharding, DDPConfig
 from .engine import BucketDirections, GroupEngine, state_dtype
 from .errors import NonFiniteGradientWarning, ShampooError, StateDictError
-from .optim_compat import IMPL_FLAGS, check_impl_flags, check_state_dict, match_keys, unknown_option_error
-from .state import ParamState, flatten, restore
+from .optim_compat import (
+    IMPL_FLAGS,
+    check_impl_flags,
+    check_state_dict,
+    loaded_group,
+    match_keys,
+    unknown_option_error,
+)
+from .state import ParamState, flatten, plan_restore
 from .transforms.kronecker import statistics_updates
 
 log = logging.getLogger("shampoo")
@@ -577,26 +584,34 @@ class Shampoo(torch.optim.Optimizer):
         keys = self._param_keys()
         shapes = [[tuple(p.shape) for p in g["params"]] for g in self.param_groups]
         saved = match_keys(saved_groups, saved, keys, shapes)
-        for g, sg in zip(self.param_groups, saved_groups, strict=True):
-            for k, v in sg.items():
-                if k not in CONFIG_KEYS and k != "params":
-                    g[k] = copy.deepcopy(v)
-        for gi, group in enumerate(self.param_groups):
+        meta = state_dict.get("shampoo", {})
+        step = meta.get("global_step", 0) if isinstance(meta, dict) else None
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise StateDictError(f"state dict 'shampoo.global_step' must be an int >= 0, got {step!r}")
+        # everything is checked before anything is loaded: a refused state dict changes nothing
+        merged = [
+            loaded_group(g, sg, gi)
+            for gi, (g, sg) in enumerate(zip(self.param_groups, saved_groups, strict=True))
+        ]
+        plans = []
+        for gi, (_, opts) in enumerate(merged):
             if not any(k in saved for k in keys[gi]):
                 continue
-            eng = self._engine(gi, GroupOptions.from_group(group))
+            eng = self._engine(gi, opts)
             for st in eng.states:
                 if st.key in saved:
                     try:
-                        restore(st, saved[st.key])
+                        plans.append(plan_restore(st, saved[st.key]))
+                    except StateDictError:
+                        raise
                     except (KeyError, IndexError, TypeError, RuntimeError) as exc:  # malformed entries
                         raise StateDictError(
                             f"parameter {st.key!r}: malformed saved state ({exc!r})"
                         ) from exc
-        meta = state_dict.get("shampoo", {})
-        step = meta.get("global_step", 0) if isinstance(meta, dict) else None
-        if isinstance(step, bool) or not isinstance(step, int):
-            raise StateDictError(f"state dict 'shampoo.global_step' must be an int, got {step!r}")
+        for g, (m, _) in zip(self.param_groups, merged, strict=True):
+            g.update(m)
+        for plan in plans:
+            plan.apply()
         self._global_step = step
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)

@@ -116,17 +116,21 @@ class BlockState:
     factors: list[FactorState] = field(default_factory=list)
     # Transform state: named tensors declared by a transform's bind (see the module docstring)
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    # the smallest valid entry of a declared tensor (a second moment: 0), checked on load
+    minimums: dict[str, float] = field(default_factory=dict)
 
 
 _BLOCK_FIXED = ("shape", "first_moment", "graft_state", "diagonal")
 
 
-def declare(block: BlockState, name: str, tensor: torch.Tensor) -> None:
+def declare(block: BlockState, name: str, tensor: torch.Tensor, *, minimum: float | None = None) -> None:
     """Declare ``tensor`` (a view into a transform's stacked storage) as block state named ``name``.
 
     The name is the checkpoint key within the block (``blocks.<index>.<name>``); it must not be one of
     the fixed entries (shape, first_moment, graft_state, diagonal, or a Kronecker factor's
-    ``factors.<d>.<field>``) nor be declared twice.
+    ``factors.<d>.<field>``) nor be declared twice. A loaded value must be finite, of the tensor's
+    shape and kind (floating or integer), and, with ``minimum``, have no entry below it (a second
+    moment: 0); otherwise loading raises :class:`~shampoo.errors.StateDictError`.
     """
     reserved = name in _BLOCK_FIXED or (
         name.startswith("factors.")
@@ -140,6 +144,8 @@ def declare(block: BlockState, name: str, tensor: torch.Tensor) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"transform state {name!r} must be a tensor, got {type(tensor).__name__}")
     block.tensors[name] = tensor
+    if minimum is not None:
+        block.minimums[name] = float(minimum)
 
 
 @dataclass
@@ -258,33 +264,91 @@ def mirror_upper_(F: torch.Tensor) -> torch.Tensor:
     return F
 
 
-def _copy_into(dst: torch.Tensor, src: Any, what: str, *, finite: bool = False) -> None:
+class _Plan:
+    """The copies and assignments of a restore, made only after every saved entry was checked: a
+    refused state dict leaves the optimizer as it was."""
+
+    def __init__(self) -> None:
+        self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.sets: list[tuple[Any, str, Any]] = []
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        self.copies.append((dst, src))
+
+    def set(self, obj: Any, name: str, value: Any) -> None:
+        self.sets.append((obj, name, value))
+
+    def apply(self) -> None:
+        for dst, src in self.copies:
+            dst.copy_(src)
+        for obj, name, value in self.sets:
+            setattr(obj, name, value)
+
+
+def _checked(
+    dst: torch.Tensor, src: Any, what: str, *, finite: bool = True, minimum: float | None = None
+) -> torch.Tensor:
+    """``src`` after the checks of a saved tensor restored into ``dst`` (StateDictError naming
+    ``what``): the same shape; the same kind (floating into floating, copied with rounding to
+    ``dst``'s precision as torch.optim casts its state; integer into integer; nothing complex into a
+    real tensor); with ``finite``, no NaN/Inf; with ``minimum``, no entry below it."""
     if not isinstance(src, torch.Tensor) or tuple(src.shape) != tuple(dst.shape):
         got = tuple(src.shape) if isinstance(src, torch.Tensor) else type(src).__name__
         raise StateDictError(f"state for {what} has shape {got}, expected {tuple(dst.shape)}")
-    if not (src.is_floating_point() or src.is_complex()) and dst.is_floating_point():
-        raise StateDictError(f"state for {what} has dtype {src.dtype}, expected a floating tensor")
-    if finite and not bool(torch.isfinite(src).all()):
+    if dst.is_floating_point() and not src.is_floating_point():
+        raise StateDictError(
+            f"state for {what} has dtype {src.dtype}, expected a floating tensor ({dst.dtype})"
+        )
+    if not dst.is_floating_point() and (src.is_floating_point() or src.is_complex()):
+        raise StateDictError(
+            f"state for {what} has dtype {src.dtype}, expected an integer tensor ({dst.dtype})"
+        )
+    if finite and src.is_floating_point() and not bool(torch.isfinite(src).all()):
         bad = int((~torch.isfinite(src)).sum())
         raise StateDictError(
-            f"state for {what} has {bad} non-finite entries; a NaN/Inf root would poison every update. "
-            "Drop that entry from the checkpoint (the factor then starts again from the identity root)"
+            f"state for {what} has {bad} non-finite entries (NaN/Inf); every update computed from it "
+            "would be non-finite and skipped. Repair or drop the checkpoint"
         )
-    dst.copy_(src)
+    if minimum is not None and src.numel() and bool((src < minimum).any()):
+        raise StateDictError(
+            f"state for {what} has {int((src < minimum).sum())} entries below {minimum:g} (smallest "
+            f"{float(src.min()):.3e}); it holds a second moment or a step count, which is never negative"
+        )
+    return src
 
 
-def _as_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float | torch.Tensor):
-        raise StateDictError(f"state for {what} must be an int, got {type(value).__name__}")
-    try:
-        return int(value)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise StateDictError(f"state for {what} must be an int, got {value!r}") from exc
+def _as_int(value: Any, what: str, *, minimum: int | None = 0) -> int:
+    """A saved count: an int (or an integral float / one-element tensor, as torch.optim saves steps)
+    >= ``minimum``; StateDictError naming ``what`` otherwise."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise StateDictError(f"state for {what} must be an int, got {value!r}")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise StateDictError(f"state for {what} must be an int, got {value!r}")
+    count = int(value)
+    if minimum is not None and count < minimum:
+        raise StateDictError(f"state for {what} must be an int >= {minimum}, got {count}")
+    return count
 
 
 def restore(state: ParamState, flat: dict[str, Any]) -> None:
     """Load ``flat`` (from :func:`flatten`) into ``state`` in place, copying into existing storage."""
+    plan_restore(state, flat).apply()
+
+
+def plan_restore(state: ParamState, flat: dict[str, Any]) -> _Plan:
+    """Check every entry of ``flat`` against ``state`` and return the restore, not yet applied.
+
+    Checks (StateDictError naming the parameter and the saved key): shapes, dtypes, counts (``step``,
+    ``skipped_steps`` and the factors' counters are ints >= 0: a negative step would skip updates
+    until it reached 0, then divide by zero in the bias correction), finite first moments, momentum
+    buffers, grafting and diagonal accumulators, roots, bases and transform tensors, non-negative
+    second moments (grafting, diagonal, declared minimums) and factor-statistics diagonals.
+    Non-finite factor statistics are accepted: the next root round resets them, with a warning.
+    """
     key = state.key
+    plan = _Plan()
     if not isinstance(flat, dict):
         raise StateDictError(f"parameter {key!r}: state must be a dict, got {type(flat).__name__}")
     saved_shape = flat.get("shape", state.layout.shape)
@@ -296,12 +360,15 @@ def restore(state: ParamState, flat: dict[str, Any]) -> None:
         )
     if "step" not in flat:
         raise StateDictError(f"parameter {key!r}: 'step' missing from the saved state")
-    state.step = _as_int(flat["step"], f"{key!r} step")
-    state.skipped_steps = _as_int(flat.get("skipped_steps", 0), f"{key!r} skipped_steps")
+    plan.set(state, "step", _as_int(flat["step"], f"parameter {key!r} 'step'"))
+    plan.set(
+        state, "skipped_steps", _as_int(flat.get("skipped_steps", 0), f"parameter {key!r} 'skipped_steps'")
+    )
     if "momentum_buffer" in flat:
         if state.momentum_buffer is None:
             raise StateDictError(f"parameter {key!r}: the state has a momentum buffer but momentum is 0")
-        _copy_into(state.momentum_buffer, flat["momentum_buffer"], f"{key!r} momentum_buffer")
+        src = _checked(state.momentum_buffer, flat["momentum_buffer"], f"parameter {key!r} 'momentum_buffer'")
+        plan.copy(state.momentum_buffer, src)
     for b in state.blocks:
         if not b.owned:
             continue
@@ -313,41 +380,50 @@ def restore(state: ParamState, flat: dict[str, Any]) -> None:
                 f"{b.spec.shape}; the blocking options (max_preconditioner_dim, merge_dims, "
                 "exponent_override, vector_policy) must match the run that saved the state"
             )
-        for name in ("first_moment", "graft_state", "diagonal"):
+        for name, minimum in (("first_moment", None), ("graft_state", 0.0), ("diagonal", 0.0)):
             t = getattr(b, name)
             if t is not None:
                 if pre + name not in flat:
                     raise StateDictError(f"parameter {key!r} block {b.spec.index}: {name} missing from state")
-                _copy_into(t, flat[pre + name], f"{key!r} block {b.spec.index} {name}")
+                what = f"parameter {key!r} '{pre}{name}'"
+                plan.copy(t, _checked(t, flat[pre + name], what, minimum=minimum))
         for name, t in b.tensors.items():  # transform state, declared by the transforms' bind
             if pre + name not in flat:
                 raise StateDictError(
                     f"parameter {key!r} block {b.spec.index}: {name} missing from state (the saved state "
                     "was written with a different preconditioner, or is incomplete)"
                 )
-            _copy_into(t, flat[pre + name], f"{key!r} block {b.spec.index} {name}", finite=True)
+            what = f"parameter {key!r} '{pre}{name}'"
+            plan.copy(t, _checked(t, flat[pre + name], what, minimum=b.minimums.get(name)))
         for f in b.factors:
             fp = f"{pre}factors.{f.dim}."
             if fp + "matrix" not in flat or (f.root is not None and fp + "root" not in flat):
                 raise StateDictError(f"parameter {key!r} block {b.spec.index}: factor {f.dim} missing")
             # Non-finite statistics are accepted (the next root round resets them, with a warning);
             # a non-finite root is refused: it would be applied as it is until the next round.
-            _copy_into(f.matrix, flat[fp + "matrix"], f"{key!r} {fp}matrix")
+            what = f"parameter {key!r} '{fp}matrix'"
+            src = _checked(f.matrix, flat[fp + "matrix"], what, finite=False)
+            diag = src.diagonal(dim1=-2, dim2=-1)
+            if bool((diag < 0).any()):  # sums of squares (NaN compares False: reset as above)
+                raise StateDictError(
+                    f"state for {what} has negative diagonal entries (smallest {float(diag.min()):.3e}): "
+                    "a factor's statistics are sums of G G^T, positive semidefinite"
+                )
+            plan.copy(f.matrix, src)
             if f.root is not None:
-                _copy_into(f.root, flat[fp + "root"], f"{key!r} {fp}root", finite=True)
-            f.basis = None
+                plan.copy(f.root, _checked(f.root, flat[fp + "root"], f"parameter {key!r} '{fp}root'"))
+            basis = None
             if f.root is not None and fp + "basis" in flat:  # eigh_warm's warm start; it checks it again
-                f.basis = torch.empty_like(f.root)
-                _copy_into(f.basis, flat[fp + "basis"], f"{key!r} {fp}basis", finite=True)
+                basis = torch.empty_like(f.root)
+                plan.copy(basis, _checked(basis, flat[fp + "basis"], f"parameter {key!r} '{fp}basis'"))
+            plan.set(f, "basis", basis)
             for name in _BACKOFF_FIELDS:  # absent (no backoff pending, older states): 0
-                value = flat.get(fp + name, 0)
-                count = _as_int(value, f"{key!r} {fp}{name}")
-                if count < 0:
-                    raise StateDictError(f"state for {key!r} {fp}{name} must be >= 0, got {count}")
-                setattr(f, name, count)
+                plan.set(f, name, _as_int(flat.get(fp + name, 0), f"parameter {key!r} '{fp}{name}'"))
             for fld in dataclasses.fields(FactorState):
                 if fld.name not in _FACTOR_FIXED and fp + fld.name in flat:
-                    setattr(f, fld.name, _bookkeeping(flat[fp + fld.name], fld, f"{key!r} {fp}{fld.name}"))
+                    value = _bookkeeping(flat[fp + fld.name], fld, f"parameter {key!r} '{fp}{fld.name}'")
+                    plan.set(f, fld.name, value)
+    return plan
 
 
 def _bookkeeping(value: Any, fld: dataclasses.Field, what: str) -> Any:
@@ -357,7 +433,7 @@ def _bookkeeping(value: Any, fld: dataclasses.Field, what: str) -> Any:
         if not isinstance(value, bool | int):
             raise StateDictError(f"state for {what} must be a bool, got {value!r}")
         return bool(value)
-    if isinstance(default, int):
+    if isinstance(default, int):  # counts and steps: never negative
         return _as_int(value, what)
     if isinstance(default, float):
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -378,6 +454,7 @@ __all__ = [
     "join_blocks",
     "merge_shards",
     "mirror_upper_",
+    "plan_restore",
     "restore",
     "split_blocks",
 ]

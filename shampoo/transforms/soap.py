@@ -204,8 +204,8 @@ class SOAP:
         return SOAPState(stack.zeros(), pending, stats)
 
     def bind(self, state: SOAPState, j: int, block: BlockState) -> None:
-        declare(block, "second_moment", state.v[j])
-        declare(block, "basis_pending", state.pending[j])
+        declare(block, "second_moment", state.v[j], minimum=0.0)  # Adam's v: a sum of squares
+        declare(block, "basis_pending", state.pending[j], minimum=0)  # a step (0: none pending)
         st = state.stats
         if st is None:
             return
