@@ -73,8 +73,13 @@ which exceeds 1 in modulus as soon as s > 3 (p = 2), i.e. kappa(A) > 9. So:
 A warm start with NaN or Inf entries is refused (NonFiniteInputError), as is one of the wrong shape
 (InvalidArgumentError); on general input a valid warm start is not used.
 
+The forward root with p = 1 is (A + eps_abs I) itself, returned without iterating (stop reason
+``"identity_root"``, as schur_newton).
+
 Failure is never silent: symmetric input that is not positive definite raises NotPositiveDefiniteError
-(from the Lanczos estimate when it proves it, or after a diverged run by a Cholesky test); general input
+(from the Lanczos estimate when it proves it, after a diverged run by a Cholesky test, or, for an inverse
+root that converged although the smallest Ritz value does not exclude lambda_min <= 100 n u_64 lambda_max,
+by a float64 Cholesky test: a rounding-level eigenvalue can be "resolved" within max_iter); general input
 is checked for eigenvalues on the closed negative real axis (NegativeRealEigenvalueError, from LAPACK's
 eigenvalues of the matrix actually solved, with their condition numbers: an eigenvalue whose rounding
 uncertainty reaches the axis is decided by the distance sigma_min(A - zI) to a matrix with an eigenvalue
@@ -241,6 +246,8 @@ class CoupledNewtonConfig(SolverConfig):
         tol = prob.tol if prob.tol is not None else precision.default_tol(cdt, n, p)
         max_iter = prob.max_iter if prob.max_iter is not None else 100
         accept = self.stagnation_accept * tol
+        if p == 1 and not inverse:
+            return _identity_root(A, shift, cdt, prob, info, tol, matmuls)
         if Z is not None and p == 1 and inverse:
             ns = newton_schulz_inverse(
                 _materialise(A, shift).to(cdt),
@@ -358,6 +365,8 @@ class CoupledNewtonConfig(SolverConfig):
         info["newton_matmuls"] = out.matmuls_each
         if sym and "divergence" in out.reason:
             self._diagnose_divergence(A, shift, out, prob)
+        if sym and inverse:
+            self._refuse_numerically_singular(A, shift, est, out, prob)
         if eigs is not None:
             self._check_principal(eigs, p, cp, out, info)
             self._check_root_sector(out, p, info)
@@ -577,6 +586,37 @@ class CoupledNewtonConfig(SolverConfig):
             )
 
     @staticmethod
+    def _refuse_numerically_singular(
+        A: torch.Tensor, shift: torch.Tensor, est: SpectrumEstimate | None, out: NewtonOutcome, prob: Problem
+    ) -> None:
+        """NotPositiveDefiniteError for a converged inverse root of a matrix that is not positive definite
+        within float64 rounding (a Cholesky factorisation of A + shift I in float64 fails).
+
+        An eigenvalue at rounding level (an exactly singular PSD matrix, rounded: +-1e-17 ||A||) does not
+        always make the iteration diverge: a positive one is resolved in log(1/m_0)/(p log(1+1/p)) steps,
+        57 for p = 1, within max_iter, and the "converged" inverse is then an arbitrary 1e17-sized matrix
+        (issue 22, class 2). Tested only where the smallest Ritz value (an upper bound of lambda_min)
+        does not already exclude it, lambda_min <= 100 n u_64 lambda_max (or without Lanczos estimates),
+        so a well-conditioned solve pays nothing.
+        """
+        n = A.shape[-1]
+        cand = out.converged.clone()
+        if est is not None:
+            cand &= est.lmin <= 100.0 * n * 2.0**-53 * est.lmax.abs()
+        idx = cand.nonzero().flatten().tolist()
+        if not idx:
+            return
+        _, fail = torch.linalg.cholesky_ex(_materialise(A[idx], shift[idx], torch.float64))
+        if bool((fail > 0).any()):
+            bad = [i for i, f in zip(idx, fail.tolist(), strict=True) if f > 0]
+            raise NotPositiveDefiniteError(
+                f"coupled_newton: the (regularised, rounded) matrix is singular or indefinite within float64 "
+                f"rounding (batch elements {bad}: Cholesky fails; dtype {precision.info(prob.dtype).name}), "
+                "so its inverse root does not exist or is not determined; increase eps, or use "
+                "method='eigh' with rank_policy='clamp' or 'pseudo_inverse'"
+            )
+
+    @staticmethod
     def _warm_root(warm_start: object, A: torch.Tensor, p: int, prob: Problem, inverse: bool) -> torch.Tensor:
         """The previous root as a (b, n, n) tensor in A's dtype and pre-scaled units.
 
@@ -756,4 +796,40 @@ def _merge(out: NewtonOutcome, sub: NewtonOutcome, idx: list[int]) -> NewtonOutc
         notes={**out.notes, **sub.notes},
         matmuls_each=each,
         compactions=out.compactions + sub.compactions,
+    )
+
+
+def _identity_root(
+    A: torch.Tensor,
+    shift: torch.Tensor,
+    cdt: torch.dtype,
+    prob: Problem,
+    info: dict,
+    tol: float,
+    matmuls: float,
+) -> RawResult:
+    """The forward root with p = 1: (A + shift I)^{1/1} is the matrix itself, no iteration (each entry
+    rounded once: the sum in float64, then to the compute format; kept in fp32 where a 16-bit format
+    cannot hold it). Twenty Newton steps on a non-normal matrix cost 66 u where u is the floor."""
+    b = A.shape[0]
+    X64 = _materialise(A, shift, torch.float64)
+    X = X64.to(cdt)
+    if cdt not in (torch.float32, torch.float64) and not bool(torch.isfinite(X).all()):
+        X = X64.float()
+        info["root_dtype"] = f"the root does not fit {precision.info(cdt).name}: returned in fp32"
+    info.update(
+        scaling="none",
+        stop_reason=["identity_root"] * b,
+        tol=tol,
+        backward_error=torch.zeros(b, dtype=torch.float64),
+        newton_matmuls=torch.zeros(b, dtype=torch.float64),
+    )
+    return RawResult(
+        root=X,
+        converged=torch.ones(b, dtype=torch.bool),
+        iterations=torch.zeros(b, dtype=torch.int64),
+        residual=torch.zeros(b, dtype=torch.float64),
+        matmuls=matmuls,
+        history=[torch.zeros(b, dtype=torch.float64)] if prob.record_history else [],
+        info=info,
     )
