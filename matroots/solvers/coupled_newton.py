@@ -31,7 +31,11 @@ are the forward root's solves (4/3 each) and its backward-error check. For a bat
 matrix: the n x n products executed divided by the batch size. Converged elements leave the Newton loop's
 active set (:func:`~matroots.solvers.newton_core.coupled_newton_iterate`), so the loop's share is the
 mean of ``info["newton_matmuls"]``, each element's own products, which equal those of its solve alone;
-a batch costs b * matmuls, the sum of its elements' costs.
+a batch costs b * matmuls, the sum of its elements' costs. An element's root is that of its solve alone
+up to perturbations of size u in its start (the batch's common power-of-two prescale, BLAS rounding by
+stack alignment), which the iteration propagates like rounding errors: the two differ by at most the
+sum of their errors, <= 2 C (1 + cond) u, and by that order where cond is large (fp64, kappa 1e13:
+~1e-5; tests/test_coupled_newton_batch_bound.py), not bitwise.
 
 Regularisation: M_0 = (A + eps_abs I)/c^p is formed before rounding to the compute format, so neither the
 shift nor c has to fit it (fp16). A relative eps is eps times lambda_max of the rounded matrix: the top
