@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import shampoo
 import shampoo.distributed
+from matroots import atomic
 
 log = logging.getLogger("train")
 
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> float:
     opt = make_optimizer(model, args, distributed)
     start = 0
     if args.resume is not None:
-        ckpt = torch.load(args.resume, map_location=device, weights_only=False)
+        ckpt = load_checkpoint(args.resume, device)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optim"])
         start = int(ckpt["step"])
@@ -228,8 +229,11 @@ def main(argv: list[str] | None = None) -> float:
     if args.save is not None:
         optim_state = opt.state_dict()  # collective under distributed Shampoo: every rank calls it
         if rank == 0:
-            torch.save(
-                {"model": model.state_dict(), "optim": optim_state, "step": start + args.steps}, args.save
+            # Atomic (temp file in the same folder, fsync, rename): a kill mid-save keeps the previous
+            # checkpoint, which may be the --resume file itself.
+            atomic.remove_stale(args.save)
+            atomic.torch_save(
+                args.save, {"model": model.state_dict(), "optim": optim_state, "step": start + args.steps}
             )
             log.info("saved %s", args.save)
     sharding = shampoo.distributed.sharding_of(opt)
@@ -239,9 +243,61 @@ def main(argv: list[str] | None = None) -> float:
             sharding.comm.calls, sharding.comm.seconds, shampoo.distributed.state_bytes(opt)["total"] / 1e6,
         )  # fmt: skip
     if distributed:
-        dist.destroy_process_group()
+        del net, opt, sharding
+        shutdown_distributed()
     return loss_val
 
 
+def load_checkpoint(path: Path, device: torch.device) -> dict:
+    """A checkpoint written by ``--save``; a missing, truncated or foreign file is a one-line error."""
+    import pickle
+    import zipfile
+
+    if not path.is_file():
+        raise CheckpointError(f"--resume {path}: no such checkpoint file")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=False)
+    except (EOFError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, OSError) as exc:
+        raise CheckpointError(
+            f"--resume {path} is not a readable checkpoint ({type(exc).__name__}: {str(exc)[:120]}); "
+            "give a file written by --save"
+        ) from None
+    if not isinstance(ckpt, dict) or not {"model", "optim", "step"} <= set(ckpt):
+        raise CheckpointError(f"--resume {path} is not a train.py checkpoint (keys model, optim, step)")
+    return ckpt
+
+
+class CheckpointError(ValueError):
+    """A --resume file that cannot be used."""
+
+
+def shutdown_distributed() -> None:
+    """Tear torch.distributed down in order, so no rank aborts at exit.
+
+    Every rank reaches a barrier (nobody closes its connections while a peer still talks), then the
+    objects holding the process group (DDP's reducer, Shampoo's direction exchange) are collected, and
+    the group is destroyed while the interpreter is fully alive. Left to interpreter exit, gloo's
+    background threads were destroyed during C++ static teardown in an arbitrary order, which aborted
+    the process now and then ("terminate called without an active exception", SIGABRT)."""
+    import gc
+
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
+    gc.collect()
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """``main`` with the project's error contract: a user mistake or a full disk is one line, exit 2."""
+    from matroots.errors import MatrootsError
+
+    try:
+        main(argv)
+    except (MatrootsError, CheckpointError) as exc:
+        print(f"train.py: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())
