@@ -107,6 +107,11 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         help="continue an interrupted run in --out, skipping units already written",
     )
     sw.add_argument(
+        "--no-retry-crashed",
+        action="store_true",
+        help="with --resume: keep the units an earlier run recorded as WorkerCrashed (default: rerun them)",
+    )
+    sw.add_argument(
         "--dry-run",
         action="store_true",
         help="validate the config, print the case count and an estimated cost, run nothing",
@@ -216,9 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from . import grid, sweep
+    from .runner import check_scheduler
+    from .sweep_estimate import check_memory
 
     spec = grid.load_config(args.config)
+    check_memory(spec)  # before check_families, which builds one matrix of each n
     grid.check_families(spec)
+    check_scheduler(args.scheduler)
     if args.dry_run:
         est = sweep.estimate_cost(spec, calibrate=args.calibrate)
         print(sweep.format_estimate(spec, est))
@@ -232,6 +241,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         csv=args.csv,
         scheduler=args.scheduler,
+        retry_crashed=not args.no_retry_crashed,
     )
     print(f"{len(df)} rows in {out / 'results.parquet'}")
     return 0
@@ -270,7 +280,7 @@ def _rows(run_dir: Path, *, need_metrics: bool = True) -> pd.DataFrame:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from . import report
+    from . import atomic, report
 
     if _is_validation_run(args.run_dir):
         from .validation.cli import report_run
@@ -280,8 +290,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     acc = args.accuracy if args.accuracy is not None else report.DEFAULT_ACCURACY
     text = report.format_report(df, acc)
     print(text)
-    (Path(args.run_dir) / "report.txt").write_text(text)
-    report.best_solver_table(df, acc).to_csv(Path(args.run_dir) / "best_solver.csv", index=False, na_rep="NA")
+    atomic.write_text(Path(args.run_dir) / "report.txt", text)
+    atomic.write_csv(
+        Path(args.run_dir) / "best_solver.csv", report.best_solver_table(df, acc), index=False, na_rep="NA"
+    )
     return 0
 
 

@@ -37,12 +37,14 @@ needs no shared filesystem; the workers need matroots installed.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import json
 import logging
 import multiprocessing as mp
 import os
 import re
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -52,7 +54,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import provenance
+from . import atomic, provenance
 from .errors import MatrootsInputError
 
 log = logging.getLogger("matroots.runner")
@@ -61,7 +63,7 @@ PARTS = "parts"
 RUNNING = ".started"
 QUARANTINE = "quarantine"
 PROVENANCE = "provenance.json"
-TMP_PREFIX = ".tmp-"
+TMP_PREFIX = atomic.TMP_PREFIX
 MAX_CRASHES = 3
 _KEY = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$")
 
@@ -86,6 +88,7 @@ class RunStats:
     ran: int = 0
     crashed: int = 0
     recomputed_corrupt: int = 0
+    retried_crashed: int = 0
     removed_temp: int = 0
     seconds: float = 0.0
     scheduler: str = "local"
@@ -94,41 +97,14 @@ class RunStats:
 # --- files ------------------------------------------------------------------------------------------
 
 
-def _file_mode() -> int:
-    """0o666 masked by the process umask: what open() would give a new file (mkstemp gives 0o600)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 def atomic_write_parquet(df: pd.DataFrame, path: Path) -> None:
-    """Write ``df`` to ``path`` via a hidden temp file in the same folder and an atomic rename,
-    with the permissions a normally created file would have."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=".parquet")
-    os.close(fd)
-    try:
-        df.to_parquet(tmp, index=False)
-        os.chmod(tmp, _file_mode())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """Write ``df`` to ``path`` atomically (:func:`matroots.atomic.write_parquet`: a hidden temp file
+    in the same folder, fsync, rename), with the permissions a normally created file would have."""
+    atomic.write_parquet(path, df)
 
 
 def _atomic_write_json(obj: Any, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=".json")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(obj, fh, indent=2, default=str)
-    os.chmod(tmp, _file_mode())
-    os.replace(tmp, path)
+    atomic.write_json(path, obj)
 
 
 def part_path(out_dir: str | Path, key: str) -> Path:
@@ -187,6 +163,41 @@ def quarantine_corrupt_parts(out_dir: str | Path) -> list[str]:
             "%d corrupted part(s) moved to %s; their units will be recomputed", len(bad), out / QUARANTINE
         )
     return bad
+
+
+CRASHED = "WorkerCrashed"
+
+
+def crashed_parts(out_dir: str | Path) -> list[str]:
+    """Keys of parts recorded for a unit that kept killing its worker (every row's failure is
+    ``"WorkerCrashed"``): rows without data, which a resume retries unless told not to."""
+    import pyarrow.parquet as pq
+
+    keys = []
+    for p in _part_files(Path(out_dir)):
+        try:
+            if "failure" not in pq.read_schema(p).names:
+                continue
+            failure = pq.read_table(p, columns=["failure"]).column("failure").to_pylist()
+        except (OSError, ValueError):
+            continue  # unreadable: quarantine_corrupt_parts deals with it
+        if failure and all(f == CRASHED for f in failure):
+            keys.append(p.stem)
+    return keys
+
+
+def _retry_crashed(out: Path) -> int:
+    keys = crashed_parts(out)
+    for k in keys:
+        part_path(out, k).unlink(missing_ok=True)
+    if keys:
+        log.warning(
+            "retrying %d unit(s) recorded as %s by an earlier run (%s); --no-retry-crashed keeps them",
+            len(keys),
+            CRASHED,
+            ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else ""),
+        )
+    return len(keys)
 
 
 def read_parts(out_dir: str | Path, order: Sequence[str] = ()) -> pd.DataFrame:
@@ -356,12 +367,42 @@ def _dask_job(job_fn: JobFn, unit: Any) -> list[dict[str, Any]]:
 
 
 def _default_crash_rows(unit: Any) -> list[dict[str, Any]]:
-    return [{"unit": unit.key, "failure": "WorkerCrashed"}]
+    return [{"unit": unit.key, "failure": CRASHED}]
 
 
 def _record_crash(unit: Any, out: Path, crash_rows: Callable[[Any], list[dict[str, Any]]]) -> None:
-    log.error("unit %s crashed its worker %d times; recorded as WorkerCrashed", unit.key, MAX_CRASHES)
+    log.error(
+        "unit %s killed a fresh worker of its own %d times in a row; recorded as %s (a resume retries it)",
+        unit.key,
+        MAX_CRASHES,
+        CRASHED,
+    )
     atomic_write_parquet(pd.DataFrame(crash_rows(unit)), part_path(out, unit.key))
+
+
+class SchedulerLostError(RunFolderError):
+    """The dask scheduler went away mid-run; finished units are saved and a resume continues."""
+
+
+def check_scheduler(scheduler: Any) -> None:
+    """Refuse a malformed dask scheduler address before anything runs (one-line RunFolderError)."""
+    if scheduler is None or not isinstance(scheduler, str):
+        return
+    try:
+        from distributed.comm import get_address_host_port, parse_address
+    except ImportError:
+        raise RunFolderError(
+            "--scheduler needs dask.distributed: pip install 'matroots[dask]' (or drop --scheduler)"
+        ) from None
+    try:
+        proto, _ = parse_address(scheduler)
+        if proto in ("tcp", "tls", "ws", "wss"):
+            get_address_host_port(scheduler)
+    except (ValueError, TypeError) as exc:
+        raise RunFolderError(
+            f"--scheduler {scheduler!r} is not a dask scheduler address ({exc}); give tcp://HOST:PORT, "
+            "e.g. tcp://127.0.0.1:8786, or drop --scheduler to use the local process pool"
+        ) from None
 
 
 def run_units(
@@ -374,6 +415,7 @@ def run_units(
     progress: bool = True,
     desc: str = "run",
     crash_rows: Callable[[Any], list[dict[str, Any]]] | None = None,
+    retry_crashed: bool = True,
 ) -> RunStats:
     """Run every unit whose part is not yet in ``out_dir``; each finished unit becomes one part file.
 
@@ -387,9 +429,13 @@ def run_units(
         progress: show a tqdm bar.
         desc: label of the progress bar and log lines.
         crash_rows: rows recorded for a unit that kills its worker :data:`MAX_CRASHES` times.
+        retry_crashed: run again the units an earlier run recorded as ``"WorkerCrashed"`` (default);
+            ``False`` keeps those rows.
 
     Before running, temp files of an interrupted write are removed and unreadable parts are moved to
-    ``quarantine/`` and recomputed.
+    ``quarantine/`` and recomputed. Ctrl-C (KeyboardInterrupt) stops at once: pending units are
+    cancelled, the worker processes terminated (a unit they were running leaves no part), finished
+    parts kept; the exception propagates.
     """
     t0 = time.perf_counter()
     out = Path(out_dir)
@@ -399,10 +445,13 @@ def run_units(
         raise ValueError(f"unit keys must be file-safe strings not starting with '.'; got {bad[:3]}")
     if len(set(keys)) != len(keys):
         raise ValueError("unit keys must be unique")
+    check_scheduler(scheduler)
     (out / PARTS).mkdir(parents=True, exist_ok=True)
     stats = RunStats(units=len(units), scheduler="local" if scheduler is None else str(scheduler))
     stats.removed_temp = clean_temp_files(out)
     stats.recomputed_corrupt = len(quarantine_corrupt_parts(out))
+    if retry_crashed:
+        stats.retried_crashed = _retry_crashed(out)
     shutil.rmtree(out / RUNNING, ignore_errors=True)  # start markers of an earlier, interrupted run
     finished = done_units(out)
     todo = [u for u in units if u.key not in finished]
@@ -419,7 +468,8 @@ def run_units(
             else:
                 stats.crashed = _run_dask(todo, job_fn, out, scheduler, bar, crash_rows)
         except KeyboardInterrupt:
-            log.error("%s interrupted: finished units are saved; rerun with --resume to continue", desc)
+            clean_temp_files(out)
+            log.info("%s interrupted: finished units are saved; rerun with --resume to continue", desc)
             raise
         finally:
             bar.close()
@@ -429,20 +479,52 @@ def run_units(
     return stats
 
 
+def _worker_init() -> None:
+    """Pool workers ignore SIGINT: a Ctrl-C reaches the whole process group, and the parent alone
+    decides what stops (it terminates the workers), so no worker goes on to its next unit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop_pool(pool: cf.ProcessPoolExecutor) -> None:
+    """Cancel the pool's pending units and terminate its workers now (not after their current units).
+
+    ``ProcessPoolExecutor`` has no public way to stop running calls before Python 3.14
+    (``terminate_workers``), so the worker processes are terminated through its process table."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for p in procs:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            p.terminate()
+    deadline = time.monotonic() + 1.0
+    for p in procs:
+        with contextlib.suppress(OSError, ValueError, AttributeError, AssertionError):
+            p.join(max(deadline - time.monotonic(), 0.0))
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 def _run_batch(job_fn: JobFn, units: list[Any], out: Path, workers: int, bar: Any) -> bool:
-    """Run units in one process pool; return True when a worker died (the pool broke)."""
+    """Run units in one process pool; return True when a worker died (the pool broke).
+
+    Any other exception (Ctrl-C, a bug in ``job_fn``, a full disk) stops the pool at once and
+    propagates; the parts already written stay."""
     ctx = mp.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=min(workers, len(units)), mp_context=ctx) as pool:
+    pool = cf.ProcessPoolExecutor(
+        max_workers=min(workers, len(units)), mp_context=ctx, initializer=_worker_init
+    )
+    try:
         futs = {pool.submit(_pool_job, job_fn, u, str(out)): u for u in units}
-        try:
-            for fut in cf.as_completed(futs):
-                fut.result()
-                bar.update(1)
-        except cf.process.BrokenProcessPool:
-            return True
-        except KeyboardInterrupt:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+        for fut in cf.as_completed(futs):
+            fut.result()
+            bar.update(1)
+    except cf.process.BrokenProcessPool:
+        _stop_pool(pool)
+        return True
+    except BaseException:
+        _stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
     return False
 
 
@@ -454,8 +536,12 @@ def _run_local(
     bar: Any,
     crash_rows: Callable[[Any], list[dict[str, Any]]],
 ) -> int:
-    """Run units, replacing dead workers. After a worker dies, the units that had started (the
-    suspects) are rerun one at a time, so a crash is charged only to the unit that caused it."""
+    """Run units, replacing dead workers.
+
+    A worker that dies (killed from outside, or by its unit) charges nobody: the units that had started
+    (the suspects) are rerun one at a time, each in a fresh worker of its own. Only a death there
+    counts against the unit, since nothing else ran in that process; :data:`MAX_CRASHES` deaths in a
+    row record it with ``crash_rows`` (and a later resume retries it)."""
     crashes: dict[str, int] = {}
     started = out / RUNNING
     suspects: list[Any] = []
@@ -473,7 +559,7 @@ def _run_local(
                 continue
             if _run_batch(job_fn, [u], out, 1, bar):
                 crashes[u.key] = crashes.get(u.key, 0) + 1
-                log.warning("unit %s killed its worker (%d)", u.key, crashes[u.key])
+                log.warning("unit %s killed a fresh worker of its own (%d)", u.key, crashes[u.key])
                 if crashes[u.key] >= MAX_CRASHES:
                     _record_crash(u, out, crash_rows)
                     n_crashed += 1
@@ -484,6 +570,14 @@ def _run_local(
             finished = done_units(out)
             suspects = [u for u in pending if (started / u.key).exists() and u.key not in finished]
             log.warning("a worker died; rerunning %d started units one at a time", len(suspects))
+
+
+def _lost_scheduler(scheduler: Any, out: Path, exc: BaseException) -> SchedulerLostError:
+    return SchedulerLostError(
+        f"lost the dask scheduler {scheduler} mid-run ({type(exc).__name__}: {' '.join(str(exc).split())[:100]}); "
+        f"{len(done_units(out))} finished units are saved in {out}: rerun with --resume once the "
+        "scheduler is back (or drop --scheduler)"
+    )
 
 
 def _run_dask(
@@ -501,14 +595,20 @@ def _run_dask(
         raise RunFolderError(
             "--scheduler needs dask.distributed: pip install 'matroots[dask]' (or drop --scheduler)"
         ) from None
+    if not log.isEnabledFor(logging.INFO):
+        # dask logs a lost connection as a multi-line traceback; the runner reports it in one line.
+        for name in ["distributed", *logging.root.manager.loggerDict]:
+            if name.startswith("distributed"):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
     own = not isinstance(scheduler, distributed.Client)
     try:
         client = distributed.Client(scheduler, timeout="30s") if own else scheduler
-    except (OSError, TimeoutError) as exc:
+    except (OSError, TimeoutError, ValueError) as exc:
         raise RunFolderError(
             f"cannot reach the dask scheduler at {scheduler} ({exc}); check the address or drop --scheduler"
         ) from None
     n_crashed = 0
+    futs: dict[Any, Any] = {}
     try:
         futs = {
             client.submit(_dask_job, job_fn, u, key=f"matroots-{u.key}-{os.getpid()}", pure=False): u
@@ -521,13 +621,21 @@ def _run_dask(
             except distributed.KilledWorker:
                 _record_crash(u, out, crash_rows)
                 n_crashed += 1
+            except cf.CancelledError as exc:  # distributed.client.FutureCancelledError
+                raise _lost_scheduler(scheduler, out, exc) from None
             else:
                 atomic_write_parquet(pd.DataFrame(rows), part_path(out, u.key))
             fut.release()
             bar.update(1)
+        if futs:  # as_completed ended early: the client lost its scheduler
+            raise _lost_scheduler(scheduler, out, RuntimeError(f"{len(futs)} units never returned"))
+    except (OSError, TimeoutError) as exc:  # CommClosedError and friends
+        raise _lost_scheduler(scheduler, out, exc) from None
     finally:
-        for fut in list(futs):
-            fut.cancel()
+        with contextlib.suppress(Exception):
+            for fut in list(futs):
+                fut.cancel()
         if own:
-            client.close()
+            with contextlib.suppress(Exception):
+                client.close(timeout=5)
     return n_crashed

@@ -8,7 +8,8 @@
   written atomically as ``parts/<unit key>.parquet``, so an interrupted sweep (Ctrl-C, kill -9 of the
   parent, a worker or the dask client) resumes by skipping the units whose part exists: no row is
   lost and none is written twice. Leftover temp files are removed and corrupted parts recomputed. A
-  unit that takes a worker down three times is recorded with failure "WorkerCrashed".
+  unit that takes a fresh worker of its own down three times is recorded with failure "WorkerCrashed"
+  (a worker killed from outside charges nobody), and a resume retries it.
 * ``results.parquet`` (and optionally ``results.csv``) holds all rows once the sweep completes;
   ``provenance.json`` holds the config and its hash and one record per start/resume (git commit,
   command line, timestamps, versions, machine).
@@ -27,8 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from . import atomic, metrics, precision, provenance, runner, sweep_estimate
 from . import grid as gridmod
-from . import metrics, precision, provenance, runner, sweep_estimate
 from .errors import MatrootsError
 
 log = logging.getLogger("matroots.sweep")
@@ -242,12 +243,15 @@ def run_sweep(
     progress: bool = True,
     csv: bool = False,
     scheduler: Any = None,
+    retry_crashed: bool = True,
 ) -> pd.DataFrame:
     """Run (or resume) a sweep into ``out_dir`` and return all its rows.
 
     ``scheduler``: ``None`` runs units on a local process pool of ``workers`` processes (default: one
     per core); a dask scheduler address or ``distributed.Client`` runs them on that cluster.
+    ``retry_crashed``: rerun the units an earlier run recorded as ``WorkerCrashed`` (default).
     """
+    runner.check_scheduler(scheduler)
     out = Path(out_dir)
     prepare_out_dir(grid, out, resume=resume)
     log.info(
@@ -265,6 +269,7 @@ def run_sweep(
         progress=progress,
         desc=f"sweep {grid.name}",
         crash_rows=functools.partial(_crash_rows, grid),
+        retry_crashed=retry_crashed,
     )
     df = collect(out, csv=csv)
     runner.close_run(out, stats)
@@ -282,7 +287,7 @@ def collect(out_dir: str | Path, *, csv: bool = False) -> pd.DataFrame:
         return df
     runner.atomic_write_parquet(df, out / "results.parquet")
     if csv:
-        df.to_csv(out / "results.csv", index=False)
+        atomic.write_csv(out / "results.csv", df, index=False)
     return df
 
 

@@ -69,6 +69,35 @@ class Estimate:
         return {"estimated_seconds": self.cpu_seconds}.get(key, getattr(self, key, None))
 
 
+#: A unit holds several n x n float64 arrays at once (the matrix, its reference root, each solver's
+#: root and residual work arrays); a grid whose largest matrix times this exceeds the machine's memory
+#: cannot run here and is refused before anything is allocated.
+ARRAYS_PER_UNIT = 4
+
+
+def _memory_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def check_memory(grid: gridmod.GridSpec, memory: int | None = None) -> None:
+    """Refuse (one-line ConfigError) a grid whose largest matrix cannot be held here, naming its size;
+    nothing is allocated."""
+    from .atomic import _size
+
+    memory = _memory_bytes() if memory is None else memory
+    n = max((int(n) for fam in grid.families for n in grid.axes(fam)["n"]), default=0)
+    need = ARRAYS_PER_UNIT * 8 * n * n
+    if memory and need > memory:
+        raise gridmod.ConfigError(
+            f"n = {n} needs {_size(8 * n * n)} per float64 matrix and about {_size(need)} per unit "
+            f"({ARRAYS_PER_UNIT} such arrays), more than this machine's {_size(memory)} of memory; "
+            "use smaller n (or run on a machine with more memory)"
+        )
+
+
 def features(unit: gridmod.Unit) -> np.ndarray:
     ln = math.log(unit.n)
     return np.array(

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _tiny_sweep import TINY
+from _tiny_validation import tiny_config
 
 from matroots import cli
 
@@ -167,6 +168,82 @@ def test_unreachable_scheduler(tmp_path: Path, capsys: pytest.CaptureFixture[str
         "--no-progress",
     )
     assert "dask scheduler" in line and "--scheduler" in line
+
+
+@pytest.mark.parametrize("address", ["garbage::", "garbage", "tcp://host:abc"])
+def test_malformed_scheduler_address(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], address: str
+) -> None:
+    pytest.importorskip("distributed")
+    out = tmp_path / "r"
+    for cmd in ("sweep", "validate"):
+        cfg = _config(tmp_path, TINY if cmd == "sweep" else tiny_config(["lsq"]))
+        line = _fail(capsys, cmd, str(cfg), "--out", str(out), "--scheduler", address, "--no-progress")
+        assert "not a dask scheduler address" in line and "tcp://HOST:PORT" in line, line
+        assert not out.exists()
+
+
+def test_dry_run_of_a_grid_too_large_for_memory_refuses_with_the_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from matroots import sweep_estimate
+
+    monkeypatch.setattr(sweep_estimate, "_memory_bytes", lambda: 16 * 2**30)  # a 16 GiB machine
+    cfg = _config(tmp_path, TINY.replace("n = [6]", "n = [6, 100000]"))
+    line = _fail(capsys, "sweep", str(cfg), "--dry-run")
+    assert "n = 100000" in line and "74.5 GiB per float64 matrix" in line and "16.0 GiB" in line
+
+
+# --- validation configs: the whole config is checked before any unit starts ----------------------
+
+
+def _validate_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str | bytes) -> str:
+    cfg = tmp_path / "v.toml"
+    cfg.write_bytes(text if isinstance(text, bytes) else text.encode())
+    out = tmp_path / "vrun"
+    line = _fail(capsys, "validate", str(cfg), "--out", str(out), "--no-progress")
+    assert not out.exists(), "a config mistake must be caught before the run starts"
+    return line
+
+
+BAD_VALIDATION = {
+    "binary": (bytes(range(256)) * 4, "not a text file"),
+    "lr_text": (tiny_config(["lsq"]).replace("lr = [3e-3, 1e-2]", 'lr = ["abc"]', 1), "lr values"),
+    "lr_negative": (tiny_config(["lsq"]).replace("lr = [3e-3, 1e-2]", "lr = [-1e-3]", 1), "lr values"),
+    "lr_nan": (tiny_config(["lsq"]).replace("lr = [3e-3, 1e-2]", "lr = [nan]", 1), "lr values"),
+    "lr_empty": (tiny_config(["lsq"]).replace("lr = [3e-3, 1e-2]", "lr = []", 1), "no learning rate"),
+    "option_unknown": (
+        tiny_config(["lsq"]).replace('name = "adamw"', 'name = "adamw"\noptions = { bogus = 1 }'),
+        "optimizer adamw",
+    ),
+    "option_value": (
+        tiny_config(["lsq"]).replace(
+            'root_solver = ["eigh"]', 'root_solver = ["eigh"]\noptions = { betas = [0.9] }'
+        ),
+        "optimizer shampoo",
+    ),
+    "task_size_unknown": (
+        tiny_config(["lsq"]).replace("size = { batch_size = 64 }", "size = { widht = 3 }"),
+        "tasks.lsq",
+    ),
+    "task_size_value": (tiny_config(["digits"]).replace("hidden = 16", "hidden = -4"), "tasks.digits"),
+    "steps_text": (
+        tiny_config(["lsq"]).replace("steps = 2", 'steps = "many"'),
+        "steps must be a whole number",
+    ),
+    "frequency_zero": (
+        tiny_config(["lsq"]).replace("precondition_frequency = [1]", "precondition_frequency = [0]"),
+        "precondition_frequency",
+    ),
+    "seeds_text": (tiny_config(["lsq"], seeds='["a"]'), "seeds must be a whole number"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_VALIDATION))
+def test_bad_validation_config(tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str) -> None:
+    text, expect = BAD_VALIDATION[case]
+    line = _validate_fails(tmp_path, capsys, text)
+    assert expect in line, line
 
 
 def test_solve_non_npy_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

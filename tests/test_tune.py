@@ -268,3 +268,37 @@ def test_report_decision_table() -> None:
     text = report.format_report(df, 1e-2)
     assert "NA" in text and "nan" not in text.lower()
     assert "none" not in b["best_solver"].tolist()
+
+
+def test_cells_missing_cases_are_flagged_never_silent(caplog: pytest.LogCaptureFixture) -> None:
+    # The config asks for cases a, b (kappa band [1, 1e3)) and c (band [1e3, 1e6)); b crashed (its rows
+    # are WorkerCrashed: no data, not a failure) and c never ran.
+    planned = pd.DataFrame(
+        [
+            {"unit": u, "dtype": "fp64", "n": 16, "p": 2, "kappa": k}
+            for u, k in (("a", 10.0), ("b", 10.0), ("c", 1e4))
+        ]
+    )
+    rows = pd.DataFrame(
+        [
+            _row("a", "fast", 1e-9, 10.0),
+            _row("a", "slow", 1e-12, 50.0),
+            _row("b", "fast", 0, 0, failure="WorkerCrashed"),
+            _row("b", "slow", 0, 0, failure="WorkerCrashed"),
+        ]
+    )
+    with caplog.at_level("WARNING", logger="matroots.tune"):
+        tab, summ = select.select(rows, _spec(), planned=planned)
+    assert "fewer cases than the config asks for" in caplog.text
+    assert summ["incomplete_cells"] == 2 and summ["missing_cases"] == 2
+    t = tab.set_index(["kappa_lo", "target"])
+    low = t.loc[(1.0, 1e-2)]
+    assert low["choice"] == "fast" and low["cases"] == 1 and low["missing_cases"] == 1  # b is no failure
+    assert "built from 1 of 2 cases" in low["reason"]
+    high = t.loc[(1e3, 1e-2)]
+    assert high["choice"] == "NA" and high["cases"] == 0 and high["missing_cases"] == 1
+    assert "no case of" in high["reason"] and "resume" in high["reason"]
+    # All cases present: nothing flagged.
+    full = pd.concat([rows.iloc[:2], rows.iloc[:2].assign(unit="b")], ignore_index=True)
+    tab, summ = select.select(full, _spec(), planned=planned.iloc[:2])
+    assert (tab["missing_cases"] == 0).all() and summ["incomplete_cells"] == 0

@@ -23,6 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     tp.add_argument("--scheduler", default=None, metavar="ADDRESS", help="dask scheduler address")
     tp.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     tp.add_argument(
+        "--no-retry-crashed",
+        action="store_true",
+        help="with --resume: keep the units an earlier run recorded as WorkerCrashed (default: rerun them)",
+    )
+    tp.add_argument(
         "--install",
         nargs="?",
         const="package",
@@ -42,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Run the tune and print the summary."""
+    from .. import atomic
     from ..errors import InvalidArgumentError, MatrootsError
     from . import run, spec, table
 
@@ -51,20 +57,26 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise
     except (OSError, ValueError) as exc:  # unreadable file, TOML syntax, unknown solver/option/family
         raise InvalidArgumentError(f"bad tune config {args.config}: {exc}") from exc
+    from ..runner import check_scheduler
+    from ..sweep_estimate import check_memory
+
+    for g in ts.sweeps:
+        check_memory(g)
+    check_scheduler(args.scheduler)
     out = args.out or Path("runs") / ts.name
     install = table.DATA_DIR if args.install == "package" else args.install
     if args.select_only:
         rows = run.load_rows(ts, out)
         if rows.empty:
             raise InvalidArgumentError(f"no sweep rows in {out}/sweeps; run without --select-only first")
-        from .select import select
+        from .select import planned_cases, select
         from .summary import format_summary
 
-        tab, summ = select(rows, ts)
+        tab, summ = select(rows, ts, planned=planned_cases(ts))
         prov = run.provenance_record(ts, rows, summ)
         path = run.write_table(tab, prov, out)
         text = format_summary(tab, prov)
-        (out / "summary.txt").write_text(text)
+        atomic.write_text(out / "summary.txt", text)
         if install is not None:
             run.write_table(tab, prov, Path(install), stem=f"selection_{ts.device}")
     else:
@@ -76,6 +88,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             scheduler=args.scheduler,
             install=install,
+            retry_crashed=not args.no_retry_crashed,
         )
         text = (out / "summary.txt").read_text()
     print(text)

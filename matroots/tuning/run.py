@@ -11,23 +11,21 @@ Layout of DIR:
   versions, command line, UTC date, the GEMM timings, and what was left out;
 * ``summary.txt``: the human-readable summary (:func:`matroots.tuning.summary.format_summary`).
 
-``matroots.tuning.table.SHIPPED`` is such a table copied into the package
+Every file is written atomically (:mod:`matroots.atomic`: temp file, fsync, rename), so a kill
+leaves the previous table in place. ``matroots.tuning.table.SHIPPED`` is such a table copied into the package
 (``make tune`` regenerates it from ``experiments/configs/tune_default.toml``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from .. import provenance, sweep
-from .select import select
+from .. import atomic, provenance, sweep
+from .select import planned_cases, select
 from .spec import TuneSpec
 
 log = logging.getLogger("matroots.tune")
@@ -73,15 +71,9 @@ def provenance_record(spec: TuneSpec, rows: pd.DataFrame, summary: dict[str, Any
 
 def write_table(table: pd.DataFrame, prov: dict[str, Any], out: Path, stem: str = "selection") -> Path:
     """Write ``<stem>.csv`` and ``<stem>.json`` atomically into ``out``; returns the CSV path."""
-    out.mkdir(parents=True, exist_ok=True)
     csv_path = out / f"{stem}.csv"
-    tmp = csv_path.with_suffix(".csv.tmp")
-    table.to_csv(tmp, index=False, float_format="%.6g", na_rep="NA")
-    os.replace(tmp, csv_path)
-    jpath = out / f"{stem}.json"
-    tmp = jpath.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(prov, indent=2, default=str) + "\n")
-    os.replace(tmp, jpath)
+    atomic.write_csv(csv_path, table, index=False, float_format="%.6g", na_rep="NA")
+    atomic.write_json(out / f"{stem}.json", prov)
     return csv_path
 
 
@@ -105,10 +97,12 @@ def run_tune(
     progress: bool = True,
     scheduler: Any = None,
     install: str | Path | None = None,
+    retry_crashed: bool = True,
 ) -> tuple[pd.DataFrame, Path]:
     """Run (or resume) every sweep of ``spec`` into ``out_dir`` and write the selection table.
 
     ``install``: also copy the table and its provenance there (e.g. the package's data folder).
+    ``retry_crashed``: rerun units an earlier run recorded as ``WorkerCrashed`` (default).
     Returns (table, path of selection.csv).
     """
     from .summary import format_summary
@@ -122,19 +116,19 @@ def run_tune(
             resume=resume,
             progress=progress,
             scheduler=scheduler,
+            retry_crashed=retry_crashed,
         )
     rows = load_rows(spec, out)
-    table, summary = select(rows, spec)
+    table, summary = select(rows, spec, planned=planned_cases(spec))
     prov = provenance_record(spec, rows, summary)
     path = write_table(table, prov, out)
     text = format_summary(table, prov)
-    (out / "summary.txt").write_text(text)
+    atomic.write_text(out / "summary.txt", text)
     if install is not None:
         dest = Path(install)
-        dest.mkdir(parents=True, exist_ok=True)
         stem = f"selection_{spec.device}"
-        shutil.copyfile(path, dest / f"{stem}.csv")
-        shutil.copyfile(out / "selection.json", dest / f"{stem}.json")
+        atomic.copy_file(path, dest / f"{stem}.csv")
+        atomic.copy_file(out / "selection.json", dest / f"{stem}.json")
         log.info("installed the table as %s", dest / f"{stem}.csv")
     return table, path
 

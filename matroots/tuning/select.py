@@ -12,11 +12,18 @@ config (so equal-cost variants such as eigh's rank policies do not flip from cel
 noise). The runner-up is the next cheapest passing candidate. Where no candidate passes, the row has choice "NA" and a reason naming
 the most accurate candidate and its worst error. Cases whose reference could not be computed (A + eps I
 not positive definite) have no error to judge and are left out (counted in ``excluded_cases``).
+
+A cell built from fewer cases than the config asks for is never silent: given the config's planned
+cases (:func:`planned_cases`, what ``matroots tune`` passes), ``missing_cases`` counts the cases of the
+cell that have no rows or only ``WorkerCrashed`` rows (no data: not a failure of any candidate), the
+reason says "built from k of m cases", a warning is logged, and a cell none of whose cases finished
+still gets rows (choice "NA"). A missing case is placed in its cell by its nominal n and kappa.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from typing import Any
 
@@ -25,6 +32,10 @@ import pandas as pd
 
 from .. import precision
 from .spec import TuneSpec
+
+log = logging.getLogger("matroots.tune")
+
+CRASHED = "WorkerCrashed"
 
 TABLE_COLUMNS = [
     "device",
@@ -54,6 +65,7 @@ TABLE_COLUMNS = [
     "best_effort",
     "best_effort_error",
     "reason",
+    "missing_cases",
 ]
 
 
@@ -118,27 +130,82 @@ def _band_label(lo: float, hi: float) -> str:
     return f"[{lo:g}, {hi:g})"
 
 
-def select(rows: pd.DataFrame, spec: TuneSpec) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """The selection table of a tune run's rows, and a summary of what was left out."""
+def planned_cases(spec: TuneSpec) -> pd.DataFrame:
+    """Every case the config asks for: one row per (unit, dtype) of its sweeps, with nominal n, p, kappa."""
+    from .. import grid as gridmod
+
+    out = []
+    for g in spec.sweeps:
+        for u in gridmod.units(g):
+            for dt in g.dtypes:
+                out.append(
+                    {"unit": u.key, "dtype": precision.info(dt).name, "n": u.n, "p": u.p, "kappa": u.kappa}
+                )
+    df = pd.DataFrame(out, columns=["unit", "dtype", "n", "p", "kappa"])
+    return df.drop_duplicates(subset=["unit", "dtype"]).reset_index(drop=True)
+
+
+def _expected_per_cell(
+    planned: pd.DataFrame, present: pd.DataFrame, excluded: set[tuple[str, str]], spec: TuneSpec
+) -> dict[tuple[Any, ...], int]:
+    """Cases the config asks for per cell (device, dtype, p, n band, kappa band): a case with rows is
+    counted in the cell of its rows, a missing one in the cell of its nominal n and kappa; cases whose
+    reference failed are not expected (they are ``excluded_cases``)."""
+    seen = present.drop_duplicates(subset=["unit", "dtype"])
+    where = {
+        (u, dt): (dev, dt, float(p), int(nb), int(kb))
+        for u, dt, dev, p, nb, kb in zip(
+            seen["unit"], seen["dtype"], seen["device"], seen["p"], seen["_nb"], seen["_kb"], strict=True
+        )
+    }
+    nb = _band(planned["n"], spec.n_bands)
+    kb = _band(planned["kappa"], spec.kappa_bands)
+    counts: dict[tuple[Any, ...], int] = {}
+    for i, r in enumerate(planned.itertuples()):
+        k = (r.unit, r.dtype)
+        if k in excluded:
+            continue
+        cell = where.get(k, (spec.device, r.dtype, float(r.p), int(nb.iloc[i]), int(kb.iloc[i])))
+        if cell[3] >= 0 and cell[4] >= 0:
+            counts[cell] = counts.get(cell, 0) + 1
+    return counts
+
+
+def select(
+    rows: pd.DataFrame, spec: TuneSpec, *, planned: pd.DataFrame | None = None
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The selection table of a tune run's rows, and a summary of what was left out.
+
+    ``planned``: the cases the config asks for (:func:`planned_cases`); with it, cells built from fewer
+    cases are flagged (``missing_cases``, reason, a logged warning) and cells with no finished case
+    appear as "NA" rows. Without it ``missing_cases`` is NA (not checked)."""
     # A case run by two sweeps of the config (same unit key) counts once.
     keys = [c for c in ("unit", "dtype", "solver") if c in rows]
     d = rows.drop_duplicates(subset=keys, keep="first").copy()
+    # WorkerCrashed rows hold no data (the unit never ran to the end): a missing case, not a failure.
+    d = d[d["failure"].fillna("").astype(str) != CRASHED] if "failure" in d else d
     d["_kappa"] = case_kappa(d)
     has_ref = d["relative_forward_error"].notna() | (d["failure"].fillna("").astype(str) != "")
     if "reference_error" in d:
         has_ref &= d["reference_error"].isna()
     excluded = d.loc[~has_ref, "unit"].nunique()
+    excluded_cases = set(zip(d.loc[~has_ref, "unit"], d.loc[~has_ref, "dtype"], strict=True))
     d = d[has_ref]
     d = d.assign(_nb=_band(d["n"], spec.n_bands), _kb=_band(d["_kappa"], spec.kappa_bands))
     outside = d.loc[(d["_nb"] < 0) | (d["_kb"] < 0), "unit"].nunique()
     d = d[(d["_nb"] >= 0) & (d["_kb"] >= 0)]
     if "device" not in d:
         d["device"] = spec.device
+    expected = None if planned is None else _expected_per_cell(planned, d, excluded_cases, spec)
     out: list[dict[str, Any]] = []
     order = {c.label: i for i, c in enumerate(spec.candidates)}
     keys = ["device", "dtype", "p", "_nb", "_kb"]
+    done_cells = set()
     for (device, dtype, p, nb, kb), cell in d.groupby(keys, sort=True):
         cases = cell["unit"].nunique()
+        done_cells.add((device, dtype, float(p), int(nb), int(kb)))
+        want = None if expected is None else expected.get((device, dtype, float(p), int(nb), int(kb)), cases)
+        missing = math.nan if want is None else max(want - cases, 0)
         st = _candidate_stats(cell, cases)
         n_lo, n_hi = spec.n_bands[nb], spec.n_bands[nb + 1]
         k_lo, k_hi = spec.kappa_bands[kb], spec.kappa_bands[kb + 1]
@@ -159,7 +226,13 @@ def select(rows: pd.DataFrame, spec: TuneSpec) -> tuple[pd.DataFrame, dict[str, 
             "kappa_seen_max": float(cell["_kappa"].max()),
             "best_effort": be.name,
             "best_effort_error": float(be["worst_error"]),
+            "missing_cases": missing,
         }
+        short = (
+            f"; built from {cases} of {want} cases ({missing} crashed or not run: resume the tune)"
+            if want is not None and missing > 0
+            else ""
+        )
         for target in spec.targets:
             bar = spec.margin * target
             passing = st[(st["failure_rate"] == 0) & (st["worst_error"] <= bar) & st["complete"]]
@@ -195,7 +268,7 @@ def select(rows: pd.DataFrame, spec: TuneSpec) -> tuple[pd.DataFrame, dict[str, 
                     runner_up_worst_error=math.nan,
                     reason=f"no candidate meets {target:g}"
                     + (f" (with margin {spec.margin:g})" if spec.margin < 1 else "")
-                    + f" at {where}; best is {be.name} at {_fmt(be_err)}{fails}",
+                    + f" at {where}; best is {be.name} at {_fmt(be_err)}{fails}{short}",
                 )
             else:
                 c = passing.iloc[0]
@@ -221,9 +294,12 @@ def select(rows: pd.DataFrame, spec: TuneSpec) -> tuple[pd.DataFrame, dict[str, 
                         else "cheapest"
                     )
                     + f" (median {c['median_gemm_equivalents']:.3g} GEMM-equivalents) of "
-                    f"{len(passing)} candidates meeting {target:g} on every case at {where}",
+                    f"{len(passing)} candidates meeting {target:g} on every case at {where}{short}",
                 )
             out.append(row)
+    for cell, want in sorted((expected or {}).items(), key=str):
+        if cell not in done_cells:  # every case of the cell is missing
+            out.extend(_empty_cell_rows(cell, want, spec))
     table = pd.DataFrame(out, columns=TABLE_COLUMNS)
     if not table.empty:
         order = {d: i for i, d in enumerate(dtype_order(list(table["dtype"].unique())))}
@@ -234,7 +310,49 @@ def select(rows: pd.DataFrame, spec: TuneSpec) -> tuple[pd.DataFrame, dict[str, 
             .reset_index(drop=True)
         )
     summary = {"excluded_cases": int(excluded), "cases_outside_bands": int(outside), "rows": len(d)}
+    if expected is not None:
+        cells = table.drop_duplicates(subset=["device", "dtype", "p", "n_lo", "kappa_lo"])
+        short = cells[cells["missing_cases"] > 0]
+        summary.update(incomplete_cells=len(short), missing_cases=int(short["missing_cases"].sum()))
+        if len(short):
+            log.warning(
+                "%d of %d selection cells are built from fewer cases than the config asks for (%d cases "
+                "missing: crashed or not run; see the missing_cases column); resume the tune to fill them",
+                len(short),
+                len(cells),
+                summary["missing_cases"],
+            )
     return table, summary
+
+
+def _empty_cell_rows(cell: tuple[Any, ...], want: int, spec: TuneSpec) -> list[dict[str, Any]]:
+    device, dtype, p, nb, kb = cell
+    n_lo, n_hi = spec.n_bands[nb], spec.n_bands[nb + 1]
+    k_lo, k_hi = spec.kappa_bands[kb], spec.kappa_bands[kb + 1]
+    where = f"{dtype} p={int(p)} n {_band_label(n_lo, n_hi)} kappa {_band_label(k_lo, k_hi)}"
+    return [
+        {
+            "device": device,
+            "dtype": dtype,
+            "p": int(p),
+            "n_lo": int(n_lo),
+            "n_hi": int(n_hi),
+            "kappa_lo": float(k_lo),
+            "kappa_hi": float(k_hi),
+            "target": float(t),
+            "choice": "NA",
+            "method": "NA",
+            "options": "",
+            "cases": 0,
+            "families": "",
+            "n_seen": "",
+            "runner_up": "NA",
+            "best_effort": "NA",
+            "missing_cases": int(want),
+            "reason": f"no case of {where} finished ({want} asked for: crashed or not run); resume the tune",
+        }
+        for t in spec.targets
+    ]
 
 
 def options_of(entry_options: str) -> dict[str, Any]:
@@ -242,4 +360,4 @@ def options_of(entry_options: str) -> dict[str, Any]:
     return json.loads(entry_options) if entry_options else {}
 
 
-__all__ = ["TABLE_COLUMNS", "case_kappa", "dtype_order", "options_of", "select"]
+__all__ = ["TABLE_COLUMNS", "case_kappa", "dtype_order", "options_of", "planned_cases", "select"]

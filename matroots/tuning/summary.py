@@ -93,6 +93,14 @@ def _format_summary(table: pd.DataFrame, prov: dict[str, Any]) -> str:
         f"{git.get('commit', '?')[:10]}{' dirty' if git.get('dirty') else ''}, {prov.get('units')} cases, "
         f"{prov.get('rows')} rows)",
         f"candidates: {', '.join(prov.get('candidates', []))}",
+    ]
+    sel = prov.get("selection", {})
+    if sel.get("incomplete_cells"):
+        parts.append(
+            f"WARNING: {sel['incomplete_cells']} cells are built from fewer cases than the config asks for "
+            f"({sel['missing_cases']} cases crashed or not run; column missing_cases): resume the tune"
+        )
+    parts += [
         "",
         "Cells won per candidate (median GEMM-equivalents of the winner's cells):",
         wins(table).to_string(index=False, float_format=f),

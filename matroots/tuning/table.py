@@ -68,6 +68,8 @@ class SelectionTable:
             if col in df:
                 df[col] = df[col].astype(object).where(df[col].notna(), "NA")
         df["options"] = df["options"].astype(object).where(df["options"].notna(), "")
+        if "missing_cases" not in df:  # a table written before the column existed: not recorded
+            df["missing_cases"] = np.nan
         jp = p.with_suffix(".json")
         prov = json.loads(jp.read_text()) if jp.exists() else {}
         return cls(df, prov, str(p))

@@ -27,6 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="dask.distributed scheduler address")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     p.add_argument(
+        "--no-retry-crashed",
+        action="store_true",
+        help="with --resume: keep the units an earlier run recorded as WorkerCrashed (default: rerun them)",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="validate the config, time a short probe of each distinct (task, optimizer) on this machine "
@@ -93,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         scheduler=args.scheduler,
         csv=args.csv,
+        retry_crashed=not args.no_retry_crashed,
     )
     print(
         f"{len(tables['runs'])} runs, {len(tables['curves'])} curve rows, {len(tables['roots'])} root rows in {out}"
@@ -113,8 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except (MatrootsError, FileNotFoundError) as exc:
-        print(f"matroots validate: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"matroots validate: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("matroots validate: interrupted; finished work is saved (rerun with --resume)", file=sys.stderr)
+        return 130
 
 
 __all__ = ["add_arguments", "main", "register", "report_run", "run"]

@@ -57,6 +57,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field
@@ -193,18 +194,39 @@ def _bad(msg: str) -> InvalidArgumentError:
     return InvalidArgumentError(f"validation config: {msg}")
 
 
+def _lrs(values: list[Any], where: str) -> tuple[float, ...]:
+    """Learning rates: a non-empty list of finite numbers > 0."""
+    if not values:
+        raise _bad(f"{where}: lr lists no learning rate; give e.g. [1e-3, 3e-3]")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+            raise _bad(f"{where}: lr values must be finite numbers > 0, got {v!r}")
+    return tuple(float(v) for v in values)
+
+
+def _int(value: Any, where: str, lo: int) -> int:
+    """A whole number >= lo (TOML integers; a float with an integer value is accepted)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < lo:
+        raise _bad(f"{where} must be a whole number >= {lo}, got {value!r}")
+    return int(value)
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
 def _lr_table(value: Any, where: str) -> dict[str, tuple[float, ...]]:
     if isinstance(value, list):
-        return {"default": tuple(float(v) for v in value)}
+        return {"default": _lrs(value, where)}
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
             if k != "default" and k not in TASKS:
                 raise _bad(f"{where}: lr table key {k!r} is not a task; tasks: {sorted(TASKS)} or 'default'")
-            out[k] = tuple(float(x) for x in (v if isinstance(v, list) else [v]))
+            out[k] = _lrs(_list(v), f"{where}.lr.{k}")
         return out
-    if isinstance(value, int | float):
-        return {"default": (float(value),)}
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return {"default": _lrs([value], where)}
     raise _bad(f"{where}: lr must be a list of numbers or a table of lists per task, got {value!r}")
 
 
@@ -245,7 +267,9 @@ def _soap_specs(o: dict[str, Any], opts: dict[str, Any], where: str) -> list[Opt
     for e in epss:
         if isinstance(e, bool) or not isinstance(e, int | float) or e < 0:
             raise _bad(f"{where}: SOAP eps must be numbers >= 0, got {e!r}")
-    freqs = [int(f) for f in o.get("precondition_frequency", [10])]
+    freqs = [
+        _int(f, f"{where}.precondition_frequency", 1) for f in _list(o.get("precondition_frequency", [10]))
+    ]
     out = []
     for b, e, f in itertools.product(bases, epss, freqs):
         spec = OptimizerSpec(
@@ -265,7 +289,7 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
     if extra:
         raise _bad(f"unknown keys {sorted(extra)}; allowed: {sorted(known)}")
     name = str(raw.get("name", "validate"))
-    seeds = tuple(int(s) for s in raw.get("seeds", [0]))
+    seeds = tuple(_int(s, "seeds", 0) for s in _list(raw.get("seeds", [0])))
     if not seeds:
         raise _bad("seeds must not be empty")
     tasks = []
@@ -273,25 +297,27 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
         if tname not in TASKS:
             raise _bad(f"unknown task {tname!r}; available: {sorted(TASKS)}")
         t = t or {}
+        if not isinstance(t, dict):
+            raise _bad(f"tasks.{tname} must be a table (steps, eval_every, size, seeds), got {t!r}")
         bad = set(t) - {"steps", "eval_every", "size", "seeds"}
         if bad:
             raise _bad(f"tasks.{tname}: unknown keys {sorted(bad)}; allowed: steps, eval_every, size, seeds")
         cls = TASKS[tname]
-        steps, every = (
-            int(t.get("steps", cls.default_steps)),
-            int(t.get("eval_every", cls.default_eval_every)),
-        )
-        if steps < 1 or every < 1:
-            raise _bad(f"tasks.{tname}: steps and eval_every must be >= 1")
-        tseeds = tuple(int(x) for x in t.get("seeds", ()))
+        steps = _int(t.get("steps", cls.default_steps), f"tasks.{tname}.steps", 1)
+        every = _int(t.get("eval_every", cls.default_eval_every), f"tasks.{tname}.eval_every", 1)
+        tseeds = tuple(_int(x, f"tasks.{tname}.seeds", 0) for x in _list(t.get("seeds", [])))
+        if not isinstance(t.get("size", {}), dict):
+            raise _bad(f"tasks.{tname}.size must be a table of size options, got {t['size']!r}")
         tasks.append(
             TaskSpec(name=tname, steps=steps, eval_every=every, size=dict(t.get("size", {})), seeds=tseeds)
         )
     if not tasks:
         raise _bad(f"no [tasks.NAME] tables; available tasks: {sorted(TASKS)}")
     entries = []
-    for i, o in enumerate(raw.get("optimizers") or []):
+    for i, o in enumerate(_list(raw.get("optimizers") or [])):
         where = f"optimizers[{i}]"
+        if not isinstance(o, dict):
+            raise _bad(f"{where} must be a table ([[optimizers]] with name, lr, ...), got {o!r}")
         oname = o.get("name")
         if oname not in OPTIMIZERS:
             raise _bad(f"{where}: name must be one of {OPTIMIZERS}, got {oname!r}")
@@ -310,6 +336,10 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
         for t in only:
             if t not in TASKS:
                 raise _bad(f"{where}: tasks lists unknown task {t!r}")
+        if not isinstance(o.get("options", {}), dict):
+            raise _bad(
+                f"{where}: options must be a table of optimizer keyword arguments, got {o['options']!r}"
+            )
         opts = dict(o.get("options", {}))
         if oname == "soap":
             entries.extend((spec, lrs, only) for spec in _soap_specs(o, opts, where))
@@ -317,16 +347,22 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
         if oname != "shampoo":
             entries.append((OptimizerSpec(name=oname, options=opts, label=o.get("label", "")), lrs, only))
             continue
-        dts = o.get("root_dtype", ["fp32"])
+        dts = _list(o.get("root_dtype", ["fp32"]))
         for d in dts:
             if d not in DTYPES:
                 raise _bad(f"{where}: root_dtype {d!r} not one of {sorted(DTYPES)}")
-        epss = o.get("eps", [{"value": 1e-12, "mode": "absolute"}])
+        epss = _list(o.get("eps", [{"value": 1e-12, "mode": "absolute"}]))
         epss = [e if isinstance(e, dict) else {"value": e} for e in epss]
         for e in epss:
+            v = e.get("value", 0.0)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise _bad(f"{where}: eps values must be finite numbers >= 0, got {v!r}")
             if e.get("mode", "absolute") not in ("absolute", "relative"):
                 raise _bad(f"{where}: eps mode must be 'absolute' or 'relative', got {e.get('mode')!r}")
-        freqs = [int(f) for f in o.get("precondition_frequency", [10])]
+        freqs = [
+            _int(f, f"{where}.precondition_frequency", 1)
+            for f in _list(o.get("precondition_frequency", [10]))
+        ]
         for (sname, sopts, slabel), d, e, f in itertools.product(
             _solvers(o.get("root_solver", ["eigh"]), where), dts, epss, freqs
         ):
@@ -361,8 +397,12 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
         raise _bad(f"unknown [timing]/[diagnostics] keys {sorted(bad)}")
     if diag.get("reference_eps_mode", "relative") not in ("absolute", "relative"):
         raise _bad("diagnostics.reference_eps_mode must be 'absolute' or 'relative'")
-    if int(timing.get("rounds", 3)) < 1:
-        raise _bad("timing.rounds must be >= 1")
+    _int(timing.get("rounds", 3), "timing.rounds", 1)
+    _int(timing.get("chunk_steps", 0), "timing.chunk_steps", 0)
+    _int(diag.get("root_error_samples", 4), "diagnostics.root_error_samples", 0)
+    ref_eps = diag.get("reference_eps", 1e-6)
+    if isinstance(ref_eps, bool) or not isinstance(ref_eps, int | float) or not ref_eps >= 0:
+        raise _bad(f"diagnostics.reference_eps must be a number >= 0, got {ref_eps!r}")
     return ValidationGrid(
         name=name,
         seeds=seeds,
@@ -388,7 +428,55 @@ def load_config(path: str | Path) -> ValidationGrid:
             raw = tomllib.load(fh)
         except tomllib.TOMLDecodeError as exc:
             raise _bad(f"{p} is not valid TOML: {exc}") from None
-    return from_dict(raw)
+        except UnicodeDecodeError:
+            raise _bad(f"{p} is not a text file (not UTF-8); give a TOML config") from None
+    try:
+        return from_dict(raw)
+    except InvalidArgumentError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a value of the wrong shape
+        raise _bad(f"{p}: malformed value ({type(exc).__name__}: {exc})") from None
 
 
-__all__ = ["BASELINE", "OptimizerSpec", "TaskSpec", "Unit", "ValidationGrid", "from_dict", "load_config"]
+def check(grid: ValidationGrid) -> None:
+    """Validate what only construction can: build every task with its sizes (model and one loss) and
+    every optimizer config with each of its learning rates (constructor and one step on a tiny model),
+    before any unit starts, so a mistake is one error naming the entry instead of a failure inside
+    the first worker."""
+    import torch
+
+    from .tasks import get_task
+    from .training import make_optimizer
+
+    units = grid.units()
+    for task in grid.tasks:
+        try:
+            t = get_task(task.name, **task.size)
+            model = t.build_model(0)
+            t.loss(model, next(t.batches(0))).backward()
+        except (TypeError, ValueError, RuntimeError, AssertionError, KeyError, IndexError) as exc:
+            raise _bad(
+                f"tasks.{task.name}: size {task.size} does not build ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:200]})"
+            ) from None
+    seen: set[tuple[str, float]] = set()
+    for u in units:
+        if (u.optimizer.label, u.lr) in seen:
+            continue
+        seen.add((u.optimizer.label, u.lr))
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
+        try:
+            opt = make_optimizer(u, model)
+            model(torch.randn(8, 6)).square().mean().backward()
+            opt.step()
+        except (TypeError, ValueError, RuntimeError, KeyError, IndexError, AttributeError) as exc:
+            raise _bad(
+                f"optimizer {u.optimizer.label} (lr {u.lr:g}, options {dict(u.optimizer.options)}) does "
+                f"not build ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+            ) from None
+
+
+__all__ = [
+    "BASELINE", "OptimizerSpec", "TaskSpec", "Unit", "ValidationGrid", "check", "from_dict", "load_config",
+]  # fmt: skip

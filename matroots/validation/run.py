@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from .. import runner
+from .. import atomic, runner
 from .config import OptimizerSpec, Unit, ValidationGrid
 from .training import crash_rows, run_unit
 
@@ -111,8 +111,17 @@ def run_validation(
     progress: bool = True,
     scheduler: Any = None,
     csv: bool = False,
+    retry_crashed: bool = True,
 ) -> dict[str, pd.DataFrame]:
-    """Run (or resume) a validation grid into ``out_dir``; return its tables (see :func:`collect`)."""
+    """Run (or resume) a validation grid into ``out_dir``; return its tables (see :func:`collect`).
+
+    The whole config is checked first (:func:`matroots.validation.config.check`: every task builds,
+    every optimizer config constructs and steps), so a mistake stops the run before any unit starts.
+    ``retry_crashed``: rerun units an earlier run recorded as ``WorkerCrashed`` (default)."""
+    from .config import check
+
+    check(grid)
+    runner.check_scheduler(scheduler)
     out = runner.open_run(
         out_dir, kind=KIND, config=grid.to_dict(), config_hash=grid.config_hash(), resume=resume
     )
@@ -126,6 +135,7 @@ def run_validation(
         progress=progress,
         desc=f"validate {grid.name}",
         crash_rows=crash_rows,
+        retry_crashed=retry_crashed,
     )
     runner.close_run(out, stats)
     return collect(out, csv=csv)
@@ -171,7 +181,7 @@ def collect(out_dir: str | Path, *, csv: bool = False) -> dict[str, pd.DataFrame
     for name, df in tables.items():
         runner.atomic_write_parquet(df, out / f"{name}.parquet")
         if csv:
-            df.to_csv(out / f"{name}.csv", index=False)
+            atomic.write_csv(out / f"{name}.csv", df, index=False)
     return tables
 
 
@@ -242,6 +252,9 @@ def estimate(grid: ValidationGrid, *, cores: int = 2) -> dict[str, Any]:
     ``cores`` workers kept busy (the total divided by ``cores``, never less than the longest unit);
     ``wall_seconds_at_current_load`` repeats the sum with the probes' wall clocks instead.
     """
+    from .config import check
+
+    check(grid)
     units = grid.units()
     probes: dict[tuple[Any, ...], dict[str, float]] = {}
     per_task: dict[str, float] = {}
