@@ -186,5 +186,5 @@ def test_resume_with_a_pending_backoff_is_bitwise():
     bad = _roundtrip(ckpt["opt"])
     st = next(st for st in bad["state"].values() if any(k.endswith(".warm_skip") for k in st))
     st[next(k for k in st if k.endswith(".warm_skip"))] = -1
-    with pytest.raises(shampoo.errors.StateDictError, match="warm_skip must be >= 0, got -1"):
+    with pytest.raises(shampoo.errors.StateDictError, match="warm_skip' must be an int >= 0, got -1"):
         _make(_model(), "eigh_warm").load_state_dict(bad)
