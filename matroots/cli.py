@@ -189,6 +189,11 @@ def _add_solve(sub: argparse._SubParsersAction) -> None:
     )
     so.add_argument("--save", type=Path, default=None, help="write the root to this .npy file")
     so.add_argument(
+        "--json",
+        action="store_true",
+        help="print the whole result (every info entry in full, e.g. eigh_warm's eigenvectors) as JSON",
+    )
+    so.add_argument(
         "--reference",
         action="store_true",
         help="also compute a high-precision reference and print the forward error",
@@ -327,8 +332,6 @@ def _load_npy(path: Path) -> np.ndarray:
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
-    import torch
-
     from . import api, metrics
 
     A = _load_npy(args.file)
@@ -339,20 +342,24 @@ def cmd_solve(args: argparse.Namespace) -> int:
         res = fn(
             A, p, args.method, eps=args.eps, eps_mode=args.eps_mode, dtype=args.dtype, **dict(args.option)
         )
-    print(f"method      {res.method}   dtype {res.dtype}   shape {tuple(res.root.shape)}")
-    print(f"converged   {res.converged}")
-    print(f"iterations  {res.iterations}   matmuls {res.matmuls:.2f}   seconds {res.seconds:.4f}")
-    print(f"residual    {res.residual}")
-    for k, v in res.info.items():
-        if isinstance(v, torch.Tensor):
-            v = v.tolist()
-        print(f"info.{k:<12} {v}")
-    for w in caught:
-        print(f"warning: {w.message}")
-    if args.reference:
+    m = metrics.solved_metrics(res, A, p, inverse=not args.forward) if args.reference else None
+    if args.json:
+        record = _result_record(res, [str(w.message) for w in caught])
+        if m is not None:
+            record["reference"] = _plain(m)
+        print(json.dumps(record, default=str))
+    else:
+        print(f"method      {res.method}   dtype {res.dtype}   shape {tuple(res.root.shape)}")
+        print(f"converged   {res.converged}")
+        print(f"iterations  {res.iterations}   matmuls {res.matmuls:.2f}   seconds {res.seconds:.4f}")
+        print(f"residual    {res.residual}")
+        for k, v in res.info.items():
+            print(f"info.{k:<12} {_short(v)}")
+        for w in caught:
+            print(f"warning: {w.message}")
+    if m is not None and not args.json:
         # Against the reference of the matrix the solver actually solved, A + eps_abs I with its own
         # reported shift (info.eps_abs); the cost of the shift is the separate eps bias.
-        m = metrics.solved_metrics(res, A, p, inverse=not args.forward)
         lines = (
             ("forward error vs reference of A + eps_abs I", "forward_error", "eps_abs", "eps_abs"),
             ("cond(f, A) u line", "cond_u_line", "cond", "cond_root"),
@@ -363,6 +370,49 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if args.save:
         np.save(args.save, res.root.double().numpy())
     return 0
+
+
+#: Longest value ``matroots solve`` prints of an info entry that is data (tensor, array, list,
+#: mapping); longer ones are summarised by type and shape (``--json`` prints everything).
+SHORT_VALUE = 80
+
+
+def _plain(v: object) -> object:
+    """An info value as JSON-ready Python (tensors and arrays as nested lists)."""
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        return v.detach().cpu().tolist()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    return v
+
+
+def _short(v: object) -> str:
+    """An info value as one readable line: text and short data in full, long data as its start, type
+    and shape."""
+    text = str(_plain(v))
+    if isinstance(v, str) or len(text) <= SHORT_VALUE:
+        return text
+    shape = getattr(v, "shape", None)
+    what = (
+        f"{v.dtype} array of shape {tuple(shape)}"
+        if shape is not None
+        else f"{type(v).__name__}, {len(v)} entries"
+    )
+    return f"{text[:30]}... ({what}; --json prints it)"
+
+
+def _result_record(res: object, warnings_seen: list[str]) -> dict[str, object]:
+    keys = ("method", "converged", "iterations", "residual", "matmuls", "seconds")
+    out: dict[str, object] = {k: _plain(getattr(res, k)) for k in keys}
+    out.update(dtype=str(res.dtype), shape=list(res.root.shape), info=_plain(res.info))
+    out["warnings"] = warnings_seen
+    return out
 
 
 #: name -> handler, for subcommands added without ``set_defaults(func=...)``.

@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import itertools
+import textwrap
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -214,6 +216,51 @@ def best_solver_table(df: pd.DataFrame, accuracy: float = DEFAULT_ACCURACY) -> p
     return out.drop(columns=["_d", "kappa_lo", "eps_value"]).reset_index(drop=True)
 
 
+#: Columns of the printed report: its tables fit a terminal this wide (report.txt too).
+WIDTH = 100
+
+
+def fit_table(table: pd.DataFrame, fmt: Any, width: int = WIDTH) -> str:
+    """``table`` as text no wider than ``width``: the leading columns that fit side by side, and
+    under each row the values of the others as wrapped "column value" lines (NA ones left out);
+    the CSV files keep every column."""
+    cols = list(table.columns)
+
+    def render(cs: list[str]) -> str:
+        return table[cs].to_string(index=False, float_format=fmt, na_rep="NA")
+
+    def wide(text: str) -> int:
+        return max((len(line) for line in text.splitlines()), default=0)
+
+    keep = cols[:1]
+    for c in cols[1:]:
+        if wide(render([*keep, c])) > width:
+            break
+        keep.append(c)
+    text = render(keep)
+    rest = cols[len(keep) :]
+    if not rest:
+        return text
+    lines = text.splitlines()
+    out = [lines[0]]
+    for line, (_, row) in zip(lines[1:], table.iterrows(), strict=True):
+        out.append(line)
+        values = [
+            f"{c} {fmt(row[c]) if isinstance(row[c], float) else row[c]}"
+            for c in rest
+            if not (pd.isna(row[c]) or row[c] == "NA")
+        ]
+        if values:
+            out.extend(
+                textwrap.wrap(", ".join(values), width, initial_indent="    ", subsequent_indent="      ")
+            )
+    return "\n".join(out)
+
+
+def _prose(text: str, width: int = WIDTH) -> str:
+    return "\n".join(textwrap.wrap(" ".join(text.split()), width))
+
+
 def format_report(df: pd.DataFrame, accuracy: float = DEFAULT_ACCURACY) -> str:
     """The text ``matroots report`` prints (missing values as NA)."""
     with pd.option_context("display.width", 250, "display.max_colwidth", 90):  # no global pandas state
@@ -228,12 +275,15 @@ def _format_report(df: pd.DataFrame, accuracy: float) -> str:
     cost = _cost_column(df)
     unit = "GEMM-equivalents (CPU seconds / one GEMM of that n)" if cost == "gemm_equivalents" else "seconds"
     dts = ", ".join(sorted(df["dtype"].unique(), key=lambda x: _dtype_rank(pd.Series([x]))[0]))
+    best_intro = _prose(
+        f"Best solver per (dtype, p, kappa band, eps): cheapest by median {unit} among solvers whose "
+        f"every case succeeded with relative forward error <= {accuracy:g} (vs the unregularised root "
+        "where A has one); kappa bands list the sweep's kappas they hold (every column: best_solver.csv):"
+    )
     return (
         f"{len(df)} rows, {df['solver'].nunique()} solvers, dtypes {dts}\n\n"
-        "Per solver x dtype (errors over non-failed cases; relative forward error vs the reference):\n"
-        f"{s.to_string(index=False, float_format=fmt, na_rep='NA')}\n\n"
-        f"Best solver per (dtype, p, kappa band, eps): cheapest by median {unit} among solvers whose\n"
-        f"every case succeeded with relative forward error <= {accuracy:g} (vs the unregularised root where\n"
-        f"A has one); kappa bands list the sweep's kappas they hold:\n"
-        f"{b.to_string(index=False, float_format=fmt, na_rep='NA')}\n"
+        + _prose(
+            "Per solver x dtype (errors over non-failed cases; relative forward error vs the reference):"
+        )
+        + f"\n{fit_table(s, fmt)}\n\n{best_intro}\n{fit_table(b, fmt)}\n"
     )

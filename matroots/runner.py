@@ -459,7 +459,7 @@ def run_units(
     crash_rows = crash_rows or _default_crash_rows
     log.info("%s: %d of %d units to run", desc, len(todo), len(units))
     if todo:
-        from tqdm.auto import tqdm
+        from tqdm.std import tqdm  # text bar everywhere: tqdm.auto wants ipywidgets in notebooks
 
         bar = tqdm(total=len(todo), desc=desc, unit="unit", disable=not progress)
         try:

@@ -118,7 +118,12 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
                 **fmt,
             )
             cfg = api.resolve_method(spec.name, **spec.config_options)
-            solve_kw = dict(eps=unit.eps, eps_mode=unit.eps_mode, dtype=dtype, **spec.solve_options)
+            # quiet: non-convergence is a result here (row failure "NotConverged"), not a warning line
+            # per solve; run_sweep summarises it in one line per run (failure_summary)
+            solve_kw = {
+                "quiet": True,
+                **dict(eps=unit.eps, eps_mode=unit.eps_mode, dtype=dtype, **spec.solve_options),
+            }
             t1 = time.perf_counter()
             try:
                 with warnings.catch_warnings():
@@ -273,7 +278,30 @@ def run_sweep(
     )
     df = collect(out, csv=csv)
     runner.close_run(out, stats)
+    summary = failure_summary(df)
+    if summary:
+        log.warning("%s: %s", grid.name, summary)
     return df
+
+
+def failure_summary(df: pd.DataFrame) -> str:
+    """One line counting the rows of a run that failed, by failure kind and (solver, dtype), most
+    first; "" when none did. Non-convergence at large kappa in low precision is an expected result of
+    a sweep: the rows say which (``failure``, ``stop_reason``, ``failure_message``)."""
+    if df.empty or "failure" not in df.columns:
+        return ""
+    bad = df[df["failure"].fillna("") != ""]
+    if bad.empty:
+        return ""
+    parts = []
+    for kind, rows in bad.groupby("failure", sort=True):
+        counts = rows.groupby(["solver", "dtype"]).size().sort_values(ascending=False, kind="stable")
+        cells = ", ".join(f"{solver}/{dtype} {k}" for (solver, dtype), k in counts.items())
+        parts.append(f"{kind} {len(rows)} ({cells})")
+    return (
+        f"{len(bad)} of {len(df)} solves failed: {'; '.join(parts)}; "
+        "the rows' failure, stop_reason and failure_message columns say why"
+    )
 
 
 ORDER = ("family", "n", "kappa", "seed", "p", "eps_mode", "eps", "dtype", "solver")
