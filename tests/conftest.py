@@ -24,6 +24,7 @@ NUMERICS_FILES = frozenset(
         "test_eigh_warm.py",
         "test_newton_batch.py",
         "test_newton_regressions.py",
+        "test_newton_schulz_sign.py",
         "test_psd_policy.py",
         "test_schur_newton.py",
         "test_shampoo_failure_policy.py",
