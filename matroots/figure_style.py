@@ -8,6 +8,7 @@ import hashlib
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import matplotlib.text as mtext
 import matplotlib.transforms as mtransforms
 import numpy as np
 import pandas as pd
@@ -125,14 +126,79 @@ def _no_data(ax: plt.Axes, why: str) -> None:
     )
 
 
+#: Every figure is laid out for a page: PAGE_WIDTH_IN wide (16 cm), its text >= MIN_FONT_PT there.
+PAGE_WIDTH_IN = 16 / 2.54
+MIN_FONT_PT = 8.0
+_PAD_IN = 0.1  # savefig's pad_inches around the tight bounding box
+
+
 def _panels(
-    n: int, *, width: float = 3.6, height: float = 3.2, sharey: bool = True, sharex: bool = True, layout=None
+    n: int,
+    *,
+    width: float = 3.6,
+    height: float = 3.2,
+    sharey: bool = True,
+    sharex: bool = True,
+    layout=None,
+    ncols: int = 2,
 ):
+    """n panels of aspect width:height in rows of at most ``ncols``, the figure a page wide."""
     n = max(n, 1)
+    ncols = min(n, ncols)
+    nrows = -(-n // ncols)
+    panel_w = PAGE_WIDTH_IN / ncols
     fig, axes = plt.subplots(
-        1, n, figsize=(width * n, height), squeeze=False, sharey=sharey, sharex=sharex, layout=layout
+        nrows,
+        ncols,
+        figsize=(PAGE_WIDTH_IN, nrows * height * panel_w / width + 0.6),
+        squeeze=False,
+        sharey=sharey,
+        sharex=sharex,
+        layout=layout,
     )
-    return fig, list(axes[0])
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def readable(fig: plt.Figure) -> None:
+    """Make ``fig`` readable at page width: every text at least MIN_FONT_PT, figure-level texts wrapped,
+    and the figure shrunk (text sizes kept) until its saved, tight-cropped width is <= PAGE_WIDTH_IN."""
+    for t in fig.findobj(mtext.Text):
+        if t.get_fontsize() < MIN_FONT_PT:
+            t.set_fontsize(MIN_FONT_PT)
+    for t in fig.texts:
+        t.set_wrap(True)
+    for ax in fig.axes:
+        for axis in ("x", "y"):
+            labels = getattr(ax, f"get_{axis}ticklabels")()
+            if labels and labels[0].get_fontsize() < MIN_FONT_PT:
+                ax.tick_params(axis=axis, which="both", labelsize=MIN_FONT_PT)
+    limit = PAGE_WIDTH_IN - 0.05  # margin for the saved file's rounding to whole pixels
+    for _ in range(4):
+        width = saved_width(fig)
+        if width <= limit:
+            break
+        k = (limit - 0.05 - 2 * _PAD_IN) / (width - 2 * _PAD_IN)
+        w, h = fig.get_size_inches()
+        fig.set_size_inches(w * k, h * k)
+
+
+def saved_width(fig: plt.Figure) -> float:
+    """Width in inches of ``fig`` saved with ``bbox_inches="tight"`` (default padding)."""
+    fig.canvas.draw()
+    return fig.get_tightbbox(fig.canvas.get_renderer()).width + 2 * _PAD_IN
+
+
+def min_font_size(fig: plt.Figure) -> float:
+    """The smallest font size (pt) of the visible, non-empty texts of a drawn figure."""
+    sizes = [
+        t.get_fontsize()
+        for t in fig.findobj(mtext.Text)
+        if t.get_visible() and t.get_text().strip() and t.figure is not None
+    ]
+    return min(sizes, default=MIN_FONT_PT)
 
 
 def _solver_legend(fig: plt.Figure, solvers: list[str], extra: list[tuple[str, dict]] = ()) -> None:
@@ -141,10 +207,10 @@ def _solver_legend(fig: plt.Figure, solvers: list[str], extra: list[tuple[str, d
     fig.legend(
         handles=handles,
         loc="lower center",
-        ncol=min(len(handles), 4),
-        fontsize=7,
+        ncol=min(len(handles), 3),
+        fontsize=MIN_FONT_PT,
         frameon=False,
-        bbox_to_anchor=(0.5, -0.02 - 0.035 * ((len(handles) - 1) // 4)),
+        bbox_to_anchor=(0.5, -0.02 - 0.035 * ((len(handles) - 1) // 3)),
     )
 
 
@@ -153,6 +219,7 @@ def save(fig: plt.Figure, out: str | Path, name: str, *, close: bool = True) -> 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
+    readable(fig)
     fig.savefig(paths[0], dpi=130, bbox_inches="tight", metadata={"Software": None})
     fig.savefig(
         paths[1], bbox_inches="tight", metadata={"Creator": None, "Producer": None, "CreationDate": None}

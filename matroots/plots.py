@@ -28,6 +28,7 @@ from .figure_style import (
     ERROR_FLOOR,
     FAILURE_MEANING,
     KAPPA_CAP,
+    PAGE_WIDTH_IN,
     _band,
     _dtypes,
     _error,
@@ -256,8 +257,14 @@ def fig_failure_heatmap(df: pd.DataFrame) -> plt.Figure:
     solvers = _solvers(d)
     ks = sorted(d["_k"].unique())
     fig, axes = _panels(
-        len(dtypes), width=0.5 * len(ks) + 2.2, height=0.45 * len(solvers) + 1.6, layout="constrained"
+        len(dtypes),
+        width=0.5 * len(ks) + 2.2,
+        height=0.45 * len(solvers) + 1.6,
+        layout="constrained",
+        ncols=1,
     )
+    # the failure kind under the rate where a cell is wide enough for it at the page's font size
+    cell_pt = 72 * (PAGE_WIDTH_IN - 2.2) / max(len(ks), 1)
     im = None
     for ax, t in zip(axes, dtypes, strict=False):
         sub = d[d["dtype"] == t]
@@ -272,7 +279,8 @@ def fig_failure_heatmap(df: pd.DataFrame) -> plt.Figure:
                     continue
                 r = cell["_f"].mean()
                 why = cell.loc[cell["_f"] > 0, "_why"].mode()
-                txt = f"{r:.0%}" + (f"\n{_short_failure(why.iloc[0])}" if r > 0 and len(why) else "")
+                kind = r > 0 and len(why) and cell_pt >= 45
+                txt = f"{r:.0%}" + (f"\n{_short_failure(why.iloc[0])}" if kind else "")
                 ax.text(
                     j, i, txt, ha="center", va="center", fontsize=5, color="white" if r > 0.6 else "black"
                 )

@@ -35,6 +35,21 @@ def _figures_module():
 
 def test_make_figures_writes_every_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MATROOTS_CACHE_DIR", str(tmp_path / "cache"))
+    import matplotlib.image as mimg
+    import matplotlib.pyplot as plt
+
+    from matroots import figure_style, plots
+
+    fonts: dict[str, float] = {}
+    real_save = plots.save
+
+    def save(fig, out, name, close=True):  # the smallest font of each figure as saved
+        paths = real_save(fig, out, name, close=False)
+        fonts[name] = figure_style.min_font_size(fig)
+        plt.close(fig)
+        return paths
+
+    monkeypatch.setattr(plots, "save", save)
     figs = _figures_module()
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY_FIGS)
@@ -45,6 +60,10 @@ def test_make_figures_writes_every_figure(tmp_path: Path, monkeypatch: pytest.Mo
         png, pdf = out / f"{name}.png", out / f"{name}.pdf"
         assert png.stat().st_size > 5000, name
         assert pdf.read_bytes()[:5] == b"%PDF-", name
+        # readable at 16 cm page width: every font >= 8 pt once the saved figure is scaled to the page
+        width_in = mimg.imread(png).shape[1] / 130  # figure_style.save writes the PNG at 130 dpi
+        at_page = fonts[name] * figure_style.PAGE_WIDTH_IN / max(width_in, figure_style.PAGE_WIDTH_IN)
+        assert at_page >= figure_style.MIN_FONT_PT, (name, width_in, fonts[name])
     index = (out / "index.md").read_text()
     assert "skipped optimizer_curves, accuracy_vs_training" in index and "matroots validate" in index
     assert "failure = " in index

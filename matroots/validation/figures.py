@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from ..figure_style import readable
 from .summary import best
 
 DTYPE_MARKERS = {"fp64": "o", "fp32": "s", "bf16": "^", "fp16": "v"}
@@ -101,6 +102,7 @@ def accuracy_vs_outcome(acc: pd.DataFrame) -> plt.Figure:
 def _save(fig: plt.Figure, out: Path, name: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
+    readable(fig)
     for p in paths:
         fig.savefig(p, dpi=130, bbox_inches="tight")
     plt.close(fig)
