@@ -41,7 +41,7 @@ import torch
 
 from matroots import MatrootsNumericalError
 from matroots.result import info_per_element
-from matroots.solvers import SolverConfig
+from matroots.solvers import AutoConfig, SolverConfig
 from matroots.spectral import power_lambda_max
 
 from .config import DiagnosticsConfig, FailurePolicy, GroupOptions, supports_warm_start
@@ -184,20 +184,24 @@ def solve_batch(
     dtype: torch.dtype,
     warm: torch.Tensor | None,
     kappa_iters: int,
+    kappa_hint: list[float] | None = None,
 ) -> SolveOutcome:
     """One batched matroots call, never raising for numerical failures.
 
     The solver is called with ``quiet=True`` (its non-convergence is handled and reported here, once)
     and the group's rank-deficiency policy ``opts.psd`` (:mod:`matroots.psd`; None: the config's own).
-    A root is usable only when the solver says it converged *and* it is finite.
+    A root is usable only when the solver says it converged *and* it is finite. ``kappa_hint``: each
+    factor's kappa of the previous round (NaN: unknown), passed to ``method="auto"`` (which then
+    needs no estimate of its own, see :mod:`matroots.solvers.auto`); ignored for other solvers.
     """
     b = A.shape[0]
     nan = [math.nan] * b
     t0 = time.perf_counter()
+    hint = {"kappa_hint": kappa_hint} if kappa_hint is not None and isinstance(cfg, AutoConfig) else {}
     try:
         res = cfg.solve(
             A, _as_p(p), eps=opts.eps, eps_mode=opts.eps_mode, dtype=dtype, warm_start=warm,
-            psd=opts.psd, quiet=True, trusted=TRUST_FACTORS,
+            psd=opts.psd, quiet=True, trusted=TRUST_FACTORS, **hint,
         )  # fmt: skip
     except NUMERICAL_ERRORS as exc:
         dt = time.perf_counter() - t0
@@ -265,20 +269,31 @@ def _solve_with_warm_start(
     previous: Callable[[], torch.Tensor],
     has_root: list[bool],
     diag: DiagnosticsConfig,
+    kappa: list[float] | None = None,
 ) -> SolveOutcome:
-    """Solve with the primary solver, warm-starting the elements that have a previous root."""
+    """Solve with the primary solver, warm-starting the elements that have a previous root (and
+    passing their previous kappa, see :func:`solve_batch`)."""
     kappa_iters = diag.kappa_power_iters
     use_warm = opts.warm_start and (supports_warm_start(cfg) or uses_eigenbasis(cfg)) and any(has_root)
     if not use_warm:
-        return solve_batch(cfg, A, p, opts, opts.root_dtype, None, kappa_iters)
+        return solve_batch(cfg, A, p, opts, opts.root_dtype, None, kappa_iters, kappa)
     prev = previous().to(opts.root_dtype)
     if all(has_root):
-        return solve_batch(cfg, A, p, opts, opts.root_dtype, prev, kappa_iters)
+        return solve_batch(cfg, A, p, opts, opts.root_dtype, prev, kappa_iters, kappa)
     warm_idx = [i for i, h in enumerate(has_root) if h]
     cold_idx = [i for i, h in enumerate(has_root) if not h]
+    pick = lambda idx: None if kappa is None else [kappa[i] for i in idx]  # noqa: E731
     parts = [
-        (warm_idx, solve_batch(cfg, A[warm_idx], p, opts, opts.root_dtype, prev[warm_idx], kappa_iters)),
-        (cold_idx, solve_batch(cfg, A[cold_idx], p, opts, opts.root_dtype, None, kappa_iters)),
+        (
+            warm_idx,
+            solve_batch(
+                cfg, A[warm_idx], p, opts, opts.root_dtype, prev[warm_idx], kappa_iters, pick(warm_idx)
+            ),
+        ),
+        (
+            cold_idx,
+            solve_batch(cfg, A[cold_idx], p, opts, opts.root_dtype, None, kappa_iters, pick(cold_idx)),
+        ),
     ]
     return _merge(parts, A, opts.root_dtype)
 
@@ -372,7 +387,8 @@ def compute_roots(jobs: list[RootJob], opts: GroupOptions, diag: DiagnosticsConf
             prev_fn = lambda s=states, A=A: _previous_bases(s, A)  # noqa: E731
         else:
             has_prev, prev_fn = [f.has_root for f in states], lambda g=group: _previous(g)
-        out = _solve_with_warm_start(opts.root_solver, A, p, opts, prev_fn, has_prev, diag)
+        kappa_prev = [f.kappa for f in states]
+        out = _solve_with_warm_start(opts.root_solver, A, p, opts, prev_fn, has_prev, diag, kappa_prev)
         report.solver_seconds += out.seconds
         ok = out.ok.clone()
         final = out.roots if out.roots is not None else torch.empty_like(A, dtype=opts.root_dtype)

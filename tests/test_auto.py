@@ -128,7 +128,10 @@ def test_outside_the_table_uses_the_documented_safe_choice(toy_table: str) -> No
     res = matroots.inverse_root(big, 2, "auto", table=toy_table, target=1e-4)
     g = res.info["auto"]["groups"][0]
     assert g["status"] == "outside" and g["config"] == "eigh" and "n=80" in g["cells"][0]["reason"]
-    assert res.info["auto"]["kappa_source"].startswith("not estimated")  # no estimate spent
+    # outside the table the error to expect is cond(f, A) u: kappa/p for an SPD inverse root
+    assert g["expected_error"] == pytest.approx(
+        res.info["auto"]["kappa_estimate"][0] / 2 * 2.0**-53, rel=1e-12
+    )
     # rational p: eigh; general (non-symmetric) input: Schur-Newton
     assert matroots.inverse_root(_spd(10.0), 0.5, "auto", table=toy_table).info["auto"]["chosen"] == ["eigh"]
     G = matrices.generate("nonsymmetric", 12, 10.0, np.random.default_rng(0))[0]
@@ -167,6 +170,51 @@ def test_bad_auto_options_are_typed_errors(bad: dict) -> None:
         matroots.inverse_root(np.eye(4), 2, "auto", **bad)
 
 
+def _bad_table_files(tmp: Path) -> list[str]:
+    ragged = tmp / "ragged.csv"  # pandas: ParserError (more fields than the header)
+    ragged.write_text("a,b\n1,2,3,4\n")
+    binary = tmp / "table.png"  # not text
+    binary.write_bytes(bytes(range(256)) * 4)
+    other = tmp / "other.csv"  # a CSV, but not a selection table
+    other.write_text("x,y\n1,2\n")
+    return [str(ragged), str(binary), str(other), str(tmp / "missing.csv"), 5]
+
+
+BAD_FIELDS = {
+    "target": ["abc", 0.0, 1.5, float("nan"), True],
+    "table": None,  # files made in the test (tmp_path)
+    "device": ["nonsense", 3],
+    "kappa_safety": ["x", 0.5, float("inf")],
+    "power_iters": [1.5, 0, 10**9],
+    "inverse_iters": [1.5, 0, 10**9],
+    "fallback": ["auto", 3, AutoConfig()],
+    "warn": ["yes", 1],
+    "psd": ["bogus"],
+}
+
+
+@pytest.mark.parametrize("field", sorted(BAD_FIELDS))
+def test_every_auto_field_is_validated(field: str, tmp_path: Path) -> None:
+    """A bad field is an InvalidArgumentError at construction naming the field and the value (and
+    never a TypeError / pandas error at the first solve, or a run of minutes: the effort is capped)."""
+    values = BAD_FIELDS[field] if field != "table" else _bad_table_files(tmp_path)
+    for value in values:
+        with pytest.raises(matroots.InvalidArgumentError, match=field) as err:
+            AutoConfig(**{field: value})
+        assert repr(value)[:20] in str(err.value) or str(value) in str(err.value), (field, value, err.value)
+
+
+def test_kappa_hint_is_validated(toy_table: str) -> None:
+    A = _spd(10.0)
+    auto = AutoConfig(table=toy_table, target=1e-4)
+    for bad in ("abc", [0.5], [2.0, 3.0], [True], [1 + 2j]):
+        with pytest.raises(matroots.InvalidArgumentError, match="kappa_hint"):
+            auto.solve(A, 2, kappa_hint=bad)
+    # a real number applies to every element; nan means "unknown": estimated instead
+    assert auto.solve(A, 2, kappa_hint=50.0).info["auto"]["kappa_source"] == "kappa_hint"
+    assert auto.solve(A, 2, kappa_hint=[math.nan]).info["auto"]["kappa_source"] != "kappa_hint"
+
+
 def test_bad_inputs_keep_their_typed_errors(toy_table: str) -> None:
     A = _spd(10.0)
     A[0, 0] = np.nan
@@ -191,8 +239,14 @@ def test_forward_root_and_warm_start_path(toy_table: str) -> None:
     res = matroots.root(A, 2, "auto", table=toy_table, target=1e-4)
     X = res.root.numpy()
     assert np.allclose(X @ X, A, rtol=0, atol=1e-10)
-    prev = matroots.inverse_root(A, 2, "eigh")
-    res = AutoConfig(table=toy_table, target=1e-4).solve(A, 2, warm_start=prev)
+    # small problems get their kappa exactly (one eigvalsh), larger ones from the warm start's root
+    res = AutoConfig(table=toy_table, target=1e-4).solve(A, 2, warm_start=matroots.inverse_root(A, 2, "eigh"))
+    assert res.info["auto"]["kappa_source"].startswith("eigenvalues")
+    # eigvalsh errs by ~n u lambda_max: kappa to ~n u kappa = 2e-12 relative
+    assert res.info["auto"]["kappa_estimate"][0] == pytest.approx(1e3, rel=1e-9)
+    big = _spd(1e3, n=80)
+    prev = matroots.inverse_root(big, 2, "eigh")
+    res = AutoConfig(table=toy_table, target=1e-4).solve(big, 2, warm_start=prev)
     assert res.info["auto"]["kappa_source"].startswith("previous root")
     assert res.info["auto"]["kappa_estimate"][0] == pytest.approx(1e3, rel=0.6)
 
@@ -234,3 +288,40 @@ def test_auto_meets_target_on_held_out_matrices(dtype: str) -> None:
                 else:
                     assert a["groups"][0]["cells"][0]["reason"]
     assert checked >= 50
+
+
+def test_outside_the_table_warns_when_cond_u_exceeds_the_target() -> None:
+    """Issue 22 class 5: p = 3 is not in the shipped table; fp32 at kappa 1e8 the safe choice's error
+    is O(1) (cond u = kappa/p u ~ 2), far above the default target 1e-3, and auto must say so. A
+    well-conditioned problem outside the table (cond u ~ 1e-15) meets its target without a warning."""
+    A = matrices.generate("randsvd", 32, 1e8, np.random.default_rng(1))[0]
+    ref = reference.inverse_root(A, 3)
+    with pytest.warns(TargetWarning, match="cannot promise the target 0.001") as caught:
+        res = matroots.inverse_root(A, 3, "auto", dtype="fp32")
+    assert "p=3 is not in the table" in str(caught[0].message)
+    g = res.info["auto"]["groups"][0]
+    assert g["status"] == "outside" and g["expected_error"] > 1e-3
+    assert relative_forward_error(res.root.double().numpy(), ref.root) > 1e-3  # the warning was due
+    B = _spd(10.0, n=20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TargetWarning)
+        res = matroots.inverse_root(B, 3, "auto", target=1e-10)
+    assert res.info["auto"]["groups"][0]["status"] == "outside"
+    assert relative_forward_error(res.root.numpy(), reference.inverse_root(B, 3).root) <= 1e-10
+
+
+def test_best_effort_does_not_change_the_matrix() -> None:
+    """Issue 22 class 5: a held-out fp32 matrix at kappa 2e6 (no candidate meets 1e-3 there) got
+    eigh[rank_policy=clamp], error ~0.4: the root of a clamped matrix. The best effort is the most
+    accurate candidate measured (coupled Newton), within the stable-method line cond(f, A) u =
+    kappa/p u (= 0.06 here) of the reference, with a TargetWarning."""
+    A = matrices.generate("randsvd5", 32, 2e6, np.random.default_rng(2032))[0]
+    ref = reference.inverse_root(A, 2)
+    with pytest.warns(TargetWarning, match="no candidate meets"):
+        res = matroots.inverse_root(A, 2, "auto", dtype="fp32")
+    g = res.info["auto"]["groups"][0]
+    assert g["status"] == "unattainable" and "clamp" not in g["config"], g["config"]
+    err = relative_forward_error(res.root.double().numpy(), ref.root)
+    assert err <= 2e6 / 2 * 2.0**-24, err
+    clamped = matroots.EighConfig(rank_policy="clamp").solve(A, 2, dtype="fp32")
+    assert relative_forward_error(clamped.root.double().numpy(), ref.root) > 10 * err

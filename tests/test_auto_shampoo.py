@@ -84,3 +84,46 @@ def test_shampoo_auto_follows_the_table_per_factor(kappa_table: str) -> None:
     for k, expect in ((10.0, "coupled_newton"), (1e5, "eigh")):
         d = cfg.decide(device="cpu", dtype=torch.float32, n=64, kappa=k, p=2, target=0.5)
         assert d.status == "chosen" and d.label.startswith(expect)
+
+
+def test_shampoo_auto_parses_the_table_once_and_estimates_kappa_once_per_factor(monkeypatch) -> None:
+    """The per-round cost of root_solver="auto" (issue 29): the table is read once per process, and
+    a factor's kappa is estimated once per round at most: auto estimates it only in the first round
+    (later rounds pass the previous round's kappa from the diagnostics as ``kappa_hint``), and the
+    diagnostics estimate it only where the chosen solver reports no spectrum."""
+    from matroots.tuning import estimate, table
+
+    table._load_cached.cache_clear()
+    table._RECENT.clear()
+    loads, auto_est, diag_est = [], [], []
+    step = [0]
+    orig_load, orig_est, orig_kappa = table.SelectionTable.load, estimate.estimate_kappa, shampoo.roots._kappa
+    monkeypatch.setattr(
+        table.SelectionTable, "load", classmethod(lambda c, p: (loads.append(p), orig_load(p))[1])
+    )
+    monkeypatch.setattr(
+        estimate,
+        "estimate_kappa",
+        lambda A, **kw: (auto_est.append((step[0], A.shape[0])), orig_est(A, **kw))[1],
+    )
+    monkeypatch.setattr(
+        shampoo.roots, "_kappa", lambda A, *a: (diag_est.append((step[0], A.shape[0])), orig_kappa(A, *a))[1]
+    )
+    task = get_task("digits", hidden=64)
+    model = task.build_model(0)
+    opt = shampoo.Shampoo(
+        model.parameters(), lr=1e-2, grafting="adam", max_preconditioner_dim=128, precondition_frequency=10,
+        start_preconditioning_step=10, root_solver="auto",
+    )  # fmt: skip
+    batches = task.batches(0)
+    for step[0] in range(1, 41):  # root rounds at steps 10, 20, 30, 40
+        opt.zero_grad()
+        task.loss(model, next(batches)).backward()
+        opt.step()
+    factors = [f for b in opt.diagnostics() for f in b.factors]
+    assert len(loads) == 1
+    assert auto_est and {s for s, _ in auto_est} == {10}, auto_est
+    per_round: dict[int, int] = {}
+    for s, b in auto_est + diag_est:
+        per_round[s] = per_round.get(s, 0) + b
+    assert set(per_round) <= {10, 20, 30, 40} and max(per_round.values()) <= len(factors), per_round

@@ -121,6 +121,26 @@ def test_selection_cheapest_that_meets_target_on_every_case() -> None:
     assert t2.loc[(1e3, 1e-2), "choice"] == "NA" and "with margin 0.01" in t2.loc[(1e3, 1e-2), "reason"]
 
 
+def test_best_effort_is_the_most_accurate_candidate_that_solves_the_matrix_given() -> None:
+    """Issue 22 class 5, the shape of the shipped fp32 cell n [24, 48) kappa [1e6, 1e8): eigh with
+    clamping never fails but its error (0.7-0.9) is that of another matrix; coupled Newton is 20-200x
+    more accurate and fails (NotConverged) on the one case whose rounded matrix is indefinite. The
+    best effort is coupled Newton; clamping only where nothing else solved a case."""
+    clamp = "eigh[rank_policy=clamp]"
+    rows = [_row(u, clamp, e, 5.0, kappa=1e5) for u, e in (("a", 0.8), ("b", 0.7), ("c", 0.87))]
+    rows += [_row(u, "cn", e, 9.0, kappa=1e5) for u, e in (("a", 0.03), ("b", 0.004))]
+    rows += [_row("c", "cn", 0, 0, kappa=1e5, failure="NotConverged")]
+    for r in rows:
+        r["options"] = '{"rank_policy": "clamp"}' if r["solver"] == clamp else "{}"
+    frame = pd.DataFrame(rows)
+    tab, _ = select.select(frame, _spec())
+    assert (tab["choice"] == "NA").all() and (tab["best_effort"] == "cn").all()
+    assert tab["best_effort_error"].iloc[0] == pytest.approx(0.03)  # over the cases it did not fail
+    assert "best is cn at 0.03, failing 33% of cases" in tab["reason"].iloc[0]
+    only, _ = select.select(frame[frame["solver"] == clamp], _spec())
+    assert (only["best_effort"] == clamp).all()
+
+
 def test_selection_uses_kappa_of_matrix_solved_and_drops_cases_outside() -> None:
     rows = pd.DataFrame([_row("a", "fast", 1e-9, 1.0, kappa=10.0), _row("z", "fast", 1e-9, 1.0, n=100)])
     rows.loc[0, "condition_number"] = 5e3  # e.g. a low-rank case: kappa of A + eps I, not the nominal one

@@ -1,20 +1,30 @@
 """``method="auto"``: the solver a measured selection table names for the problem at hand.
 
-For each matrix of the batch: estimate kappa(A + eps I) cheaply (:mod:`matroots.tuning.estimate`:
-power iteration for lambda_max, Cholesky inverse iteration for lambda_min, or the previous root when a warm
-start is given, or ``kappa_hint``), multiply it by ``kappa_safety`` (the estimates err low), look up
-the cell (device kind, working dtype, n band, kappa band, p) of the selection table at the loosest
-tuned target that is <= ``target`` (:class:`matroots.tuning.table.SelectionTable`), and solve the
-elements that chose the same configuration together, as one batch.
+For each matrix of the batch: get kappa(A + eps I) (:mod:`matroots.tuning.estimate`: exact from one
+float64 ``eigvalsh`` for small problems, else power iteration for lambda_max and Cholesky inverse
+iteration for lambda_min, or the previous root when a warm start is given; or ``kappa_hint``, which
+Shampoo passes from the previous round), multiply an inexact one by ``kappa_safety`` (such estimates
+err low), look up the cell (device kind, working dtype, n band, kappa band, p) of the selection table
+at the loosest tuned target that is <= ``target`` (:class:`matroots.tuning.table.SelectionTable`), and
+solve the elements that chose the same configuration together, as one batch. The table's answers
+are memoised per question on the table object, so a repeated call costs the estimate and the solve.
 
 * ``status="chosen"``: the cell's cheapest configuration that met the target on every tuning case.
-* ``status="unattainable"``: no candidate met the target in that cell; the most accurate candidate
-  (the cell's ``best_effort``) is used, a :class:`TargetWarning` says so (unless ``warn=False``).
+* ``status="unattainable"``: no candidate met the target in that cell; the cell's ``best_effort``,
+  the most accurate candidate measured that solves the matrix given
+  (:func:`matroots.tuning.select.best_effort`), is used.
 * ``status="outside"``: the problem is outside the table (dtype, p, n or kappa not tuned, kappa not
   finite, target tighter than every tuned target, non-symmetric input, no table for the device): the
   documented safe choice is used: ``fallback`` if given, else ``EighConfig()`` (LAPACK
   eigendecomposition; the most accurate candidate wherever the tuning ran, defined for every rational
   p) for symmetric input and ``SchurNewtonConfig()`` for general input.
+
+Each group reports the error to expect (``expected_error``): the cell's measured worst error (chosen;
+unattainable: the best effort's), else cond(f, A) u of the working format (outside the table, or after
+a re-solve with the safe choice), with cond from kappa for symmetric input (|q| kappa for the inverse
+root, q = -1/p) and :func:`matroots.conditioning.cond_root` for general input. A :class:`TargetWarning`
+says when the table cannot promise the target (unattainable) or the expected error exceeds it
+(unless ``warn=False``).
 
 If the chosen configuration raises a numerical error (e.g. ``eigh[rank_policy=perturb]`` on a factor
 that rounding made indefinite), its elements are re-solved with the safe choice and ``info`` says so.
@@ -31,19 +41,24 @@ can deliver for moderately conditioned input (kappa <~ 1e4).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
+import os
 import time
 import warnings
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from .. import precision
+from .. import arguments, precision
 from ..errors import InvalidArgumentError, MatrootsNumericalError
 from ..inputs import check_shape, parse_exponent, to_tensor
+from ..psd import check_policy
 from ..result import RootResult
 from . import registry
 from .base import Capabilities, SolverConfig
@@ -52,10 +67,14 @@ log = logging.getLogger("matroots.auto")
 
 DEFAULT_TARGETS = {"fp64": 1e-8, "fp32": 1e-3, "tf32": 1e-2, "fp16": 1e-1, "bf16": 1e-1}
 SOLVE_OPTIONS = ("tol", "max_iter", "compute_dtype")
+# Caps of the effort fields: the table's kappa bands span a factor 100 and the estimate's error shrinks
+# like (lambda_2/lambda_1)^(2k), so beyond ~100 steps an estimate gains nothing but time.
+MAX_ESTIMATE_ITERS = 100
 
 
 class TargetWarning(UserWarning):
-    """``method="auto"`` could not promise the requested accuracy (the table says no candidate meets it)."""
+    """``method="auto"`` cannot promise the requested accuracy (the table says no candidate meets it, or
+    the error to expect from what it chose exceeds it)."""
 
 
 def default_target(dtype: Any) -> float:
@@ -77,12 +96,146 @@ class Decision:
     target_used: float | None
 
 
+def _effort(name: str, value: object) -> int:
+    v = arguments.integer(
+        name, value, minimum=1, what=f"steps of the kappa estimate, at most {MAX_ESTIMATE_ITERS}"
+    )
+    if v > MAX_ESTIMATE_ITERS:  # type: ignore[operator]
+        raise InvalidArgumentError(
+            f"{name} must be an int in [1, {MAX_ESTIMATE_ITERS}] (steps of the kappa estimate), got {value!r}"
+        )
+    return int(v)  # type: ignore[arg-type]
+
+
+def _table_field(value: object) -> str | None:
+    """None, or the path of a readable selection table (checked now: a typo is an error, not a silent
+    fall-back to the safe choice at every solve)."""
+    if value is None:
+        return None
+    if not isinstance(value, str | os.PathLike):
+        raise InvalidArgumentError(
+            f"table must be None or the path of a selection table CSV, got {value!r} of type {type(value).__name__}"
+        )
+    from ..tuning.table import load_table
+
+    path = os.fspath(value)
+    try:
+        load_table(path)
+    except FileNotFoundError:
+        raise InvalidArgumentError(
+            f"table must be None or the path of a selection table CSV, got {path!r}: no such file"
+        ) from None
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(
+            f"table must be None or the path of a selection table CSV, got {path!r}: {exc}"
+        ) from None
+    return path
+
+
+def _device_field(value: object) -> str | None:
+    if value is None:
+        return None
+    kind = None
+    if isinstance(value, str):
+        with contextlib.suppress(RuntimeError):
+            kind = torch.device(value).type
+    if kind is None:
+        raise InvalidArgumentError(
+            f"device must be None or a torch device kind ('cpu', 'cuda', ...), got {value!r}"
+        )
+    return kind
+
+
+def _fallback_field(value: object) -> SolverConfig | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and value != "auto":
+        return registry.get(value)
+    if isinstance(value, SolverConfig) and not isinstance(value, AutoConfig):
+        return value
+    raise InvalidArgumentError(
+        f"fallback must be None, a solver config or a registry name other than 'auto', got {value!r}"
+    )
+
+
+@functools.lru_cache(maxsize=256)
 def _config_from(label: str, method: str, options_json: str) -> tuple[SolverConfig, dict[str, Any]]:
+    """The (frozen) config and solve options of a table row; memoised, callers do not mutate them."""
     from ..tuning.select import options_of
 
     opts = options_of(options_json)
     cfg_opts = {k: v for k, v in opts.items() if k not in SOLVE_OPTIONS}
     return registry.get(method, **cfg_opts), {k: v for k, v in opts.items() if k in SOLVE_OPTIONS}
+
+
+@functools.lru_cache(maxsize=2)
+def _default_safe(symmetric: bool) -> SolverConfig:
+    """eigh for symmetric input, Schur-Newton for general input (frozen configs, built once)."""
+    return registry.get("eigh") if symmetric else registry.get("schur_newton")
+
+
+def _cond_spd(kappa: float, q: float) -> float:
+    """Relative condition number of f(x) = x^q at an SPD matrix with condition number ``kappa``, from
+    the divided differences f[lambda_i, lambda_j] over [lambda_min, lambda_max] (Higham, *Functions
+    of Matrices*, 2008, Thm. 3.11; docs/design.md §4): |q| kappa for q < 0 (the inverse root,
+    kappa/p), q kappa^(1-q) for 0 < q < 1, q for q >= 1."""
+    if q < 0:
+        return abs(q) * kappa
+    if q < 1:
+        return q * kappa ** (1.0 - q) if math.isfinite(kappa) else math.inf
+    return q
+
+
+@dataclass(frozen=True)
+class _Estimate:
+    kappa: list[float]
+    source: str
+    matmuls: float
+    exact: bool
+
+
+@dataclass
+class _Plan:
+    """What the table says for one (configuration, device, dtype, n, p, target, symmetry): whether
+    it covers the problem, its kappa band edges, and the decision per band (filled on demand)."""
+
+    table: Any
+    table_name: str
+    coverage: str  # "" when the table has cells for the problem (kappa then decides), else why not
+    edges: np.ndarray
+    device: str
+    dtype: Any
+    n: int
+    p: Any
+    target: float
+    sym: bool
+    memo: dict[object, Decision] = field(default_factory=dict)
+
+    def decision(self, cfg: AutoConfig, kappa: float) -> Decision:
+        """The decision for an element whose (safety-scaled) kappa estimate is ``kappa``; it depends
+        on kappa only through its band."""
+        if self.coverage or not self.sym or self.table is None:
+            key: object = "any"
+        else:
+            key = int(np.searchsorted(self.edges, kappa, side="right")) if math.isfinite(kappa) else "inf"
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = cfg._decide(
+                self.table, self.coverage, self.device, self.dtype, self.n, kappa, self.p, self.target,
+                self.sym,
+            )  # fmt: skip
+        return hit
+
+
+def _target_message(missed: list, target: float) -> str:
+    parts = []
+    for d, idx, _, used, _, _, expected, source in missed:
+        parts.append(f"{used} for {len(idx)} matrices: expected error {expected:.2g} ({source}); {d.reason}")
+    return (
+        f"method='auto' cannot promise the target {target:g}: "
+        + " | ".join(parts)
+        + ". Use a wider dtype, a larger eps, or a looser target."
+    )
 
 
 def _cell_record(entry: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -108,7 +261,7 @@ class AutoConfig(SolverConfig):
         kappa_safety: factor applied to the kappa estimate before the lookup (estimates err low).
         power_iters, inverse_iters: effort of the kappa estimate (:mod:`matroots.tuning.estimate`).
         fallback: the safe choice outside the table; None means eigh (symmetric) / schur_newton.
-        warn: warn (TargetWarning) when the table says the target cannot be met.
+        warn: warn (TargetWarning) when the target cannot be promised (see the module docstring).
     """
 
     name = "auto"
@@ -123,22 +276,31 @@ class AutoConfig(SolverConfig):
     fallback: SolverConfig | None = None
     warn: bool = True
 
-    def __post_init__(self) -> None:
-        if self.target is not None and not (0 < float(self.target) < 1):
-            raise InvalidArgumentError(f"target must be a relative error in (0, 1), got {self.target!r}")
-        if not (self.kappa_safety >= 1):
-            raise InvalidArgumentError(f"kappa_safety must be >= 1, got {self.kappa_safety!r}")
-        if self.power_iters < 1 or self.inverse_iters < 1:
-            raise InvalidArgumentError("power_iters and inverse_iters must be >= 1")
-        if self.fallback is not None and isinstance(self.fallback, AutoConfig):
-            raise InvalidArgumentError("fallback must be a concrete solver config, not another AutoConfig")
+    def __post_init__(self) -> None:  # typed InvalidArgumentError for every field (matroots.arguments)
+        arguments.store(
+            self,
+            target=arguments.real(
+                "target", self.target, minimum=0.0, exclusive_minimum=True, maximum=1.0,
+                exclusive_maximum=True, allow_none=True, what="a relative forward error",
+            ),
+            table=_table_field(self.table),
+            device=_device_field(self.device),
+            kappa_safety=arguments.real(
+                "kappa_safety", self.kappa_safety, minimum=1.0, what="factor applied to the kappa estimate"
+            ),
+            power_iters=_effort("power_iters", self.power_iters),
+            inverse_iters=_effort("inverse_iters", self.inverse_iters),
+            fallback=_fallback_field(self.fallback),
+            warn=arguments.flag("warn", self.warn),
+            psd=check_policy(self.psd),
+        )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ choice
     def safe_choice(self, symmetric: bool) -> SolverConfig:
         """The documented safe configuration used outside the table."""
         if self.fallback is not None:
             return self.fallback
-        return registry.get("eigh") if symmetric else registry.get("schur_newton")
+        return _default_safe(symmetric)
 
     def decide(
         self, *, device: str, dtype: Any, n: int, kappa: float, p: Any, target: float, symmetric: bool = True
@@ -146,16 +308,24 @@ class AutoConfig(SolverConfig):
         """The decision for one matrix (no solving): table lookup, or the safe choice and why."""
         from ..tuning.table import load_table
 
+        try:
+            table, why = load_table(self.table, device=device), ""
+        except (InvalidArgumentError, FileNotFoundError) as exc:
+            table, why = None, str(exc)
+        return self._decide(table, why, device, dtype, n, kappa, p, target, symmetric)
+
+    def _decide(
+        self, table: Any, why: str, device: str, dtype: Any, n: int, kappa: float, p: Any, target: float,
+        symmetric: bool,
+    ) -> Decision:  # fmt: skip
         safe = self.safe_choice(symmetric)
         if not symmetric:
             return Decision(
                 safe, safe.name, {}, "outside",
                 "input is not symmetric: the table covers symmetric positive definite input", None, None,
             )  # fmt: skip
-        try:
-            table = load_table(self.table, device=device)
-        except (InvalidArgumentError, FileNotFoundError) as exc:
-            return Decision(safe, safe.name, {}, "outside", str(exc), None, None)
+        if table is None:
+            return Decision(safe, safe.name, {}, "outside", why, None, None)
         lk = table.lookup(device=device, dtype=dtype, n=n, kappa=kappa, p=p, target=target)
         if lk.status == "outside" or lk.entry is None:
             return Decision(
@@ -211,11 +381,10 @@ class AutoConfig(SolverConfig):
     ) -> RootResult:
         """Estimate kappa, look up the table per element, solve each group. See the module docstring.
 
-        ``kappa_hint``: per-element kappa estimates of A + eps I (e.g. the previous round's), used
-        instead of a fresh estimate where finite. Other keyword arguments go to the chosen solver.
+        ``kappa_hint``: per-element kappa estimates of A + eps I (e.g. the previous round's, as Shampoo
+        passes them), used instead of a fresh estimate when every entry is finite. Other keyword
+        arguments go to the chosen solver.
         """
-        from ..tuning.estimate import estimate_kappa
-
         t0 = time.perf_counter()
         frac = parse_exponent(p, integer=False, method=self.name)
         t = to_tensor(A)
@@ -223,54 +392,25 @@ class AutoConfig(SolverConfig):
         n = t.shape[-1]
         flat = t.reshape(-1, n, n)
         b = flat.shape[0]
+        hint = self._hint(kappa_hint, b)
         wdtype = precision.as_dtype(dtype) if dtype is not None else t.dtype
         device = self.device or t.device.type
         target = float(self.target) if self.target is not None else default_target(wdtype)
         target_src = "argument" if self.target is not None else f"default for {precision.info(wdtype).name}"
-        f64 = flat.detach().to(torch.float64)
-        sym = bool(kwargs.get("trusted")) or self._symmetric(f64, t.dtype)  # trusted: exactly symmetric
-        est_cost, kappa, ksrc = 0.0, [math.nan] * b, "none (non-symmetric input)"
-        uncovered = self._coverage(device, wdtype, n, frac) if sym else ""
-        if uncovered:
-            ksrc = f"not estimated: {uncovered}"
-        elif sym and bool(torch.isfinite(f64).all()):
-            hint = self._hint(kappa_hint, b)
-            prev = self._previous_root(warm_start, b, n)
-            if hint is not None:
-                kappa, ksrc = hint, "kappa_hint"
-            else:
-                policy = kwargs.get("psd") or getattr(self, "psd", "none")
-                floor = None
-                if policy == "shift":
-                    from ..psd import floor_level
-
-                    floor = floor_level(flat.detach().to(wdtype), t.dtype)
-                ke = estimate_kappa(
-                    f64,
-                    eps=float(eps),
-                    eps_mode=str(eps_mode),
-                    power_iters=self.power_iters,
-                    inverse_iters=self.inverse_iters,
-                    previous_root=prev,
-                    p=float(frac) if prev is not None else None,
-                    floor=floor,
-                )
-                kappa, ksrc, est_cost = ke.kappa, ke.source, ke.matmuls
+        sym = bool(kwargs.get("trusted")) or self._symmetric(flat.detach(), t.dtype)  # trusted: symmetric
+        plan = self._plan(device, wdtype, n, frac, target, sym)
+        est = _Estimate([math.nan] * b, "none (non-symmetric input)", 0.0, False)
+        if sym and (hint is not None or bool(torch.isfinite(flat).all())):
+            est = self._estimate(flat, hint, warm_start, eps, eps_mode, wdtype, t.dtype, frac, kwargs)
         est_seconds = time.perf_counter() - t0
-        looked = [k * self.kappa_safety if math.isfinite(k) else math.inf for k in kappa]
+        # the estimate errs low unless it is exact (eigenvalues): the lookup uses kappa * kappa_safety
+        safety = 1.0 if est.exact else self.kappa_safety
+        looked = [k * safety if math.isfinite(k) else math.inf for k in est.kappa]
         # Elements that chose the same configuration (with the same status) are solved as one batch;
         # the cells (and reasons) behind the choice are kept per element group.
         decisions: dict[tuple[str, str], tuple[Decision, list[int], dict[str, dict[str, Any]]]] = {}
-        edges = self._kappa_edges(device, wdtype, n, frac) if sym else np.empty(0)
-        memo: dict[object, Decision] = {}  # the decision depends on kappa only through its band
         for i in range(b):
-            k = looked[i]
-            key = int(np.searchsorted(edges, k, side="right")) if math.isfinite(k) else "inf"
-            if key not in memo:
-                memo[key] = self.decide(
-                    device=device, dtype=wdtype, n=n, kappa=k, p=frac, target=target, symmetric=sym
-                )
-            d = memo[key]
+            d = plan.decision(self, looked[i])
             _, idx, cells = decisions.setdefault((d.label, d.status), (d, [], {}))
             idx.append(i)
             rec = cells.setdefault(
@@ -279,29 +419,32 @@ class AutoConfig(SolverConfig):
             rec.setdefault("elements", []).append(i)
         groups = []
         for d, idx, cells in decisions.values():
-            res, used, note = self._solve_group(
+            res, used, note, failed = self._solve_group(
                 d, A, flat, idx, frac, eps, eps_mode, dtype, inverse, warm_start, kwargs
             )
-            groups.append((d, idx, res, used, note, list(cells.values())))
-        unattainable = [g for g in groups if g[0].status == "unattainable"]
-        if unattainable and self.warn:
-            msg = f"method='auto': {unattainable[0][0].reason} (target {target:g}); using the most accurate candidate"
+            kap = [est.kappa[i] for i in idx]
+            expected, source = self._expected(d, failed, sym, kap, flat[idx], frac, inverse, wdtype)
+            groups.append((d, idx, res, used, note, list(cells.values()), expected, source))
+        # the table cannot promise the target (unattainable), or the error to expect exceeds it
+        missed = [g for g in groups if g[0].status == "unattainable" or not (g[6] <= target)]
+        if missed and self.warn:
+            msg = _target_message(missed, target)
             warnings.warn(msg, TargetWarning, stacklevel=2)
             log.info(msg)  # the TargetWarning is the user-facing report
         chosen = [""] * b
-        for _, idx, _, used, _, _ in groups:
+        for _, idx, _, used, *_ in groups:
             for i in idx:
                 chosen[i] = used
         auto_info = {
-            "table": self._table_name(device),
+            "table": plan.table_name,
             "device": device,
             "dtype": precision.info(wdtype).name,
             "target": target,
             "target_source": target_src,
-            "kappa_estimate": kappa,
-            "kappa_source": ksrc,
-            "kappa_safety": self.kappa_safety,
-            "estimate_matmuls": est_cost,
+            "kappa_estimate": est.kappa,
+            "kappa_source": est.source,
+            "kappa_safety": safety,
+            "estimate_matmuls": est.matmuls,
             "estimate_seconds": est_seconds,
             "chosen": chosen,
             "groups": [
@@ -312,45 +455,116 @@ class AutoConfig(SolverConfig):
                     "note": note,
                     "cells": cells,
                     "matmuls": float(res.matmuls),
+                    "expected_error": expected,
+                    "expected_error_source": source,
                 }
-                for d, idx, res, used, note, cells in groups
+                for d, idx, res, used, note, cells, expected, source in groups
             ],
         }
-        out = self._merge(groups, t, b, n, est_cost)
+        out = self._merge(groups, t, b, n, est.matmuls)
         out.info["auto"] = auto_info
         out.seconds = time.perf_counter() - t0
         out.method = "auto"
         return out
 
     # ----------------------------------------------------------------------------------------- helpers
-    def _table_name(self, device: str) -> str:
+    def _plan(self, device: str, dtype: Any, n: int, p: Any, target: float, sym: bool) -> _Plan:
+        """The table's answers for (device, dtype, n, p, target, symmetry), memoised on the table
+        object per configuration (a Shampoo run asks the same questions every round; a changed table
+        file is a new table object, so nothing stale is reused)."""
         from ..tuning.table import load_table
 
         try:
-            return load_table(self.table, device=device).describe()
+            table = load_table(self.table, device=device)
         except (InvalidArgumentError, FileNotFoundError) as exc:
-            return f"none ({exc})"
-
-    def _coverage(self, device: str, dtype: Any, n: int, p: Any) -> str:
-        """Empty when the table has cells for this problem (kappa then decides), else why not (no
-        estimate is spent on a problem the table cannot cover)."""
-        from ..tuning.table import load_table
-
+            return _Plan(None, f"none ({exc})", str(exc), np.empty(0), device, dtype, n, p, target, sym)
+        key = (self, device, precision.info(dtype).name, int(n), p, float(target), sym)
         try:
-            return load_table(self.table, device=device).coverage(device=device, dtype=dtype, n=n, p=p)
-        except (InvalidArgumentError, FileNotFoundError) as exc:
-            return str(exc)
+            hit = table.plans.get(key)
+        except TypeError:  # an unhashable user fallback config: no memo
+            key, hit = None, None
+        if hit is None:
+            coverage = table.coverage(device=device, dtype=dtype, n=n, p=p) if sym else ""
+            edges = (
+                np.empty(0)
+                if coverage or not sym
+                else table.kappa_edges(device=device, dtype=dtype, n=n, p=p)
+            )
+            hit = _Plan(table, table.describe(), coverage, edges, device, dtype, n, p, target, sym)
+            if key is not None:
+                table.plans[key] = hit
+        return hit
 
-    def _kappa_edges(self, device: str, dtype: Any, n: int, p: Any) -> np.ndarray:
-        from ..tuning.table import load_table
+    def _estimate(
+        self,
+        flat: torch.Tensor,
+        hint: list[float] | None,
+        warm_start: Any,
+        eps: float,
+        eps_mode: str,
+        wdtype: Any,
+        source: torch.dtype,
+        frac: Any,
+        kwargs: dict[str, Any],
+    ) -> _Estimate:
+        """kappa(A + eps I) per element: the hint, else :func:`matroots.tuning.estimate.estimate_kappa`
+        (exact at small sizes; from the previous root when a warm start is given)."""
+        from ..tuning.estimate import estimate_kappa
 
-        try:
-            return load_table(self.table, device=device).kappa_edges(device=device, dtype=dtype, n=n, p=p)
-        except (InvalidArgumentError, FileNotFoundError):
-            return np.empty(0)
+        if hint is not None:
+            return _Estimate(hint, "kappa_hint", 0.0, False)
+        b, n = flat.shape[0], flat.shape[-1]
+        prev = self._previous_root(warm_start, b, n)
+        floor = None
+        if (kwargs.get("psd") or self.psd) == "shift":
+            from ..psd import floor_level
+
+            floor = floor_level(flat.detach().to(wdtype), source)
+        ke = estimate_kappa(
+            flat.detach(),
+            eps=float(eps),
+            eps_mode=str(eps_mode),
+            power_iters=self.power_iters,
+            inverse_iters=self.inverse_iters,
+            previous_root=prev,
+            p=float(frac) if prev is not None else None,
+            floor=floor,
+        )
+        return _Estimate(ke.kappa, ke.source, ke.matmuls, ke.exact)
 
     @staticmethod
-    def _symmetric(f64: torch.Tensor, source: torch.dtype) -> bool:
+    def _expected(
+        d: Decision,
+        failed: bool,
+        sym: bool,
+        kappa: list[float],
+        flat: torch.Tensor,
+        p: Any,
+        inverse: bool,
+        wdtype: Any,
+    ) -> tuple[float, str]:
+        """The error to expect from what a group got: the cell's measured worst error (chosen) or the
+        best effort's (unattainable), else cond(f, A) u of the working format (outside the table, or
+        re-solved with the safe choice after the chosen solver failed). ``kappa``, ``flat``: the
+        group's elements."""
+        if not failed and d.cell is not None:
+            key = "worst_error" if d.status == "chosen" else "best_effort_error"
+            v = d.cell.get(key)
+            if v is not None and math.isfinite(float(v)):
+                return float(v), f"the table's measured {key.replace('_', ' ')} in the cell"
+        u = precision.unit_roundoff(wdtype)
+        q = (-1.0 if inverse else 1.0) / float(p)
+        if sym:
+            k = max((x if not math.isnan(x) else math.inf) for x in kappa)
+            return _cond_spd(k, q) * u, f"cond(f, A) u, cond from kappa ~{k:.3g} (SPD)"
+        from ..conditioning import cond_root
+
+        cond = cond_root(flat.detach().to(torch.float64), p, inverse=inverse)
+        return cond * u, "cond(f, A) u (matroots.conditioning.cond_root of the general input)"
+
+    @staticmethod
+    def _symmetric(flat: torch.Tensor, source: torch.dtype) -> bool:
+        f64 = flat.to(torch.float64)
         nrm = torch.linalg.matrix_norm(f64).clamp_min(1e-300)
         defect = torch.linalg.matrix_norm(f64 - f64.mT) / nrm
         tol = 100 * math.sqrt(f64.shape[-1]) * precision.unit_roundoff(source)
@@ -358,12 +572,28 @@ class AutoConfig(SolverConfig):
 
     @staticmethod
     def _hint(kappa_hint: Any, b: int) -> list[float] | None:
+        """The per-element kappa hint as b floats, or None when any entry is unknown (nan / inf: a
+        fresh estimate is taken). A real number applies to every element."""
         if kappa_hint is None:
             return None
-        ks = [float(x) for x in (kappa_hint.tolist() if isinstance(kappa_hint, torch.Tensor) else kappa_hint)]
-        if len(ks) != b:
-            raise InvalidArgumentError(f"kappa_hint has {len(ks)} entries for a batch of {b} matrices")
-        return ks if all(math.isfinite(k) and k >= 1 for k in ks) else None
+        allowed = f"a condition number >= 1 per matrix ({b} reals, nan or inf for unknown)"
+        if isinstance(kappa_hint, torch.Tensor | np.ndarray):  # entries checked below (bool, complex)
+            items = kappa_hint.reshape(-1).tolist()
+        elif isinstance(kappa_hint, str | bytes) or not isinstance(kappa_hint, Sequence):
+            items = [kappa_hint] * b
+        else:
+            items = list(kappa_hint)
+        if len(items) != b:
+            raise InvalidArgumentError(f"kappa_hint has {len(items)} entries for a batch of {b} matrices")
+        ks = []
+        for x in items:
+            if isinstance(x, bool | np.bool_) or not isinstance(x, int | float | np.integer | np.floating):
+                raise InvalidArgumentError(f"kappa_hint must be {allowed}, got {kappa_hint!r}")
+            k = float(x)
+            if k < 1:
+                raise InvalidArgumentError(f"kappa_hint must be {allowed}, got the entry {x!r}")
+            ks.append(k)
+        return ks if all(math.isfinite(k) for k in ks) else None
 
     @staticmethod
     def _previous_root(warm_start: Any, b: int, n: int) -> torch.Tensor | None:
@@ -385,13 +615,15 @@ class AutoConfig(SolverConfig):
         inverse: bool,
         warm_start: Any,
         kwargs: dict[str, Any],
-    ) -> tuple[RootResult, str, str]:
+    ) -> tuple[RootResult, str, str, bool]:
+        """The group's solve: (result, configuration used, note, whether the chosen one failed and
+        the safe choice solved it)."""
         # One group for the whole batch: the chosen solver gets exactly the caller's input (shape,
         # layout, autograd); otherwise the group's elements as a (k, n, n) batch.
         everything = len(idx) == flat.shape[0]
         sub = whole if everything else flat[idx]
         kw = {**d.solve_options, **kwargs}
-        if getattr(self, "psd", "none") != "none" and "psd" not in kw:
+        if self.psd != "none" and "psd" not in kw:
             kw["psd"] = self.psd  # the caller's rank-deficiency policy goes to the chosen solver
         pp = int(p) if p.denominator == 1 else p
         warm = self._previous_root(warm_start, flat.shape[0], flat.shape[-1])
@@ -399,7 +631,7 @@ class AutoConfig(SolverConfig):
             kw["warm_start"] = warm_start if everything else warm[idx]
         try:
             res = d.config.solve(sub, pp, eps=eps, eps_mode=eps_mode, dtype=dtype, inverse=inverse, **kw)
-            return res, d.label, ""
+            return res, d.label, "", False
         except MatrootsNumericalError as exc:
             safe = self.safe_choice(True)
             if d.status == "outside" or safe == d.config:
@@ -409,7 +641,7 @@ class AutoConfig(SolverConfig):
             res = safe.solve(sub, pp, eps=eps, eps_mode=eps_mode, dtype=dtype, inverse=inverse, **kw)
             note = f"{d.label} raised {type(exc).__name__}; re-solved with the safe choice {safe.name}"
             log.info("method='auto': %s", note)
-            return res, f"{safe.name}[after {d.label} failed]", note
+            return res, f"{safe.name}[after {d.label} failed]", note, True
 
     @staticmethod
     def _merge(groups: list, t: torch.Tensor, b: int, n: int, est_cost: float) -> RootResult:
@@ -426,7 +658,7 @@ class AutoConfig(SolverConfig):
         per_elem: dict[str, torch.Tensor] = {}
         info_groups = []
         matmuls = 0.0
-        for _, idx, res, used, _, _ in groups:
+        for _, idx, res, used, *_ in groups:
             ii = torch.tensor(idx)
             root[ii] = res.root.reshape(-1, n, n).to(root.dtype)
             conv[ii] = torch.as_tensor(res.converged).reshape(-1).cpu()

@@ -9,9 +9,14 @@ GEMM-equivalents (process CPU seconds of the solve / CPU seconds of one n x n GE
 both measured in the same work unit; see :mod:`matroots.tuning.cost`); candidates within the config's
 ``cost_tolerance`` (default 10%) of the cheapest tie, and the tie goes to the one listed first in the
 config (so equal-cost variants such as eigh's rank policies do not flip from cell to cell on timing
-noise). The runner-up is the next cheapest passing candidate. Where no candidate passes, the row has choice "NA" and a reason naming
-the most accurate candidate and its worst error. Cases whose reference could not be computed (A + eps I
-not positive definite) have no error to judge and are left out (counted in ``excluded_cases``).
+noise). The runner-up is the next cheapest passing candidate. Where no candidate passes, the row has
+choice "NA" and a reason naming the cell's *best effort*, the most accurate candidate: the smallest
+median error over the cell's cases (a failure counts as an infinite error), then the fewest failures,
+then the smallest worst error; a candidate that returns the root of another matrix than A + eps I
+(:func:`changes_matrix`: eigh's "clamp" and "pseudo_inverse" rank policies) is the best effort only
+where no other candidate solved any case of the cell. ``best_effort_error`` is its worst error over
+the cases it did not fail. Cases whose reference could not be computed (A + eps I not positive
+definite) have no error to judge and are left out (counted in ``excluded_cases``).
 
 A cell built from fewer cases than the config asks for is never silent: given the config's planned
 cases (:func:`planned_cases`, what ``matroots tune`` passes), ``missing_cases`` counts the cases of the
@@ -98,6 +103,27 @@ def case_kappa(rows: pd.DataFrame) -> pd.Series:
     return k
 
 
+# Candidate options under which a solver returns the root of another matrix than A + eps I: eigh's
+# rank policies that replace the eigenvalues below a threshold (EighConfig: "clamp" raises them to it,
+# "pseudo_inverse" drops them). Their error on an ill-conditioned case is that change, not rounding.
+MATRIX_CHANGING_OPTIONS = {"rank_policy": ("clamp", "pseudo_inverse")}
+
+
+def changes_matrix(options_json: str) -> bool:
+    """Whether a candidate with these options (a table row's JSON) solves another matrix."""
+    opts = options_of(options_json) if isinstance(options_json, str) else {}
+    return any(opts.get(k) in v for k, v in MATRIX_CHANGING_OPTIONS.items())
+
+
+def best_effort(st: pd.DataFrame) -> pd.Series:
+    """The most accurate candidate of a cell's statistics (:func:`_candidate_stats`; see the module
+    docstring)."""
+    keep = ~st["options"].map(changes_matrix) & (st["failure_rate"] < 1)
+    pool = st[keep] if bool(keep.any()) else st
+    order = ["median_error", "failure_rate", "worst_ok_error", "median_gemm_equivalents"]
+    return pool.sort_values(order, na_position="last").iloc[0]
+
+
 def _candidate_stats(cell: pd.DataFrame, cases: int) -> pd.DataFrame:
     failed = cell["failure"].fillna("").astype(str) != ""
     err = cell["relative_forward_error"].astype(float).where(~failed, np.inf).fillna(np.inf)
@@ -109,6 +135,7 @@ def _candidate_stats(cell: pd.DataFrame, cases: int) -> pd.DataFrame:
             "rows": g.size(),
             "failure_rate": g["_failed"].mean(),
             "worst_error": g["_err"].max(),
+            "median_error": g["_err"].median(),
             "method": g["method"].first(),
             "options": g["options"].first(),
         }
@@ -209,8 +236,8 @@ def select(
         st = _candidate_stats(cell, cases)
         n_lo, n_hi = spec.n_bands[nb], spec.n_bands[nb + 1]
         k_lo, k_hi = spec.kappa_bands[kb], spec.kappa_bands[kb + 1]
-        # Best effort: the most accurate candidate (fewest failures first, then worst error).
-        be = st.sort_values(["failure_rate", "worst_ok_error", "median_gemm_equivalents"]).iloc[0]
+        be = best_effort(st)
+        be_err = be["worst_error"] if np.isfinite(be["worst_error"]) else be["worst_ok_error"]
         base = {
             "device": device,
             "dtype": dtype,
@@ -225,7 +252,7 @@ def select(
             "kappa_seen_min": float(cell["_kappa"].min()),
             "kappa_seen_max": float(cell["_kappa"].max()),
             "best_effort": be.name,
-            "best_effort_error": float(be["worst_error"]),
+            "best_effort_error": float(be_err),
             "missing_cases": missing,
         }
         short = (
@@ -252,7 +279,6 @@ def select(
                 f"({cases} cases)"
             )
             if passing.empty:
-                be_err = be["worst_error"] if np.isfinite(be["worst_error"]) else be["worst_ok_error"]
                 fails = f", failing {be['failure_rate']:.0%} of cases" if be["failure_rate"] > 0 else ""
                 row.update(
                     choice="NA",
@@ -360,4 +386,7 @@ def options_of(entry_options: str) -> dict[str, Any]:
     return json.loads(entry_options) if entry_options else {}
 
 
-__all__ = ["TABLE_COLUMNS", "case_kappa", "dtype_order", "options_of", "planned_cases", "select"]
+__all__ = [
+    "MATRIX_CHANGING_OPTIONS", "TABLE_COLUMNS", "best_effort", "case_kappa", "changes_matrix", "dtype_order",
+    "options_of", "planned_cases", "select",
+]  # fmt: skip

@@ -23,6 +23,11 @@ from .. import precision
 from ..errors import InvalidArgumentError
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+# the columns a lookup reads (of matroots.tuning.select.TABLE_COLUMNS)
+LOOKUP_COLUMNS = (
+    "device", "dtype", "p", "n_lo", "n_hi", "kappa_lo", "kappa_hi", "target", "choice", "method", "options",
+    "best_effort", "reason",
+)  # fmt: skip
 
 
 def shipped_path(device: str = "cpu") -> Path:
@@ -55,6 +60,8 @@ class SelectionTable:
         self._memo: dict[tuple, tuple[pd.DataFrame | None, str]] = {}
         self._edges: dict[tuple, np.ndarray] = {}
         self._lookups: dict[tuple, Lookup] = {}
+        # what method="auto" derived from this table per question (matroots.solvers.auto._Plan)
+        self.plans: dict[tuple, Any] = {}
         self.targets = sorted(float(t) for t in df["target"].unique()) if len(df) else []
 
     @classmethod
@@ -63,7 +70,19 @@ class SelectionTable:
         p = Path(path)
         if not p.exists():
             raise FileNotFoundError(f"no selection table {p}; run `matroots tune CONFIG --out DIR` first")
-        df = pd.read_csv(p, keep_default_na=True, na_values=["NA"], dtype={"options": str})
+        try:
+            df = pd.read_csv(p, keep_default_na=True, na_values=["NA"], dtype={"options": str})
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
+            detail = " ".join(str(exc).split())
+            raise InvalidArgumentError(
+                f"{p} is not a selection table CSV (written by `matroots tune`): {detail}"
+            ) from None
+        missing = [c for c in LOOKUP_COLUMNS if c not in df.columns]
+        if missing:
+            raise InvalidArgumentError(
+                f"{p} is not a selection table CSV (written by `matroots tune`): "
+                f"it lacks the columns {missing}"
+            )
         for col in ("choice", "runner_up", "best_effort", "method"):
             if col in df:
                 df[col] = df[col].astype(object).where(df[col].notna(), "NA")
