@@ -31,7 +31,9 @@ relative condition number of f(x) = x^{-1/p} (inverse) or x^{1/p} (Higham, *Func
 differences for symmetric A_s (Higham 2008, Cor. 3.16), the 2-norm of the Kronecker form
 (V^{-T} kron V) diag(vec D) (V^T kron V^{-1}) otherwise (Higham 2008, eq. (3.17)). Both are invariant
 under scaling A, so they are evaluated on A_s / max|lambda| (no overflow at any scale). A real
-eigenvalue <= 0 of A_s (no principal root) makes any ``converged=True`` a silent wrong.
+eigenvalue <= 0 of A_s (no principal root) makes any ``converged=True`` a silent wrong, unless the
+exponent -1/p or 1/p is an integer (p = 1/k): then f is a matrix power, defined there (at 0 too when
+it is >= 0).
 
 :func:`random_case` draws problems with random shape, batch, working dtype (fp64/fp32/bf16/fp16), input
 layout (contiguous, transposed view, strided view, numpy), scale 10^-300 .. 10^300, spectra (SPD
@@ -44,7 +46,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
@@ -52,7 +54,7 @@ import mpmath
 import numpy as np
 import torch
 
-from . import precision
+from . import precision, solvers
 from .api import inverse_root, root
 from .errors import MatrootsInputError, MatrootsNumericalError
 from .result import info_per_element
@@ -72,7 +74,6 @@ KINDS = (
 )
 DTYPES = ("fp64", "fp32", "bf16", "fp16")
 LAYOUTS = ("contiguous", "transposed", "strided", "numpy")
-METHODS = ("eigh", "coupled_newton", "schur_newton")
 C_BOUND = 10.0
 ILL_POSED = "ill-posed at working precision"
 REF_DPS = 60
@@ -268,7 +269,15 @@ def _is_real(z: Any, tol: float) -> bool:
     return abs(mpmath.im(z)) <= tol * abs(z)
 
 
+def _defined_at(z: Any, e: Fraction) -> bool:
+    """x^e is defined at z on the closed negative real axis only for an integer exponent e (p = 1/k:
+    a power of A, e.g. the forward root with p = 1 is A itself), at 0 only for e >= 0."""
+    return e.denominator == 1 and (e >= 0 or z != 0)
+
+
 def _power(z: Any, e: Fraction) -> Any:
+    if e.denominator == 1:  # an integer power: real at a negative z
+        return mpmath.power(z, int(e))
     return mpmath.power(z, mpmath.mpf(e.numerator) / e.denominator)
 
 
@@ -292,8 +301,9 @@ def reference_root(
         if symmetric:
             E, Q = mpmath.eigsy(M)
             lam = [E[i] + c for i in range(n)]
-            if min(lam) <= 0:
-                lmin, lmax = min(lam), max(abs(x) for x in lam)
+            bad = [x for x in lam if x <= 0 and not _defined_at(x, e)]
+            if bad:
+                lmin, lmax = min(bad), max(abs(x) for x in lam)
                 ill = abs(lmin) <= C_BOUND * n * u * lmax
                 return {"exists": False, "min_eig": float(lmin), "ill_posed": bool(ill)}
             fl = [_power(x, e) for x in lam]
@@ -304,7 +314,7 @@ def reference_root(
             Vinv = mpmath.inverse(V)
             lam = [E[i] + c for i in range(n)]
             for x in lam:
-                if _is_real(x, tol) and mpmath.re(x) <= 0:
+                if _is_real(x, tol) and mpmath.re(x) <= 0 and not _defined_at(x, e):
                     lmax = max(abs(y) for y in lam)
                     cond_v = float(
                         np.linalg.cond(np.array([[complex(V[i, j]) for j in range(n)] for i in range(n)]))
@@ -358,13 +368,53 @@ def _rel_error(X: np.ndarray, Xref: Any) -> float:
         return float(mpmath.sqrt(num / den)) if den > 0 else math.inf
 
 
-def _symmetric_flags(method: str, info: dict, b: int) -> list[bool]:
-    if method == "eigh":
-        return [True] * b
-    flag = info.get("symmetric", False)
+def _solver_symmetric(name: str, info: dict, b: int) -> list[bool]:
+    """Per element: did solver ``name`` treat its input as symmetric (and solve sym(A))?
+
+    Its own report (``info["symmetric"]``) where it gives one; else its declared capability: a
+    solver without ``general_input`` takes symmetric input only and solves its symmetric part.
+    """
+    flag = info.get("symmetric")
     if isinstance(flag, list | tuple):
         return [bool(x) for x in flag]
-    return [bool(flag)] * b
+    if flag is not None:
+        return [bool(flag)] * b
+    return [not _capabilities(name).general_input] * b
+
+
+def _capabilities(name: str) -> Any:
+    """The declared :class:`~matroots.solvers.base.Capabilities` of a registered solver. A label
+    such as ``"eigh[rank_policy=clamp]"`` (what ``auto`` reports it chose) names its base solver."""
+    return solvers.get(name.split("[", 1)[0]).capabilities
+
+
+def _element_infos(method: str, info: dict, b: int) -> list[tuple[float, float, bool]]:
+    """(prescale, absolute shift, symmetric) of each element's solve.
+
+    ``auto`` solves groups of elements with the solvers it chose (``info["auto"]``): one group is
+    that solver's own ``info``; several are in ``info["group_infos"]``, each with its own prescale.
+    """
+    groups = info.get("group_infos")
+    if method == "auto" and "auto" in info:
+        chosen = info["auto"]["chosen"]
+        if groups is None:  # one group: the chosen solver's info, for the whole batch
+            sym = _solver_symmetric(chosen[0], info, b)
+            return _zip_infos(info, b, sym)
+        out: list[tuple[float, float, bool]] = [(1.0, 0.0, False)] * b
+        for g, rec in zip(info["auto"]["groups"], groups, strict=True):
+            idx = g["elements"]
+            sub = rec["info"]
+            sym = _solver_symmetric(g["config"], sub, len(idx))
+            for j, e in zip(idx, _zip_infos(sub, len(idx), sym), strict=True):
+                out[j] = e
+        return out
+    return _zip_infos(info, b, _solver_symmetric(method, info, b))
+
+
+def _zip_infos(info: dict, b: int, sym: list[bool]) -> list[tuple[float, float, bool]]:
+    prescale = float(info.get("prescale", 1.0))
+    shifts = info_per_element(info.get("regularisation_abs", info.get("eps_abs")), b)
+    return [(prescale, shifts[i], sym[i]) for i in range(b)]
 
 
 def _matrix_solved(A_in: object, dtype: torch.dtype) -> np.ndarray:
@@ -376,15 +426,20 @@ def _matrix_solved(A_in: object, dtype: torch.dtype) -> np.ndarray:
 # --- classification ------------------------------------------------------------------------------
 
 
-def classify(case: Case, method: str) -> Outcome:
-    """Run ``method`` on ``case`` and classify the outcome (see the module docstring)."""
+def classify(case: Case, method: str, *, warm_start: object = None) -> Outcome:
+    """Run ``method`` on ``case`` (from ``warm_start`` if given) and classify the outcome (see the
+    module docstring). A write into the caller's input, or into ``warm_start``, is ``mutated``."""
     A64 = build_matrices(case)
     A_in, snap = make_input(case, A64)
+    warm_snaps = _warm_snapshots(warm_start)
     fn = inverse_root if case.inverse else root
+    kw = {} if warm_start is None else {"warm_start": warm_start}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            res = fn(A_in, case.p, method=method, eps=case.eps, eps_mode=case.eps_mode, dtype=case.dtype)
+            res = fn(
+                A_in, case.p, method=method, eps=case.eps, eps_mode=case.eps_mode, dtype=case.dtype, **kw
+            )
     except MatrootsInputError as exc:
         out = Outcome("refused_input", method, exception=f"{type(exc).__name__}: {exc}")
     except MatrootsNumericalError as exc:
@@ -397,7 +452,38 @@ def classify(case: Case, method: str) -> Outcome:
         return Outcome(
             "mutated", method, detail="the solver wrote into the caller's input", exception=out.exception
         )
+    if not all(_unchanged(t, c) for t, c in warm_snaps):
+        return Outcome(
+            "mutated", method, detail="the solver wrote into its warm_start", exception=out.exception
+        )
+    out.extra["outside_capabilities"] = outside_capabilities(case, method)
     return out
+
+
+def outside_capabilities(case: Case, method: str) -> str:
+    """Why ``case`` lies outside what ``method`` declares it can do (its
+    :class:`~matroots.solvers.base.Capabilities`), or "" when inside. There only a typed refusal
+    (``refused_input``) or a result judged like any other is acceptable, never a crash."""
+    cap = _capabilities(method)
+    if cap.integer_p and Fraction(case.p).denominator != 1:
+        return f"p = {case.p} is not an integer"
+    if not cap.forward_root and not case.inverse:
+        return "forward root"
+    if not cap.general_input and case.kind.startswith("nonsym"):
+        return "non-symmetric input"
+    return ""
+
+
+def _warm_snapshots(warm_start: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(tensor, copy) for every tensor a warm start carries (a root, or a RootResult's root and info)."""
+    if warm_start is None:
+        return []
+    if isinstance(warm_start, torch.Tensor):
+        tensors = [warm_start]
+    else:
+        info = getattr(warm_start, "info", {}) or {}
+        tensors = [getattr(warm_start, "root", None), *info.values()]
+    return [(t, t.detach().clone()) for t in tensors if isinstance(t, torch.Tensor)]
 
 
 def _judge(case: Case, method: str, A_in: object, res: Any) -> Outcome:
@@ -409,11 +495,7 @@ def _judge(case: Case, method: str, A_in: object, res: Any) -> Outcome:
         if isinstance(res.converged, torch.Tensor)
         else [bool(res.converged)]
     )
-    info = res.info
-    prescale = float(info.get("prescale", 1.0))
-    k = round(math.log2(prescale))  # the working matrix is 2^k A, rounded
-    shifts = info_per_element(info.get("regularisation_abs", info.get("eps_abs")), b)
-    sym = _symmetric_flags(method, info, b)
+    per_element = _element_infos(method, res.info, b)
     X = res.root.detach().double().reshape(b, case.n, case.n).numpy()
     u = precision.unit_roundoff(wdtype)
     e = (Fraction(-1) if case.inverse else Fraction(1)) / Fraction(case.p)
@@ -422,11 +504,14 @@ def _judge(case: Case, method: str, A_in: object, res: Any) -> Outcome:
     for i in range(b):
         if not conv[i]:
             if worst.outcome == "correct":
-                worst = Outcome("flagged", method, detail=f"element {i}: {info.get('stop_reason', '')}")
+                reason = res.info.get("stop_reason", "")
+                worst = Outcome("flagged", method, detail=f"element {i}: {reason}")
             continue
+        prescale, shift, sym = per_element[i]
+        k = round(math.log2(prescale))  # the working matrix is 2^k A, rounded
         # the working matrix: round(prescale * A) in the working dtype; in user units times 2^k
         work = (torch.from_numpy(flat[i]) * prescale).to(wdtype).double().numpy()
-        ref = reference_root(work, k, shifts[i], e, sym[i], u)
+        ref = reference_root(work, k, shift, e, sym, u)
         if not ref["exists"] and ref["ill_posed"]:
             if worst.outcome == "correct" and worst_ratio < 0:
                 worst = Outcome("correct", method, detail=ILL_POSED, cond=math.inf)
@@ -461,9 +546,89 @@ def _judge(case: Case, method: str, A_in: object, res: Any) -> Outcome:
     return worst
 
 
-def check_all(case: Case, methods: tuple[str, ...] = METHODS) -> list[Outcome]:
-    """:func:`classify` for each method."""
-    return [classify(case, m) for m in methods]
+def solver_names() -> tuple[str, ...]:
+    """Every registered solver (:func:`matroots.solvers.available`): a newly registered one joins the
+    fuzz without a change here, judged against its declared capabilities."""
+    return tuple(solvers.available())
+
+
+def warm_solver_names() -> tuple[str, ...]:
+    """The registered solvers that declare a warm start (``capabilities.warm_start`` not None)."""
+    return tuple(m for m in solver_names() if _capabilities(m).warm_start is not None)
+
+
+def check_all(case: Case, methods: tuple[str, ...] | None = None) -> list[Outcome]:
+    """:func:`classify` for each method (default: every registered solver)."""
+    return [classify(case, m) for m in (solver_names() if methods is None else methods)]
+
+
+# --- warm starts ---------------------------------------------------------------------------------
+
+WARM_CHANGES = ("conditioning", "rank", "scale")
+SYMMETRIC_KINDS = ("spd", "clustered", "psd", "indefinite", "diagonal", "gram_fp32", "nearly_symmetric")
+NO_PREVIOUS = "no_previous"  # the previous matrix had no root to start from (its solve raised)
+
+
+@dataclass(frozen=True)
+class WarmCase:
+    """Solve ``previous``, then ``current`` warm-started from that result. ``change`` says how the
+    previous matrix differs: another conditioning, another rank or another scale (with the same
+    eigenvectors where the two cases share their seed)."""
+
+    current: Case
+    previous: Case
+    change: str
+
+
+def random_warm_case(rng: np.random.Generator) -> WarmCase:
+    """A random :class:`WarmCase`: the current problem as :func:`random_case` draws it (one in four
+    enlarged to n = 12 or 16 with a symmetric spectrum, where ``auto`` consults its table), the
+    previous one of the same shape, dtype, p, direction and eps but another conditioning (kappa
+    1 .. 1e18), rank (full <-> rank-deficient) or scale (10^-30 .. 10^30 times), half of the time with
+    the same eigenvectors (the same seed)."""
+    cur = random_case(rng)
+    if rng.uniform() < 0.25:
+        cur = replace(cur, n=int(rng.choice([12, 16])), batch=(), kind=str(rng.choice(SYMMETRIC_KINDS)))
+    change = WARM_CHANGES[int(rng.integers(len(WARM_CHANGES)))]
+    seed = cur.seed if rng.uniform() < 0.5 else int(rng.integers(2**31))
+    if change == "conditioning":
+        prev = replace(cur, log10_kappa=float(rng.uniform(0, 18)), seed=seed)
+    elif change == "rank":
+        deficient = cur.kind in ("psd", "gram_fp32")
+        kind = "spd" if deficient else str(rng.choice(["psd", "gram_fp32"]))
+        prev = replace(cur, kind=kind, seed=seed)
+    else:
+        shifted = cur.log10_scale + float(rng.uniform(-30, 30))
+        prev = replace(cur, log10_scale=float(np.clip(shifted, -300, 300)), seed=seed)
+    return WarmCase(current=cur, previous=prev, change=change)
+
+
+def classify_warm(wcase: WarmCase, method: str) -> Outcome:
+    """Solve the previous problem with ``method``, warm-start the current one from that result, and
+    classify the current solve as :func:`classify` does (the same reference and bound: a warm start
+    changes where the iteration starts, never the answer owed). ``NO_PREVIOUS`` where the previous
+    solve raised (a typed refusal: nothing to start from); a crash there is a ``crash``."""
+    prev_case = wcase.previous
+    A_prev, _ = make_input(prev_case, build_matrices(prev_case))
+    fn = inverse_root if prev_case.inverse else root
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prev = fn(
+                A_prev,
+                prev_case.p,
+                method=method,
+                eps=prev_case.eps,
+                eps_mode=prev_case.eps_mode,
+                dtype=prev_case.dtype,
+            )
+    except (MatrootsInputError, MatrootsNumericalError) as exc:
+        return Outcome(NO_PREVIOUS, method, exception=f"{type(exc).__name__}: {exc}")
+    except Exception as exc:
+        return Outcome("crash", method, detail="previous solve", exception=f"{type(exc).__name__}: {exc}")
+    out = classify(wcase.current, method, warm_start=prev)
+    out.extra["previous_converged"] = bool(torch.as_tensor(prev.converged).all())
+    return out
 
 
 __all__ = [
@@ -472,14 +637,20 @@ __all__ = [
     "ILL_POSED",
     "KINDS",
     "LAYOUTS",
-    "METHODS",
+    "NO_PREVIOUS",
     "OUTCOMES",
+    "WARM_CHANGES",
     "Case",
     "Outcome",
+    "WarmCase",
     "build_matrices",
     "check_all",
     "classify",
+    "classify_warm",
     "make_input",
     "random_case",
+    "random_warm_case",
     "reference_root",
+    "solver_names",
+    "warm_solver_names",
 ]
