@@ -32,8 +32,8 @@ differences for symmetric A_s (Higham 2008, Cor. 3.16), the 2-norm of the Kronec
 (V^{-T} kron V) diag(vec D) (V^T kron V^{-1}) otherwise (Higham 2008, eq. (3.17)). Both are invariant
 under scaling A, so they are evaluated on A_s / max|lambda| (no overflow at any scale). A real
 eigenvalue <= 0 of A_s (no principal root) makes any ``converged=True`` a silent wrong, unless the
-exponent -1/p or 1/p is an integer (p = 1/k): then f is a matrix power, defined there (at 0 too when
-it is >= 0).
+exponent -1/p or 1/p is an integer (p = 1/k): then f is a matrix power, defined at a negative
+eigenvalue.
 
 :func:`random_case` draws problems with random shape, batch, working dtype (fp64/fp32/bf16/fp16), input
 layout (contiguous, transposed view, strided view, numpy), scale 10^-300 .. 10^300, spectra (SPD
@@ -270,9 +270,10 @@ def _is_real(z: Any, tol: float) -> bool:
 
 
 def _defined_at(z: Any, e: Fraction) -> bool:
-    """x^e is defined at z on the closed negative real axis only for an integer exponent e (p = 1/k:
-    a power of A, e.g. the forward root with p = 1 is A itself), at 0 only for e >= 0."""
-    return e.denominator == 1 and (e >= 0 or z != 0)
+    """x^e is defined at a z < 0 only for an integer exponent e (p = 1/k: a power of A, e.g. the
+    forward root with p = 1 is A itself). A zero eigenvalue keeps the rule for z <= 0 (no root
+    promised; within any backward error of a positive one, so ill-posed, never a silent wrong)."""
+    return e.denominator == 1 and z != 0
 
 
 def _power(z: Any, e: Fraction) -> Any:

@@ -20,10 +20,13 @@ forward roots lose 2^(k1-k0) u in the squaring phase).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from fractions import Fraction
 from types import SimpleNamespace
 
+import numpy as np
+import torch
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
@@ -106,3 +109,127 @@ def test_the_oracle_catches_a_wrong_root_and_a_missing_one():
     for root, expected in ((X, "correct"), (X * (1 + 1e-10), "silent_wrong")):
         res = SimpleNamespace(root=root, converged=True, info={"eps_abs": torch.zeros(1)})
         assert robustness._judge(case, "eigh", A, res).outcome == expected
+
+
+def test_the_fuzz_covers_every_registered_solver(monkeypatch):
+    """The solver list comes from the registry (matroots.solvers.available()): a solver registered
+    later joins the fuzz unchanged, judged against its declared capabilities (here an eigh that
+    declares integer p only: a rational p is outside them, and its typed refusal is what is owed)."""
+    from matroots import solvers
+    from matroots.errors import UnsupportedExponentError
+    from matroots.solvers import registry
+
+    assert robustness.solver_names() == tuple(solvers.available())
+    assert set(robustness.warm_solver_names()) == {
+        m for m in solvers.available() if solvers.get(m).capabilities.warm_start is not None
+    }
+    assert {"eigh_warm", "coupled_newton", "auto"} <= set(robustness.warm_solver_names())
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class IntegerEigh(solvers.EighConfig):
+        name = "fuzz_test_integer_eigh"
+        capabilities = dataclasses.replace(solvers.EighConfig.capabilities, integer_p=True)
+
+        def solve(self, A, p, options=None, **kw):
+            if Fraction(p).denominator != 1:
+                raise UnsupportedExponentError(f"{self.name} needs an integer p, got {p}")
+            return super().solve(A, p, options, **kw)
+
+    monkeypatch.setitem(registry._REGISTRY, IntegerEigh.name, IntegerEigh)
+    case = robustness.Case(
+        "spd", 3, (2,), 3.0, 0.0, "fp64", "fp64", "contiguous", 0.0, "absolute", Fraction(3, 2), True, 7
+    )
+    outs = robustness.check_all(case)
+    assert [o.method for o in outs] == solvers.available()
+    by = {o.method: o for o in outs}
+    assert by[IntegerEigh.name].outcome == "refused_input"
+    assert by[IntegerEigh.name].extra["outside_capabilities"] == "p = 3/2 is not an integer"
+    assert by["eigh"].outcome == "correct" and by["eigh"].extra["outside_capabilities"] == ""
+    for o in robustness.check_all(dataclasses.replace(case, p=2)):
+        assert o.outcome == "correct", o
+
+
+def test_an_integer_power_is_defined_on_the_negative_axis():
+    """p = 1: the forward root of an indefinite matrix is the matrix itself, its inverse root A^{-1}; a
+    converged answer there is judged on its error, not called a missing principal root."""
+    A = np.diag([2.0, -1.0])
+    fwd = robustness.reference_root(A, 0, 0.0, Fraction(1), True, 2.0**-53)
+    inv = robustness.reference_root(A, 0, 0.0, Fraction(-1), True, 2.0**-53)
+    assert fwd["exists"] and [float(fwd["X"][i, i]) for i in (0, 1)] == [2.0, -1.0]
+    assert inv["exists"] and [float(inv["X"][i, i]) for i in (0, 1)] == [0.5, -1.0]
+    assert not robustness.reference_root(A, 0, 0.0, Fraction(-1, 2), True, 2.0**-53)["exists"]
+    singular = robustness.reference_root(np.diag([2.0, 0.0]), 0, 0.0, Fraction(-1), True, 2.0**-53)
+    assert not singular["exists"]
+
+
+def _issue22_warm_case(dtype: str = "fp32") -> robustness.WarmCase:
+    """Issue 22 class 1 in the fuzz's terms: the previous factor has kappa 1e6, the current one 10,
+    the same eigenvectors (the same seed), p = 4."""
+    cur = robustness.Case(
+        "spd", 16, (), 1.0, 0.0, dtype, "working", "contiguous", 0.0, "absolute", 4, True, 11
+    )
+    return robustness.WarmCase(cur, dataclasses.replace(cur, log10_kappa=6.0), "conditioning")
+
+
+def test_warm_fuzz_solves_from_a_previous_result_and_judges_like_a_cold_solve():
+    """Every warm-capable solver gets the previous result as its warm_start; the outcome is judged
+    against the same reference and bound as a cold solve, and a write into the warm start is caught."""
+    wcase = _issue22_warm_case()
+    for method in robustness.warm_solver_names():
+        out = robustness.classify_warm(wcase, method)
+        assert out.outcome == "correct", out
+        assert out.extra["previous_converged"]
+    # a write into the warm start (its root or an info tensor such as eigh_warm's eigenvectors) is seen
+    import matroots
+
+    prev = matroots.inverse_root(torch.eye(3, dtype=torch.float64) * 2, 2, method="eigh_warm")
+    snaps = robustness._warm_snapshots(prev)
+    assert len(snaps) >= 2 and all(robustness._unchanged(t, c) for t, c in snaps)
+    prev.info["eigenvectors"].mul_(-1.0)
+    assert not all(robustness._unchanged(t, c) for t, c in snaps)
+
+
+def test_random_warm_cases_have_no_silent_wrong():
+    """A few drawn warm cases (another conditioning, rank or scale), every warm-capable solver."""
+    rng = np.random.default_rng(20261202)
+    changes = set()
+    for _ in range(6):
+        wcase = robustness.random_warm_case(rng)
+        changes.add(wcase.change)
+        prev, cur = wcase.previous, wcase.current
+        assert (prev.n, prev.batch, prev.dtype, prev.p, prev.inverse) == (
+            cur.n,
+            cur.batch,
+            cur.dtype,
+            cur.p,
+            cur.inverse,
+        )
+        for method in robustness.warm_solver_names():
+            out = robustness.classify_warm(wcase, method)
+            assert out.outcome not in ("silent_wrong", "crash", "mutated"), (method, out, wcase)
+    assert len(changes) >= 2
+
+
+def test_auto_is_judged_per_group_with_the_chosen_solvers_report():
+    """auto solves groups with different solvers: each element is judged with its own group's prescale,
+    shift and symmetric treatment (a solver without general_input solved the symmetric part)."""
+    info = {
+        "auto": {
+            "chosen": ["eigh", "schur_newton"],
+            "groups": [
+                {"config": "eigh[rank_policy=clamp]", "elements": [1]},
+                {"config": "schur_newton", "elements": [0]},
+            ],
+        },
+        "group_infos": [
+            {
+                "config": "eigh[rank_policy=clamp]",
+                "info": {"prescale": 4.0, "eps_abs": torch.tensor([0.25], dtype=torch.float64)},
+            },
+            {
+                "config": "schur_newton",
+                "info": {"prescale": 0.5, "eps_abs": torch.zeros(1), "symmetric": [False]},
+            },
+        ],
+    }
+    assert robustness._element_infos("auto", info, 2) == [(0.5, 0.0, False), (4.0, 0.25, True)]
