@@ -470,7 +470,7 @@ def outside_capabilities(case: Case, method: str) -> str:
         return f"p = {case.p} is not an integer"
     if not cap.forward_root and not case.inverse:
         return "forward root"
-    if not cap.general_input and case.kind.startswith("nonsym"):
+    if not cap.general_input and case.kind.startswith("nonsym") and case.n > 1:
         return "non-symmetric input"
     return ""
 
@@ -584,24 +584,41 @@ class WarmCase:
 def random_warm_case(rng: np.random.Generator) -> WarmCase:
     """A random :class:`WarmCase`: the current problem as :func:`random_case` draws it (one in four
     enlarged to n = 12 or 16 with a symmetric spectrum, where ``auto`` consults its table), the
-    previous one of the same shape, dtype, p, direction and eps but another conditioning (kappa
-    1 .. 1e18), rank (full <-> rank-deficient) or scale (10^-30 .. 10^30 times), half of the time with
-    the same eigenvectors (the same seed)."""
+    previous one of the same shape, dtype, p and direction but another conditioning (kappa 1 up to
+    a little beyond 1/u of the format), rank (full <-> rank-deficient, with a relative eps where the
+    case has none, as Shampoo's factors) or scale (up to 10^+-30 times), half of the time with the
+    same eigenvectors (the same seed). The previous matrix is one the solver can be expected to
+    solve (a root exists, its scale inside the format's range): what is fuzzed is the warm start."""
     cur = random_case(rng)
     if rng.uniform() < 0.25:
         cur = replace(cur, n=int(rng.choice([12, 16])), batch=(), kind=str(rng.choice(SYMMETRIC_KINDS)))
     change = WARM_CHANGES[int(rng.integers(len(WARM_CHANGES)))]
     seed = cur.seed if rng.uniform() < 0.5 else int(rng.integers(2**31))
+    kind = {"indefinite": "spd", "nonsym_negative": "nonsym_real"}.get(cur.kind, cur.kind)
+    digits = -math.log10(precision.unit_roundoff(precision.as_dtype(cur.dtype)))
+    reach = _SCALE_REACH[cur.dtype]
+    prev = replace(
+        cur,
+        kind=kind,
+        seed=seed,
+        log10_scale=float(np.clip(cur.log10_scale, -reach, reach)),
+        log10_kappa=min(cur.log10_kappa, 1.2 * digits),
+    )
     if change == "conditioning":
-        prev = replace(cur, log10_kappa=float(rng.uniform(0, 18)), seed=seed)
+        prev = replace(prev, log10_kappa=float(rng.uniform(0, min(18.0, 1.2 * digits))))
     elif change == "rank":
         deficient = cur.kind in ("psd", "gram_fp32")
-        kind = "spd" if deficient else str(rng.choice(["psd", "gram_fp32"]))
-        prev = replace(cur, kind=kind, seed=seed)
+        prev = replace(prev, kind="spd" if deficient else str(rng.choice(["psd", "gram_fp32"])))
+        if not deficient and cur.eps == 0.0:
+            prev = replace(prev, eps=10.0 ** rng.uniform(-digits / 2, -1), eps_mode="relative")
     else:
         shifted = cur.log10_scale + float(rng.uniform(-30, 30))
-        prev = replace(cur, log10_scale=float(np.clip(shifted, -300, 300)), seed=seed)
+        prev = replace(prev, log10_scale=float(np.clip(shifted, -reach, reach)))
     return WarmCase(current=cur, previous=prev, change=change)
+
+
+# decades of scale a matrix of kappa <= 1/u keeps inside each format's normal range
+_SCALE_REACH = {"fp64": 280.0, "fp32": 28.0, "bf16": 28.0, "fp16": 1.5}
 
 
 def classify_warm(wcase: WarmCase, method: str) -> Outcome:
