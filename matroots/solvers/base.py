@@ -170,9 +170,9 @@ class SolverConfig:
         bs = prob.batch_shape
         out = RootResult(
             root=root.reshape(*bs, prob.n, prob.n),
-            converged=converged.reshape(bs) if bs else bool(converged[0]),
-            iterations=raw.iterations.reshape(bs) if bs else int(raw.iterations[0]),
-            residual=raw.residual.reshape(bs) if bs else float(raw.residual[0]),
+            converged=converged.reshape(bs) if bs else bool(converged.tolist()[0]),  # one read each
+            iterations=raw.iterations.reshape(bs) if bs else int(raw.iterations.tolist()[0]),
+            residual=raw.residual.reshape(bs) if bs else float(raw.residual.tolist()[0]),
             history=[h.reshape(bs) if bs else float(h[0]) for h in raw.history],
             matmuls=float(raw.matmuls),
             seconds=seconds,

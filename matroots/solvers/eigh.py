@@ -188,7 +188,7 @@ class EighConfig(SolverConfig):
                 and 2.0 * float(_log2_top(sq).max()) <= math.log2(torch.finfo(sq.dtype).max) - 1
             )
             W = Q.mul_(sq.unsqueeze(-2))
-            X = W @ W.mT
+            X = torch.bmm(W, W.mT)  # the kernel W @ W.mT calls for (b, n, n) operands, dispatched directly
         else:
             W = Q * f.sqrt().unsqueeze(-2)
             meta_active = (  # the "meta" shift -lambda_min moves with A; the "shift" policy's is constant
