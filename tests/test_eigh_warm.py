@@ -20,6 +20,7 @@ from _refs import U, fwd_bound, haar_orthogonal, rel_err
 import matroots
 from matroots import reference
 from matroots.errors import ConvergenceWarning, InvalidArgumentError, MatrootsError
+from shampoo.state import mirror_upper_
 
 DT = {"fp64": torch.float64, "fp32": torch.float32}
 
@@ -149,8 +150,9 @@ def test_fallback_false_returns_an_honestly_flagged_root():
 
 # ------------------------------------------------------------------------------ real Shampoo factors
 def shampoo_factor_sequence(steps=260, every=5, start=100, beta2=0.999, seed=0):
-    """Kronecker factors of a digits MLP (64 -> 32 -> 10) accumulated in fp32 with torch.baddbmm, as
-    Shampoo does (EMA with bias correction). Returns {n: (rounds, blocks, n, n) float32}."""
+    """Kronecker factors of a digits MLP (64 -> 32 -> 10) accumulated in fp32 with torch.baddbmm and read
+    with the upper triangle mirrored, as Shampoo does (EMA with bias correction). Returns
+    {n: (rounds, blocks, n, n) float32}."""
     from sklearn.datasets import load_digits
 
     torch.manual_seed(seed)
@@ -176,7 +178,8 @@ def shampoo_factor_sequence(steps=260, every=5, start=100, beta2=0.999, seed=0):
         if t >= start and t % every == 0:
             by_n: dict[int, list[torch.Tensor]] = {}
             for F in [*L, *R]:
-                by_n.setdefault(F.shape[-1], []).append(F[0] / (1 - beta2**t))
+                # read as Shampoo reads it: the upper triangle mirrored (the GEMM's lower one is scratch)
+                by_n.setdefault(F.shape[-1], []).append(mirror_upper_(F.clone())[0] / (1 - beta2**t))
             for n, fs in by_n.items():
                 rounds.setdefault(n, []).append(torch.stack(fs))
     return {n: torch.stack(v) for n, v in rounds.items() if n >= 32}
