@@ -231,8 +231,9 @@ def test_malformed_state_dicts_raise_state_dict_error(what: str, corrupt, saved_
 
 @pytest.mark.parametrize("factor_dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_factors_are_bitwise_symmetric_when_read(factor_dtype: torch.dtype) -> None:
-    """n >= 256 blocks, where baddbmm's two triangles differ in fp32; every read of a factor (the
-    solver's input, state_dict, dumps) sees an exactly symmetric matrix."""
+    """n >= 256 blocks, where baddbmm's two triangles may differ in fp32 (on every CPU kernel path
+    where the GEMM does not round them alike); every read of a factor (the solver's input,
+    state_dict, dumps) sees an exactly symmetric matrix, by construction (the mirror)."""
     torch.manual_seed(0)
     m = nn.Linear(256, 256, bias=False)
     x = torch.randn(300, 256)
