@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import precision
+from ..errors import UnsupportedExponentError
+from .newton_checks import check_resolvable_exponent
 
 State = tuple[torch.Tensor, ...]
 Step = Callable[[int, torch.Tensor, State, torch.Tensor], tuple[State, torch.Tensor]]
@@ -55,6 +57,26 @@ def default_tol(dtype: torch.dtype, n: int, p: int) -> float:
     """coupled_newton's tolerance 4 p sqrt(n) u, capped at 0.05 so that the stagnation test (which starts
     below 1/2) decides in the 16-bit formats, where 4 p sqrt(n) u can exceed 1 (bf16, n = 256, p = 4)."""
     return min(precision.default_tol(dtype, n, p), 0.05)
+
+
+def check_resolvable(p: int, dtype: torch.dtype, n: int, method: str) -> None:
+    """Refuse (UnsupportedExponentError) a p whose residual M_k - I cannot be resolved in ``dtype``.
+
+    fp32/fp64: coupled_newton's rule, 4 p sqrt(n) u < 1 (:func:`~matroots.solvers.newton_core.check_resolvable_exponent`).
+    16-bit formats: the residual's rounding floor ~p sqrt(n) u must lie below 1/2, where the stagnation
+    test starts (with the tolerance capped by :func:`default_tol`, the stagnation test decides there).
+    """
+    if dtype in (torch.float32, torch.float64):
+        check_resolvable_exponent(p, dtype, n, method)
+        return
+    fmt = precision.info(dtype)
+    if p * math.sqrt(n) * fmt.unit_roundoff < 0.5:
+        return
+    raise UnsupportedExponentError(
+        f"{method}: p = {p} at n = {n} cannot be resolved in {fmt.name}: the residual's rounding floor "
+        f"p sqrt(n) u = {p * math.sqrt(n) * fmt.unit_roundoff:.2f} is not below 1/2; use a wider compute "
+        "dtype or method='eigh'"
+    )
 
 
 def run_coupled(

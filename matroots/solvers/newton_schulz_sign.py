@@ -47,7 +47,7 @@ from .. import arguments, precision
 from ..errors import UnsupportedExponentError
 from ..inputs import Problem
 from .base import Capabilities, RawResult, SolverConfig
-from .coupled_loop import LoopOutcome, default_tol, run_coupled
+from .coupled_loop import LoopOutcome, check_resolvable, default_tol, run_coupled
 from .newton_core import _start_matrix
 from .registry import register
 from .spd_start import not_positive_definite, spd_start
@@ -152,6 +152,7 @@ class NewtonSchulzSignConfig(SolverConfig):
         stages = power_of_two_stages(p, self.name)
         cdt = prob.compute_dtype
         n, b = prob.n, prob.A.shape[0]
+        check_resolvable(2, cdt, n, self.name)
         st = spd_start(prob, self.name, self.lanczos_steps, self.symmetry_tol)
         info = dict(st.info)
         tol = prob.tol if prob.tol is not None else default_tol(cdt, n, 2)

@@ -94,3 +94,26 @@ def not_positive_definite(method: str, prob: Problem, A: torch.Tensor, shift: to
             f"{method} diverged and the (regularised, rounded) matrix is not positive definite: Cholesky "
             f"fails (dtype {precision.info(prob.dtype).name}); increase eps, or use psd='shift'"
         )
+
+
+def require_positive_root(
+    method: str, prob: Problem, X: torch.Tensor, converged: torch.Tensor, p: int
+) -> None:
+    """For odd p: NotPositiveDefiniteError when a converged root is not positive definite (Cholesky,
+    float64).
+
+    A negative eigenvalue lambda of the matrix solved has the real p-th root -|lambda|^{1/p} for odd p,
+    which the coupled iterations can converge to (m_k = x_k^p lambda -> 1 with x_k < 0): a real, non-
+    principal "root" that passes the residual test. For even p no real x has x^p lambda = 1 and the run
+    stops unconverged. The root of an SPD matrix is SPD, so Cholesky decides.
+    """
+    if p % 2 == 0 or not bool(converged.any()):
+        return
+    rows = converged.nonzero().flatten()
+    _, chol_info = torch.linalg.cholesky_ex(X.index_select(0, rows).double())
+    if bool((chol_info > 0).any()):
+        raise NotPositiveDefiniteError(
+            f"{method}: the matrix solved (rounded to {precision.info(prob.dtype).name}, plus eps) is not "
+            f"positive definite: the iteration converged to a real non-principal root (odd p = {p}); "
+            "increase eps, or use psd='shift'"
+        )

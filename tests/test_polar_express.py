@@ -1,0 +1,167 @@
+"""polar_express: minimax polynomial coupled iterations for A^{-1/p} (and A^{1/2}) of SPD matrices.
+
+Accuracy bound and reference: tests/_matmul_roots.py. The minimax coefficients are checked
+independently of the float64 Remez that made them: in mpmath (50 digits) the error 1 - h(x) must
+equioscillate at d + 2 points of [lo, hi] (its endpoints and the roots of h', found by mpmath) with
+alternating signs and equal magnitude E, and |1 - h| <= E on a dense grid; by Chebyshev's alternation
+theorem (the basis x^{1+jp} is a Chebyshev system on (0, inf)) that is the best approximation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+from _matmul_roots import DTYPES, check_accurate_or_reported, family_matrix
+from _refs import spd_matrix
+
+import matroots
+from matroots.solvers import minimax
+
+METHOD = "polar_express"
+N = 16
+
+
+@pytest.mark.parametrize("kappa", (1e1, 1e4, 1e8))
+@pytest.mark.parametrize("p", (1, 2, 3, 4, 8))
+def test_geometric_spectrum_fp64_converges_within_the_bound(kappa: float, p: int) -> None:
+    A = spd_matrix(N, kappa, seed=p)
+    assert check_accurate_or_reported(METHOD, A, p, torch.float64) == "converged"
+
+
+@pytest.mark.parametrize("kappa", (1e2, 1e6))
+def test_square_root_forward_fp64_fp32(kappa: float) -> None:
+    A = spd_matrix(N, kappa, seed=4)
+    for dt in (torch.float64, torch.float32):
+        assert check_accurate_or_reported(METHOD, A, 2, dt, inverse=False) == "converged"
+
+
+@pytest.mark.parametrize("degree", (1, 3))
+def test_other_degrees(degree: int) -> None:
+    A = spd_matrix(N, 1e6, seed=1)
+    assert check_accurate_or_reported(METHOD, A, 4, torch.float64, degree=degree) == "converged"
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("family,kappa", [("randsvd", 1e2), ("randsvd", 1e5), ("clustered", 1e3)])
+def test_families_every_dtype_accurate_or_reported(family: str, kappa: float, dtype: str) -> None:
+    A = family_matrix(family, 24, kappa, seed=5)
+    got = check_accurate_or_reported(METHOD, A, 4, DTYPES[dtype])
+    if dtype != "bf16" or kappa <= 1e2:
+        assert got == "converged", (family, kappa, dtype, got)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp64"])
+def test_real_shampoo_factors(dtype: str) -> None:
+    solved = 0
+    for task, n in (("digits", 64), ("bytes_lm", 32), ("wide1", 32)):
+        for stage in ("early", "mid", "late"):
+            A, _ = matroots.matrices.generate("shampoo", n, task=task, stage=stage, index=0)
+            A = A + 1e-6 * np.abs(A).max() * np.eye(n)
+            solved += check_accurate_or_reported(METHOD, A, 4, DTYPES[dtype]) == "converged"
+    assert solved >= 8
+
+
+def test_refusals() -> None:
+    G = torch.triu(torch.ones(4, 4, dtype=torch.float64)) + 3 * torch.eye(4, dtype=torch.float64)
+    with pytest.raises(matroots.NotSymmetricError):
+        matroots.inverse_root(G, 2, method=METHOD)
+    with pytest.raises(matroots.UnsupportedExponentError, match="A\\^\\(1/2\\)"):
+        matroots.root(torch.eye(4, dtype=torch.float64), 4, method=METHOD)
+    with pytest.raises(matroots.UnsupportedExponentError):
+        matroots.inverse_root(torch.eye(4, dtype=torch.float64), 17, method=METHOD)
+    with pytest.raises(matroots.UnsupportedExponentError):
+        matroots.inverse_root(torch.eye(4, dtype=torch.float64), 2.5, method=METHOD)
+    with pytest.raises(matroots.InvalidArgumentError, match="degree"):
+        matroots.solvers.get(METHOD, degree=5)
+    with pytest.raises(matroots.NotPositiveDefiniteError):
+        matroots.inverse_root(torch.diag(torch.tensor([1.0, -0.5], dtype=torch.float64)), 2, method=METHOD)
+
+
+def _equioscillation(step: minimax.Step, p: int) -> None:
+    """mpmath check of the minimax property of one schedule step (module docstring)."""
+    d = len(step.coeffs) - 1
+    with mpmath.workdps(50):
+        c = [mpmath.mpf(v) for v in step.coeffs]
+        lo, hi = mpmath.mpf(step.lo), mpmath.mpf(step.hi)
+
+        def err(x):
+            return 1 - sum(cj * x ** (1 + j * p) for j, cj in enumerate(c))
+
+        def derr(x):
+            return -sum(cj * (1 + j * p) * x ** (j * p) for j, cj in enumerate(c))
+
+        grid = [lo + (hi - lo) * k / 4000 for k in range(4001)]
+        vals = [err(x) for x in grid]
+        inner = []
+        for k in range(1, len(grid) - 1):  # sign changes of the derivative bracket the extrema
+            a, b = derr(grid[k - 1]), derr(grid[k + 1])
+            if a * b < 0 and abs(vals[k]) >= max(abs(vals[k - 1]), abs(vals[k + 1])):
+                x = mpmath.findroot(derr, (grid[k - 1], grid[k + 1]), solver="anderson")
+                if not inner or abs(x - inner[-1]) > (hi - lo) * 1e-6:
+                    inner.append(x)
+        pts = [lo, *inner, hi]
+        e = [err(x) for x in pts]
+        assert len(pts) == d + 2, (step, pts)
+        E = mpmath.mpf(step.err)
+        for v, s in zip(e, itertools.cycle((1, -1)), strict=False):
+            # alternating signs, equal magnitude: the Remez stops at points settled to 1e-15 relative
+            assert mpmath.sign(v) == s and abs(abs(v) - E) <= 1e-9 * E, (e, E)
+        assert max(abs(v) for v in vals) <= E * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("p,d,lo", [(2, 2, 1e-3), (4, 2, 10**-1.5), (2, 1, 1e-2), (3, 2, 0.05), (8, 2, 0.2)])
+def test_minimax_coefficients_equioscillate_in_mpmath(p: int, d: int, lo: float) -> None:
+    steps = minimax.schedule(minimax.grid_floor(lo), p, d, 1.01)
+    for st in steps[:-1]:
+        _equioscillation(st, p)
+    # the greedy intervals: each step's design interval is the image of the previous one, widened
+    for a, b in itertools.pairwise(steps[:-1]):
+        assert b.lo == pytest.approx(1 - a.err, rel=1e-15) and b.hi == pytest.approx((1 + a.err) * 1.01)
+    # the tail has the highest contact with 1 at x = 1: h(1) = 1, h^(i)(1) = 0 (exact rationals for p = 2)
+    if (p, d) == (2, 2):
+        assert steps[-1].coeffs == pytest.approx((15 / 8, -10 / 8, 3 / 8), rel=1e-14)
+
+
+def test_schedules_are_cached_per_interval_degree_and_dtype() -> None:
+    a = minimax.schedule(minimax.grid_floor(1e-3), 4, 2, 1.001)
+    assert minimax.schedule(minimax.grid_floor(1.1e-3), 4, 2, 1.001) is a  # same grid cell
+    assert minimax.schedule(minimax.grid_floor(1e-3), 4, 2, 1.01) is not a  # the bf16 safety
+    assert minimax.grid_floor(1e-3) <= 1e-3 < minimax.grid_floor(1e-3) * 2**0.25
+
+
+def test_convergence_order_and_iteration_count() -> None:
+    """kappa 10, p = 4, d = 2, fp64: the count is the scalar model's (x -> h_k(x) on the eigenvalues'
+    normalised roots (lambda/c)^{1/4}, the reported schedule), and the tail is of order d + 1 = 3:
+    h(x) - 1 = O((x - 1)^3), so ||M_{k+1} - I||_F <= ||M_k - I||_F^2 once the residual is small."""
+    lam = np.geomspace(0.1, 1.0, N)
+    Q = np.linalg.qr(np.random.default_rng(0).standard_normal((N, N)))[0]
+    A = 0.5 * ((Q * lam) @ Q.T + ((Q * lam) @ Q.T).T)
+    tol = 1e-9
+    res = matroots.inverse_root(torch.from_numpy(A), 4, method=METHOD, tol=tol, record_history=True)
+    assert res.converged
+    c, lo = float(res.info["c"][0]), float(res.info["l0"][0])
+    steps = minimax.schedule(lo, 4, 2, float(res.info["safety"]))
+    x = (lam / c) ** 0.25
+    k = 0
+    while math.sqrt(float(((x**4 - 1) ** 2).sum())) > tol:
+        x = minimax.evaluate(steps[min(k, len(steps) - 1)].coeffs, x, 4)
+        k += 1
+    assert res.iterations == k
+    r = [float(h) for h in res.history]
+    for a, b in itertools.pairwise(r):
+        if 1e-8 < a < 1e-2:
+            assert b <= a * a, r
+    assert res.matmuls == pytest.approx(5 * res.iterations + min(24, N) / N)
+
+
+def test_fewer_products_than_coupled_newton_at_kappa_1e6() -> None:
+    A = torch.from_numpy(spd_matrix(64, 1e6, seed=7)).float()
+    pe = matroots.inverse_root(A, 4, method=METHOD)
+    cn = matroots.inverse_root(A, 4, method="coupled_newton")
+    assert pe.converged and cn.converged
+    assert pe.matmuls < cn.matmuls
