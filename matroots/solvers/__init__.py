@@ -5,7 +5,9 @@ from .base import SolverConfig
 from .coupled_newton import CoupledNewtonConfig
 from .eigh import EighConfig
 from .eigh_warm import EighWarmConfig
+from .halley import HalleyConfig
 from .newton_schulz_sign import NewtonSchulzSignConfig
+from .polar_express import PolarExpressConfig
 from .registry import available, get, register
 from .schur_newton import SchurNewtonConfig
 
@@ -14,7 +16,9 @@ __all__ = [
     "CoupledNewtonConfig",
     "EighConfig",
     "EighWarmConfig",
+    "HalleyConfig",
     "NewtonSchulzSignConfig",
+    "PolarExpressConfig",
     "SchurNewtonConfig",
     "SolverConfig",
     "available",

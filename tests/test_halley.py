@@ -1,0 +1,110 @@
+"""halley: the coupled Halley ([1/1] Padé) iteration for A^{-1/p} of SPD matrices, cubic convergence.
+
+Accuracy bound and reference: tests/_matmul_roots.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from _matmul_roots import DTYPES, check_accurate_or_reported, family_matrix
+from _refs import spd_matrix
+
+import matroots
+from matroots.solvers.halley import cubic_constant
+
+METHOD = "halley"
+N = 16
+
+
+@pytest.mark.parametrize("scaling", ("centred", "lambda_max"))
+@pytest.mark.parametrize("kappa", (1e1, 1e4, 1e8))
+@pytest.mark.parametrize("p", (1, 2, 3, 4, 8))
+def test_geometric_spectrum_fp64_converges_within_the_bound(kappa: float, p: int, scaling: str) -> None:
+    A = spd_matrix(N, kappa, seed=p)
+    assert check_accurate_or_reported(METHOD, A, p, torch.float64, scaling=scaling) == "converged"
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("family,kappa", [("randsvd", 1e2), ("randsvd", 1e5), ("clustered", 1e3)])
+def test_families_every_dtype_accurate_or_reported(family: str, kappa: float, dtype: str) -> None:
+    A = family_matrix(family, 24, kappa, seed=5)
+    got = check_accurate_or_reported(METHOD, A, 4, DTYPES[dtype])
+    if dtype != "bf16" or kappa <= 1e2:
+        assert got == "converged", (family, kappa, dtype, got)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp64"])
+def test_real_shampoo_factors(dtype: str) -> None:
+    solved = 0
+    for task, n in (("digits", 64), ("bytes_lm", 32), ("wide1", 32)):
+        for stage in ("early", "mid", "late"):
+            A, _ = matroots.matrices.generate("shampoo", n, task=task, stage=stage, index=0)
+            A = A + 1e-6 * np.abs(A).max() * np.eye(n)
+            solved += check_accurate_or_reported(METHOD, A, 4, DTYPES[dtype]) == "converged"
+    assert solved >= 8
+
+
+def test_refusals() -> None:
+    G = torch.triu(torch.ones(4, 4, dtype=torch.float64)) + 3 * torch.eye(4, dtype=torch.float64)
+    with pytest.raises(matroots.NotSymmetricError):
+        matroots.inverse_root(G, 2, method=METHOD)
+    with pytest.raises(matroots.InvalidArgumentError, match="inverse roots only"):
+        matroots.root(torch.eye(4, dtype=torch.float64), 2, method=METHOD)
+    with pytest.raises(matroots.UnsupportedExponentError):
+        matroots.inverse_root(torch.eye(4, dtype=torch.float64), 1.5, method=METHOD)
+    with pytest.raises(matroots.InvalidArgumentError, match="scaling"):
+        matroots.solvers.get(METHOD, scaling="optimal")
+
+
+@pytest.mark.parametrize("method", ("halley", "polar_express"))
+@pytest.mark.parametrize("p", (1, 3))
+def test_odd_p_on_an_indefinite_matrix_is_refused_not_a_real_root(method: str, p: int) -> None:
+    """For odd p, -|lambda|^{1/p} is a real p-th root of a negative eigenvalue, which the iteration
+    can reach with a small residual. Whether Lanczos proves the negative eigenvalue first or the root's
+    Cholesky finds it afterwards, the answer is a typed NotPositiveDefiniteError, never a converged root."""
+    # 2 Lanczos steps do not prove the eigenvalue -1e-3 (the Ritz values stay inside [1e-2, 1]), so
+    # the iteration runs; halley then converges to the real non-principal root, which Cholesky refuses
+    lam = np.concatenate([np.geomspace(1e-2, 1.0, 31), [-1e-3]])
+    Q = np.linalg.qr(np.random.default_rng(1).standard_normal((32, 32)))[0]
+    A = 0.5 * ((Q * lam) @ Q.T + ((Q * lam) @ Q.T).T)
+    with pytest.raises(matroots.NotPositiveDefiniteError, match="not positive definite"):
+        matroots.inverse_root(torch.from_numpy(A), p, method=method, lanczos_steps=2)
+
+
+def test_cubic_convergence_and_iteration_count() -> None:
+    """kappa 10, p = 4, fp64: the count is the scalar model's (m -> m h(m)^4 on the eigenvalues of
+    A/c^p, c^p as reported), and the residual is cubic: per eigenvalue f(1 + e) - 1 = C_p e^3 + O(e^4)
+    with C_p = (p^2 - 1)/(12 p^2), so ||M_{k+1} - I||_F <= C_p ||M_k - I||_F^3 (1 + O(r)); checked as
+    <= 2 C_p r^3 for r <= 0.05 (the O(e^4) term is below e/|C_p| < 1 there) above the rounding floor."""
+    p = 4
+    lam = np.geomspace(0.1, 1.0, N)
+    Q = np.linalg.qr(np.random.default_rng(0).standard_normal((N, N)))[0]
+    A = 0.5 * ((Q * lam) @ Q.T + ((Q * lam) @ Q.T).T)
+    tol = 1e-9
+    res = matroots.inverse_root(torch.from_numpy(A), p, method=METHOD, tol=tol, record_history=True)
+    assert res.converged
+    m = lam / float(res.info["c_power"][0])
+    k = 0
+    while math.sqrt(float(((m - 1) ** 2).sum())) > tol:
+        h = ((p + 1) + (p - 1) * m) / ((p - 1) + (p + 1) * m)
+        m, k = m * h**p, k + 1
+    assert res.iterations == k
+    r = [float(h) for h in res.history]
+    for a, b in itertools.pairwise(r):
+        if 1e-4 < a <= 0.05:
+            assert b <= 2 * cubic_constant(p) * a**3, r
+    assert res.matmuls == pytest.approx((4 / 3 + 1 + 2 + 1) * res.iterations + min(24, N) / N)
+
+
+def test_fewer_iterations_than_coupled_newton() -> None:
+    """Cubic against quadratic, and the centred start halves the log-range: fewer iterations."""
+    A = torch.from_numpy(spd_matrix(32, 1e6, seed=7))
+    ha = matroots.inverse_root(A, 4, method=METHOD)
+    cn = matroots.inverse_root(A, 4, method="coupled_newton")
+    assert ha.converged and cn.converged
+    assert ha.iterations < cn.iterations and ha.matmuls < cn.matmuls
