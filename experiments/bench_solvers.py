@@ -27,6 +27,15 @@ minimum over the whole (n, dtype) block is used.
     python experiments/bench_solvers.py               # full table (a few minutes on 2 cores)
     python experiments/bench_solvers.py --quick       # n in {64, 128}, one kappa: seconds
     python experiments/bench_solvers.py --json runs/bench_solvers.json
+    python experiments/bench_solvers.py --to-target  # GEMM-equivalents to reach an error target
+
+``--to-target`` (issue 27): for fp32 (target 1e-3) and bf16 (target 1e-2), kappa in {1e2, 1e4, 1e6}
+and n = 256 (``--sizes``), the GEMM-equivalents each method needs to reach the target relative error
+against the root of the matrix actually solved (A rounded to the format; reference: float64 LAPACK
+eigh of it, accurate to ~kappa 1e-16, far below the targets). Iterative methods: the fewest products
+(``res.matmuls``) over runs with max_iter = k whose error meets the target (k found by doubling and
+bisection: the error of these iterations decreases with k once they converge); multi-stage methods
+(newton_schulz) cap every stage at k. eigh: its wall time over one GEMM's of the same n and format.
 """
 
 from __future__ import annotations
@@ -190,6 +199,85 @@ def _fmt(r: dict) -> str:
     )
 
 
+TARGETS = {"fp32": 1e-3, "bf16": 1e-2}
+TARGET_METHODS = ("eigh", "coupled_newton", "newton_schulz", "polar_express", "halley")
+
+
+def _error_after(A: torch.Tensor, p: int, method: str, k: int, ref: np.ndarray) -> tuple[float, float]:
+    """(relative error, matmuls) of ``method`` run with max_iter = k; (inf, inf) on a refusal."""
+    try:
+        res = matroots.inverse_root(A, p, method=method, max_iter=k, quiet=True)
+    except matroots.MatrootsError:
+        return math.inf, math.inf
+    X = res.root.double().numpy()
+    return float(np.linalg.norm(X - ref) / np.linalg.norm(ref)), float(res.matmuls)
+
+
+def gemms_to_target(A: torch.Tensor, p: int, method: str, target: float, k_max: int = 128) -> dict:
+    """Fewest products of ``method`` reaching ``target`` (doubling then bisection on max_iter)."""
+    W = A.double().numpy()
+    w, V = np.linalg.eigh(0.5 * (W + W.T))
+    if w[0] <= 0:
+        return {"gemms": math.inf, "error": math.inf, "note": "rounded matrix not positive definite"}
+    ref = (V * w ** (-1.0 / p)) @ V.T
+    lo, hi, best = 0, 1, None
+    while hi <= k_max:
+        err, mm = _error_after(A, p, method, hi, ref)
+        if err <= target:
+            best = (err, mm)
+            break
+        if not math.isfinite(err) and not math.isfinite(mm):
+            return {"gemms": math.inf, "error": math.inf, "note": "refused"}
+        lo, hi = hi, 2 * hi
+    if best is None:
+        return {"gemms": math.inf, "error": err, "note": f"not reached in {k_max} iterations"}
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        err, mm = _error_after(A, p, method, mid, ref)
+        if err <= target:
+            hi, best = mid, (err, mm)
+        else:
+            lo = mid
+    return {"gemms": best[1], "error": best[0], "iterations": hi, "note": ""}
+
+
+def run_to_target(args: argparse.Namespace) -> list[dict]:
+    torch.set_num_threads(args.threads)
+    rows = []
+    for dname, target in TARGETS.items():
+        dtype = torch.float32 if dname == "fp32" else torch.bfloat16
+        for n in args.sizes:
+            gemm = GemmClock(n, dtype)
+            for kappa in (1e2, 1e4, 1e6):
+                A64, _ = build(n, kappa, args.p, seed=n)
+                A = torch.from_numpy(A64).to(dtype)
+                for method in args.methods:
+                    if method == "eigh":
+                        runs = timed_runs(lambda A=A: matroots.inverse_root(A, args.p, method="eigh"), 3)
+                        gemm.sample(10)
+                        W = A.double().numpy()
+                        w, V = np.linalg.eigh(W)
+                        ref = (V * w ** (-1.0 / args.p)) @ V.T
+                        X = runs[-1][1].root.double().numpy()
+                        err = float(np.linalg.norm(X - ref) / np.linalg.norm(ref))
+                        t = min(r[0] for r in runs) / gemm.best
+                        out = {"gemms": t if err <= target else math.inf, "error": err, "note": "time/GEMM"}
+                    else:
+                        out = gemms_to_target(A, args.p, method, target)
+                    row = {"n": n, "dtype": dname, "target": target, "kappa": kappa, "method": method, **out}
+                    rows.append(row)
+                    print(_fmt_target(row), flush=True)
+    return rows
+
+
+def _fmt_target(r: dict) -> str:
+    g = f"{r['gemms']:8.1f}" if math.isfinite(r["gemms"]) else "       -"
+    return (
+        f"{r['n']:5d} {r['dtype']:>5} {r['target']:7.0e} {r['kappa']:6.0e} {r['method']:>15} {g} "
+        f"{r['error']:9.2e}  {r.get('iterations', '')!s:>5} {r['note']}"
+    )
+
+
 def _load() -> str:
     try:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -215,7 +303,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", type=Path, default=None, help="also write the rows and provenance here")
     ap.add_argument("-v", "--verbose", action="store_true", help="print rows as they are measured")
+    ap.add_argument("--to-target", action="store_true", help="GEMM-equivalents to an error target (n = 256)")
     args = ap.parse_args(argv)
+    if args.to_target:
+        if args.sizes == [128, 256, 512, 1024]:
+            args.sizes = [256]
+        if args.methods == list(METHODS):
+            args.methods = list(TARGET_METHODS)
+        print(f"torch {torch.__version__}, {args.threads} threads, p={args.p}; load {_load()}")
+        print(
+            f"{'n':>5} {'dtype':>5} {'target':>7} {'kappa':>6} {'method':>15} {'GEMMs':>8} {'error':>9}  iters"
+        )
+        rows = run_to_target(args)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"argv": sys.argv, "rows": rows}, indent=1))
+        return 0
     if args.quick:
         args.sizes, args.kappas, args.repeats = [64, 128], [1e2], 2
     global CLOCK

@@ -39,6 +39,7 @@ root is symmetrised, (X + X^T)/2.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -90,6 +91,50 @@ def product_floor(state) -> list[float]:
     ny = torch.linalg.matrix_norm(Y.double() if Y.dtype != torch.float64 else Y)
     nz = torch.linalg.matrix_norm(Z.double() if Z.dtype != torch.float64 else Z)
     return (ny * nz / Y.shape[-1]).reshape(-1).tolist()
+
+
+@dataclass
+class Composed:
+    """The last stage's outcome and the record of all stages (per element)."""
+
+    out: LoopOutcome
+    converged: torch.Tensor
+    iterations: torch.Tensor
+    matmuls: torch.Tensor
+    reason: list[str]
+    stage_iterations: list[torch.Tensor]
+    history: list[torch.Tensor]
+
+
+def compose_stages(
+    B: torch.Tensor, stages: int, stage: Callable[[int, torch.Tensor], LoopOutcome]
+) -> Composed:
+    """Run ``stage(j, B_j)`` for j < ``stages``, each on the symmetrised Y of the one before (B_0 = B).
+
+    An element converges when every stage does; its stop reason is that of its first failed stage (else
+    the last's); iterations and products add up.
+    """
+    b = B.shape[0]
+    conv = torch.ones(b, dtype=torch.bool)
+    iters = torch.zeros(b, dtype=torch.int64)
+    matmuls = torch.zeros(b, dtype=torch.float64)
+    reason = ["tol"] * b
+    stage_iters: list[torch.Tensor] = []
+    history: list[torch.Tensor] = []
+    out = None
+    for j in range(stages):
+        out = stage(j, B)
+        for i in range(b):
+            if bool(conv[i]):  # the first failed stage's reason stays
+                reason[i] = out.reason[i]
+        conv &= out.converged
+        iters += out.iterations
+        matmuls += out.matmuls_each
+        stage_iters.append(out.iterations)
+        history.extend(out.history)
+        B = symmetrise(out.state[0])
+    assert out is not None
+    return Composed(out, conv, iters, matmuls, reason, stage_iters, history)
 
 
 def power_of_two_stages(p: int, method: str) -> int:
@@ -169,31 +214,29 @@ class NewtonSchulzSignConfig(SolverConfig):
                 root, torch.ones(b, dtype=torch.bool), zeros, zeros.double(), st.matmuls, info=info
             )
         B = _start_matrix(st.A, c, st.shift, cdt)
-        conv = torch.ones(b, dtype=torch.bool)
-        iters = torch.zeros(b, dtype=torch.int64)
-        matmuls = torch.zeros(b, dtype=torch.float64)
-        reason = ["tol"] * b
-        stage_iters, history = [], []
-        out = None
-        for _ in range(max(stages, 1)):
-            out = sqrt_stage(B, tol=tol, max_iter=max_iter, accept=accept, record_history=prob.record_history)
-            for i in range(b):
-                if bool(conv[i]):  # the first failed stage's reason stays
-                    reason[i] = out.reason[i]
-            conv &= out.converged
-            iters += out.iterations
-            matmuls += out.matmuls_each
-            stage_iters.append(out.iterations)
-            history.extend(out.history)
-            B = symmetrise(out.state[0])
-        assert out is not None
-        if "divergence" in reason:
+
+        def stage(j: int, B: torch.Tensor) -> LoopOutcome:
+            return sqrt_stage(
+                B, tol=tol, max_iter=max_iter, accept=accept, record_history=prob.record_history
+            )
+
+        comp = compose_stages(B, max(stages, 1), stage)
+        if "divergence" in comp.reason:
             not_positive_definite(self.name, prob, st.A, st.shift)
-        Y, Z = out.state
+        Y, Z = comp.out.state
+        matmuls = comp.matmuls
         if stages == 0:  # p = 1, inverse: A^{-1} = (A^{-1/2})^2
             X, matmuls = Z @ Z, matmuls + 1
         else:
             X = Z if inverse else Y
+        conv, iters, reason, out, stage_iters, history = (
+            comp.converged,
+            comp.iterations,
+            comp.reason,
+            comp.out,
+            comp.stage_iterations,
+            comp.history,
+        )
         factor = scalar_powers(c, (-1.0 if inverse else 1.0) / p)
         root = symmetrise(unscale(X, factor))
         info.update(stop_reason=reason, stage_iterations=stage_iters)

@@ -29,19 +29,32 @@ step) and only lags; convergence is decided by the residual, never by the schedu
 (bf16-safe variant, the paper's §4.4): each polynomial is designed on [l_k, s u_k]; s = ``safety``, by
 default 1.01 in 16-bit compute formats (the paper's value for bf16) and 1.001 otherwise.
 
-Forward root: p = 2 only, through the sign form Y_{k+1} = Y_k P_k, Z_{k+1} = P_k Z_k, M_k = Z_k Y_k
-(Y_0 = A/c, Z_0 = I), the same polynomials; Y -> (A/c)^{1/2}. Other forward roots raise
-UnsupportedExponentError (use newton_schulz for p = 2^k).
+Two forms (``form``):
 
-Domain: SPD (non-symmetric input: NotSymmetricError); integer 1 <= p <= ``MAX_P``. Cost per iteration:
-(d - 1) GEMMs for q_k(M) by Horner, 1 for X P, the binary powering of P^p, 1 for P^p M: 5 at p = 4,
-d = 2; 4 at p = 2 (also the sign form). Warm start: none (X_0 must be a function of A). Odd p: a converged root is
+* ``"coupled"`` (above; any p <= ``MAX_P``, inverse roots): M_k is propagated, M_{k+1} = P_k^p M_k, so
+  its rounding errors accumulate over the steps; in fp32/fp64 that stays far below cond(f, A) u, but
+  in bf16 the early polynomials' large coefficients (|c_j| ~ 25 at l = 1e-3) cancel in q_k(M) and the
+  drift of M from X^p A shows (kappa 1e2, n = 128, p = 2: error 4e-2 against 5e-3 in the sign form).
+* ``"sign"`` (p = 2^k, inverse and forward roots): the sign-function form of
+  :mod:`~matroots.solvers.newton_schulz_sign` with the same minimax polynomials, Y_{k+1} = Y_k P_k,
+  Z_{k+1} = P_k Z_k, P_k = q_k(Z_k Y_k) (Y_0 = A/c, Z_0 = I), in k square-root stages; M_k = Z_k Y_k is
+  recomputed from the two factors each step, so it does not drift (a stagnated residual is accepted
+  relative to its floor ~u ||Y|| ||Z||). Stage j uses the schedule of the sign case (p = 2) on
+  [l_0^{(j)}, 1], l_0^{(j)} = (lambda_min_est/(4c))^{1/2^(j+1)}. This is Polar Express on the block
+  matrix [[0, A], [I, 0]] itself. Cost: d + 2 GEMMs per iteration.
+* ``"auto"`` (default): ``"sign"`` for forward roots and in 16-bit compute formats when p = 2^k,
+  ``"coupled"`` otherwise (fewer products at p = 4: one stage of 5 GEMMs per step on [kappa^{-1/4}, 1]
+  against two stages of 4).
+
+Domain: SPD (non-symmetric input: NotSymmetricError); integer 1 <= p <= ``MAX_P`` (coupled form) or
+p = 2^k (sign form). Cost per iteration of the coupled form: (d - 1) GEMMs for q_k(M) by Horner, 1 for
+X P, the binary powering of P^p, 1 for P^p M: 5 at p = 4, d = 2; 4 at p = 2. Warm start: none (X_0 must be a function of A). Odd p: a converged root is
 certified positive definite by a float64 Cholesky (not counted in ``matmuls``;
 :func:`~matroots.solvers.spd_start.require_positive_root`). The returned
 root is symmetrised.
 
-``info``: ``degree``, ``safety``, ``l0`` (per element), ``schedule_steps`` (minimax steps before the tail,
-per element), ``c`` (user units), ``tol``, ``stop_reason``, ``eps_abs`` and the Lanczos estimates.
+``info``: ``form``, ``degree``, ``safety``, ``l0`` (per element), ``schedule_steps`` (minimax steps before the tail,
+per element, and per stage in the sign form), ``stage_iterations`` (sign form), ``c`` (user units), ``tol``, ``stop_reason``, ``eps_abs`` and the Lanczos estimates.
 """
 
 from __future__ import annotations
@@ -57,13 +70,22 @@ from .base import Capabilities, RawResult, SolverConfig, matmul_count_power, mat
 from .coupled_loop import check_resolvable, default_tol, run_coupled
 from .minimax import Step, grid_floor, schedule
 from .newton_core import _start_matrix
-from .newton_schulz_sign import product_floor, scalar_powers, symmetrise, unscale
+from .newton_schulz_sign import (
+    MAX_STAGES,
+    compose_stages,
+    power_of_two_stages,
+    product_floor,
+    scalar_powers,
+    symmetrise,
+    unscale,
+)
 from .registry import register
 from .spd_start import not_positive_definite, require_positive_root, spd_start
 
 MAX_P = 16
 """Largest p: the basis x^{1 + jp} becomes too ill-conditioned for the float64 Remez beyond it."""
 MIN_L0 = 1e-10
+FORMS = ("auto", "coupled", "sign")
 
 
 def _polynomial(M: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
@@ -90,6 +112,9 @@ class PolarExpressConfig(SolverConfig):
     """Minimax polynomial coupled iteration (Polar Express) for A^{-1/p}, SPD input.
 
     Args:
+        form: "coupled" (X_k, M_k; any p), "sign" (Y_k, Z_k by square-root stages; p = 2^k, forward roots
+            too), or "auto": "sign" for forward roots and in 16-bit compute formats when p = 2^k, else
+            "coupled" (module docstring).
         degree: d, the degree of q_k in M (the step polynomial has degree 1 + d p in x); 2 is the
             paper's quintic for p = 2.
         safety: interval widening s >= 1 of each design (None: 1.01 in 16-bit formats, else 1.001).
@@ -100,6 +125,7 @@ class PolarExpressConfig(SolverConfig):
 
     name = "polar_express"
     capabilities = Capabilities(forward_root=True, integer_p=True)
+    form: str = "auto"
     degree: int = 2
     safety: float | None = None
     lanczos_steps: int = 24
@@ -109,6 +135,7 @@ class PolarExpressConfig(SolverConfig):
     def __post_init__(self) -> None:
         arguments.store(
             self,
+            form=arguments.choice("form", self.form, FORMS),
             degree=arguments.integer("degree", self.degree, minimum=1),
             safety=arguments.real("safety", self.safety, minimum=1.0, maximum=1.5, allow_none=True),
             lanczos_steps=arguments.integer("lanczos_steps", self.lanczos_steps, minimum=2),
@@ -125,76 +152,122 @@ class PolarExpressConfig(SolverConfig):
 
     def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
         p = int(prob.p)
-        if p > MAX_P or (not inverse and p != 2):
-            raise UnsupportedExponentError(
-                f"{self.name} computes A^(-1/p) for integer 1 <= p <= {MAX_P} and A^(1/2); got p = {p} "
-                f"({'inverse' if inverse else 'forward'} root); use method='newton_schulz' (p = 2^k) or "
-                "'coupled_newton'"
-            )
         cdt = prob.compute_dtype
+        sixteen = cdt not in (torch.float32, torch.float64)
+        two_k = p & (p - 1) == 0 and p.bit_length() - 1 <= MAX_STAGES
+        form = self.form
+        if form == "auto":
+            form = "sign" if two_k and (sixteen or not inverse) else "coupled"
+        if p > MAX_P and form == "coupled":
+            raise UnsupportedExponentError(
+                f"{self.name}: the coupled form takes integer 1 <= p <= {MAX_P}, got p = {p}; "
+                "use form='sign' for p = 2^k, or method='coupled_newton'"
+            )
+        if form == "sign" or not inverse:
+            stages = power_of_two_stages(p, self.name)  # the sign form: p = 2^k (refused otherwise)
+            if not inverse and form == "coupled":
+                raise UnsupportedExponentError(
+                    f"{self.name}: forward roots A^(1/p) need form='sign' (p = 2^k); got form='coupled'"
+                )
         n, b = prob.n, prob.A.shape[0]
         d = self.degree
-        check_resolvable(p, cdt, n, self.name)
+        check_resolvable(p if form == "coupled" else 2, cdt, n, self.name)
         st = spd_start(prob, self.name, self.lanczos_steps, self.symmetry_tol)
         info = dict(st.info)
-        sixteen = cdt not in (torch.float32, torch.float64)
         safety = self.safety if self.safety is not None else (1.01 if sixteen else 1.001)
-        tol = prob.tol if prob.tol is not None else default_tol(cdt, n, p)
+        q = p if form == "coupled" else 2  # the root each iteration computes
+        tol = prob.tol if prob.tol is not None else default_tol(cdt, n, q)
         max_iter = prob.max_iter if prob.max_iter is not None else 100
+        accept = self.stagnation_accept * tol
         c = st.lmax
         ratio = (st.lmin / (4.0 * c)).clamp(min=MIN_L0**p, max=1.0).tolist()
-        l0 = [max(grid_floor(r ** (1.0 / p)), MIN_L0) for r in ratio]
-        scheds = [schedule(lo, p, d, safety) for lo in l0]
-        info.update(
-            degree=d,
-            safety=safety,
-            l0=torch.tensor(l0, dtype=torch.float64),
-            schedule_steps=torch.tensor([len(s) - 1 for s in scheds]),
-            c=c / prob.prescale,
-            tol=tol,
-        )
+        info.update(form=form, degree=d, safety=safety, c=c / prob.prescale, tol=tol)
+        if form == "sign" and stages == 0 and not inverse:  # A^{1/1}: the shifted matrix itself
+            root = st.A.to(torch.float32 if sixteen else cdt).clone()
+            root.diagonal(dim1=-2, dim2=-1).add_(st.shift.to(root.dtype)[:, None])
+            info["stop_reason"] = ["identity_root"] * b
+            zeros = torch.zeros(b, dtype=torch.int64)
+            return RawResult(
+                root, torch.ones(b, dtype=torch.bool), zeros, zeros.double(), st.matmuls, info=info
+            )
         M0 = _start_matrix(st.A, c, st.shift, cdt)
         I = torch.eye(n, dtype=cdt).expand(b, n, n).clone()
-        if inverse:
+        if form == "coupled":
+            l0 = [max(grid_floor(r ** (1.0 / p)), MIN_L0) for r in ratio]
+            scheds = [schedule(lo, p, d, safety) for lo in l0]
 
             def step(k: int, rows: torch.Tensor, state, M: torch.Tensor):
                 P = _polynomial(M, _coefficients(scheds, k, rows))
                 return (state[0] @ P,), matrix_power(P, p) @ M
 
-            per_iter = d + 1 + matmul_count_power(p)
             out = run_coupled(
-                (I,), M0, step, tol=tol, max_iter=max_iter, accept=self.stagnation_accept * tol,
-                per_iter=per_iter, record_history=prob.record_history,
+                (I,), M0, step, tol=tol, max_iter=max_iter, accept=accept,
+                per_iter=d + 1 + matmul_count_power(p), record_history=prob.record_history,
             )  # fmt: skip
-            X = out.state[0]
+            X, conv, iters, reason, history = (
+                out.state[0],
+                out.converged,
+                out.iterations,
+                out.reason,
+                out.history,
+            )
+            matmuls = out.matmuls_each
+            info["schedule_steps"] = torch.tensor([len(s) - 1 for s in scheds])
         else:
+            # stage j takes the square root of (A/c)^{1/2^j}: its singular-value variable is
+            # x = (lambda/c)^{1/2^(j+1)}, whose lower end is the start's ratio to that power
+            l0 = [max(grid_floor(r**0.5), MIN_L0) for r in ratio]
 
-            def step(k: int, rows: torch.Tensor, state, M: torch.Tensor):
-                Y, Z = state
-                P = _polynomial(M, _coefficients(scheds, k, rows))
-                Y_new, Z_new = Y @ P, P @ Z
-                return (Y_new, Z_new), Z_new @ Y_new
+            def stage(j: int, B: torch.Tensor):
+                sch = [schedule(max(grid_floor(r ** (0.5 ** (j + 1))), MIN_L0), 2, d, safety) for r in ratio]
+                stage_scheds[j] = sch
 
-            out = run_coupled(
-                (M0, I), M0, step, tol=tol, max_iter=max_iter, accept=self.stagnation_accept * tol,
-                per_iter=d + 2, record_history=prob.record_history, floor_scale=product_floor,
-            )  # fmt: skip
-            X = out.state[0]
-        if "divergence" in out.reason:
+                def step(k: int, rows: torch.Tensor, state, M: torch.Tensor):
+                    Y, Z = state
+                    P = _polynomial(M, _coefficients(sch, k, rows))
+                    Y_new, Z_new = Y @ P, P @ Z
+                    return (Y_new, Z_new), Z_new @ Y_new
+
+                return run_coupled(
+                    (B, I), B, step, tol=tol, max_iter=max_iter, accept=accept, per_iter=d + 2,
+                    record_history=prob.record_history, floor_scale=product_floor,
+                )  # fmt: skip
+
+            stage_scheds: dict[int, list] = {}
+            comp = compose_stages(M0, max(stages, 1), stage)
+            Y, Z = comp.out.state
+            conv, iters, reason, history, matmuls = (
+                comp.converged,
+                comp.iterations,
+                comp.reason,
+                comp.history,
+                comp.matmuls,
+            )
+            out = comp.out
+            if stages == 0:  # p = 1, inverse: A^{-1} = (A^{-1/2})^2
+                X, matmuls = Z @ Z, matmuls + 1
+            else:
+                X = Z if inverse else Y
+            info["stage_iterations"] = comp.stage_iterations
+            info["schedule_steps"] = torch.tensor(
+                [[len(s[i]) - 1 for s in stage_scheds.values()] for i in range(b)]
+            )
+        info["l0"] = torch.tensor(l0, dtype=torch.float64)
+        if "divergence" in reason:
             not_positive_definite(self.name, prob, st.A, st.shift)
-        require_positive_root(self.name, prob, X, out.converged, p)
+        require_positive_root(self.name, prob, X, conv, p)
         root = symmetrise(unscale(X, scalar_powers(c, (-1.0 if inverse else 1.0) / p)))
-        info["stop_reason"] = out.reason
+        info["stop_reason"] = reason
         if sixteen:
             info["compute_dtype_note"] = (
                 f"products in {precision.info(cdt).name}; residual norms and the final scaling in fp32"
             )
         return RawResult(
             root=root,
-            converged=out.converged,
-            iterations=out.iterations,
+            converged=conv,
+            iterations=iters,
             residual=out.residual,
-            matmuls=st.matmuls + float(out.matmuls_each.mean()),
-            history=out.history,
+            matmuls=st.matmuls + float(matmuls.mean()),
+            history=history,
             info=info,
         )

@@ -10,9 +10,13 @@ residual bound. ``lmax`` is the top Ritz value plus its residual bound (times 1 
 of lambda_max to rounding, so A/lmax has its spectrum in (0, 1]; ``lmin`` is the smallest Ritz value, an
 *upper* estimate of lambda_min (Ritz values lie inside the spectrum), used only to choose how fast to
 start, never for convergence. A Ritz value that proves a negative eigenvalue raises
-NotPositiveDefiniteError.
+NotPositiveDefiniteError, and so does a failed float64 Cholesky factorisation of A + shift I (the matrix
+actually solved, exactly): the certificate that it has a principal root. Without it a 16-bit run can
+"converge" on an indefinite rounded matrix (its residual cannot resolve a negative eigenvalue of
+relative size u), and for odd p the iteration can reach the real root of a negative eigenvalue.
 
-The Lanczos matrix-vector products are counted in ``matmuls`` (n of them = one GEMM).
+The Lanczos matrix-vector products are counted in ``matmuls`` (n of them = one GEMM), the Cholesky
+factorisation as 1/6 GEMM (n^3/3 flops).
 """
 
 from __future__ import annotations
@@ -78,10 +82,20 @@ def spd_start(prob: Problem, method: str, lanczos_steps: int, symmetry_tol: floa
             f"eigenvalue <= {worst:.3e} (dtype {precision.info(prob.dtype).name}); increase eps, or use "
             "psd='shift', or method='eigh' with rank_policy='clamp' or 'pseudo_inverse'"
         )
+    Ad = A.double().clone()
+    Ad.diagonal(dim1=-2, dim2=-1).add_(shift[:, None])
+    _, chol_info = torch.linalg.cholesky_ex(Ad)
+    if bool((chol_info > 0).any()):
+        raise NotPositiveDefiniteError(
+            f"{method}: the matrix solved (the input rounded to {precision.info(prob.dtype).name}, plus "
+            "eps) is not positive definite: Cholesky fails; increase eps, or use psd='shift', or "
+            "method='eigh' with rank_policy='clamp' or 'pseudo_inverse'"
+        )
     lmax = est.lmax_upper * (1 + 1e-6)
     lmin = torch.minimum(est.lmin.clamp_min(0.0), lmax)
     info.update(lambda_min_est=lmin / prob.prescale, lambda_max_est=est.lmax / prob.prescale)
-    return SpdStart(A=A, shift=shift, lmax=lmax, lmin=lmin, matmuls=est.matvecs / n, info=info)
+    # the Cholesky certificate costs n^3/3 flops: 1/6 of a GEMM
+    return SpdStart(A=A, shift=shift, lmax=lmax, lmin=lmin, matmuls=est.matvecs / n + 1 / 6, info=info)
 
 
 def not_positive_definite(method: str, prob: Problem, A: torch.Tensor, shift: torch.Tensor) -> None:
