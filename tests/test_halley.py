@@ -76,6 +76,16 @@ def test_odd_p_on_an_indefinite_matrix_is_refused_not_a_real_root(method: str, p
         matroots.inverse_root(torch.from_numpy(A), p, method=method, lanczos_steps=2)
 
 
+def test_a_matrix_singular_in_the_compute_format_is_a_typed_refusal() -> None:
+    """[[1, 1], [1, 1]] + 1e-12 I is positive definite (its float64 Cholesky succeeds), but 1 + 1e-12
+    rounds to 1 in fp32, so M_0 has four equal entries and the p = 1 denominator 2 M_0 has an exactly zero
+    LU pivot on every kernel (a - (a/a) a = 0): a NotPositiveDefiniteError, never torch's LinAlgError."""
+    A = torch.ones(2, 2, 2, dtype=torch.float64)
+    A[1] = torch.eye(2, dtype=torch.float64) + 0.5  # a healthy element beside it: the batch is refused
+    with pytest.raises(matroots.NotPositiveDefiniteError, match="singular in fp32"):
+        matroots.inverse_root(A, 1, method=METHOD, dtype="fp32", eps=1e-12, eps_mode="absolute")
+
+
 def test_cubic_convergence_and_iteration_count() -> None:
     """kappa 10, p = 4, fp64: the count is the scalar model's (m -> m h(m)^4 on the eigenvalues of
     A/c^p, c^p as reported), and the residual is cubic: per eigenvalue f(1 + e) - 1 = C_p e^3 + O(e^4)

@@ -32,7 +32,9 @@ Scalings (c^p), from the Lanczos bounds of :mod:`~matroots.solvers.spd_start`:
 p = 1 uses h(m) = (2 + 0 m)/(0 + 2 m) = 1/m, i.e. one exact solve: X_1 = (A/c)^{-1}; it is allowed.
 
 Domain: SPD (non-symmetric input: NotSymmetricError); integer p >= 1 within the resolvable range of
-:func:`~matroots.solvers.coupled_loop.check_resolvable`. Inverse roots only (a forward root Y = X^{-1}
+:func:`~matroots.solvers.coupled_loop.check_resolvable`. A zero LU pivot of a denominator (the matrix solved singular to working
+precision, e.g. p = 1 with lambda_min below rounding of lambda_max) is a NotPositiveDefiniteError.
+Inverse roots only (a forward root Y = X^{-1}
 would need the capped start of coupled_newton to keep its error at cond(A^{1/p}) u; use coupled_newton
 or newton_schulz). Cost per iteration: one LU solve with n right-hand sides (counted 4/3 GEMM, as
 coupled_newton counts its forward solves), 1 for X P, the binary powering of P^p, 1 for P^p M: 5.33 at
@@ -51,7 +53,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import arguments
+from .. import arguments, precision
+from ..errors import NotPositiveDefiniteError
 from ..inputs import Problem
 from .base import Capabilities, RawResult, SolverConfig, matmul_count_power, matrix_power
 from .coupled_loop import check_resolvable, default_tol, run_coupled
@@ -63,14 +66,21 @@ from .spd_start import not_positive_definite, require_positive_root, spd_start
 SCALINGS = ("auto", "centred", "lambda_max")
 
 
-def halley_factor(M: torch.Tensor, p: int) -> torch.Tensor:
-    """P = ((p-1) I + (p+1) M)^{-1} ((p+1) I + (p-1) M) (the two commute), solved in fp32/fp64."""
+def halley_factor(M: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """P = ((p-1) I + (p+1) M)^{-1} ((p+1) I + (p-1) M) (the two commute), solved in fp32/fp64.
+
+    Returns P and a (b,) bool mask of the elements whose denominator has an exactly zero LU pivot
+    (``torch.linalg.solve_ex`` info > 0; their P is not used). For M positive definite the denominator is
+    too (its eigenvalues are (p-1) + (p+1) m > 0); at p = 1 it is 2 M, singular to working precision when
+    lambda_min(M) is below rounding of lambda_max(M).
+    """
     I = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
     W = M if M.dtype in (torch.float32, torch.float64) else M.float()
     Iw = I.to(W.dtype)
     D = torch.add(Iw * (p - 1), W, alpha=p + 1)
     N = torch.add(Iw * (p + 1), W, alpha=p - 1)
-    return torch.linalg.solve(D, N).to(M.dtype)
+    P, info = torch.linalg.solve_ex(D, N)
+    return P.to(M.dtype), info > 0
 
 
 @register
@@ -122,7 +132,15 @@ class HalleyConfig(SolverConfig):
         I = torch.eye(n, dtype=cdt).expand(b, n, n).clone()
 
         def step(k: int, rows: torch.Tensor, state, M: torch.Tensor):
-            P = halley_factor(M, p)
+            P, singular = halley_factor(M, p)
+            if bool(singular.any()):
+                raise NotPositiveDefiniteError(
+                    f"{self.name}: the Halley denominator (p - 1) I + (p + 1) M_k is singular in "
+                    f"{precision.info(cdt).name} (a zero LU pivot at step {k}, p = {p}): the matrix solved "
+                    "(rounded, plus eps) is singular or indefinite to working precision (lambda_min below "
+                    "rounding of lambda_max); increase eps (eps_mode='relative', eps >= n u), use a wider "
+                    "dtype, or method='eigh' with rank_policy='clamp' or 'pseudo_inverse'"
+                )
             return (state[0] @ P,), matrix_power(P, p) @ M
 
         per_iter = 4.0 / 3.0 + 1 + matmul_count_power(p) + 1
