@@ -298,7 +298,9 @@ def test_outside_the_table_warns_when_cond_u_exceeds_the_target() -> None:
     ref = reference.inverse_root(A, 3)
     with pytest.warns(TargetWarning, match="cannot promise the target 0.001") as caught:
         res = matroots.inverse_root(A, 3, "auto", dtype="fp32")
-    assert "p=3 is not in the table" in str(caught[0].message)
+    # eigh's own ConvergenceWarning (cond u >= 1: no digit promised) may come first; both are due.
+    target_msgs = [str(w.message) for w in caught if issubclass(w.category, TargetWarning)]
+    assert any("p=3 is not in the table" in m for m in target_msgs), target_msgs
     g = res.info["auto"]["groups"][0]
     assert g["status"] == "outside" and g["expected_error"] > 1e-3
     assert relative_forward_error(res.root.double().numpy(), ref.root) > 1e-3  # the warning was due
