@@ -106,6 +106,23 @@ def test_a_warm_start_that_falls_back_is_the_cold_solve():
         assert torch.equal(warm.root, cold.root) and warm.iterations == cold.iterations
 
 
+def test_a_warm_start_that_overflows_the_working_format_is_the_cold_solve():
+    """A finite previous root of 1e39 I overflows fp32 (max 3.4e38) once rounded to the working format:
+    it is not used (before the fix, Lanczos on its Inf entries ended in torch's raw LinAlgError), and the
+    solve is the cold one bitwise by construction (the same code path with no warm start)."""
+    q = np.linalg.qr(np.random.default_rng(0).standard_normal((5, 5)))[0]
+    A = torch.tensor((q * np.logspace(0, -2, 5)) @ q.T)
+    A = (A + A.T) / 2
+    huge = 1e39 * torch.eye(5, dtype=torch.float64)
+    for p, fn in ((2, matroots.root), (2, matroots.inverse_root), (1, matroots.inverse_root)):
+        warm = fn(A, p, method="coupled_newton", dtype="fp32", warm_start=huge)
+        cold = fn(A, p, method="coupled_newton", dtype="fp32")
+        assert (
+            "overflows fp32" in warm.info["warm_start_note"] and warm.info["scaling"] == cold.info["scaling"]
+        )
+        assert torch.equal(warm.root, cold.root) and warm.iterations == cold.iterations
+
+
 def test_batch_mixes_warm_and_cold_elements():
     """Per element: an element whose previous root fits keeps its warm start; the other falls back."""
     A0, A1 = issue_pair()

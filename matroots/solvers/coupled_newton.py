@@ -75,7 +75,10 @@ which exceeds 1 in modulus as soon as s > 3 (p = 2), i.e. kappa(A) > 9. So:
   says so.
 
 A warm start with NaN or Inf entries is refused (NonFiniteInputError), as is one of the wrong shape
-(InvalidArgumentError); on general input a valid warm start is not used.
+(InvalidArgumentError); on general input a valid warm start is not used. A finite one that overflows the
+working format once brought to the pre-scaled units of this matrix (the root of a matrix at a very
+different scale) is not used either: the batch starts cold (``info["warm_start_note"]``), so it ends
+as the cold solve does (a FormatRangeError where the root is out of range).
 
 The forward root with p = 1 is (A + eps_abs I) itself, returned without iterating (stop reason
 ``"identity_root"``, as schur_newton).
@@ -217,6 +220,15 @@ class CoupledNewtonConfig(SolverConfig):
         eigs = kappas = None
         Z = self._warm_root(warm_start, A, p, prob, inverse) if warm_start is not None else None
         Z = Z if sym else None  # general input: a (valid) warm start is not used
+        if Z is not None and not bool(torch.isfinite(Z).all()):
+            # the previous root, brought to this problem's pre-scaled units, overflows the working
+            # format (a root of a matrix at a very different scale): start cold, bitwise the cold solve
+            bad = (~torch.isfinite(Z)).flatten(1).any(-1).nonzero().flatten().tolist()
+            info["warm_start_note"] = (
+                f"the previous root overflows {precision.info(A.dtype).name} in this matrix's pre-scaled "
+                f"units (batch elements {bad}): the whole batch starts cold"
+            )
+            Z = None
         if sym and (relative or (Z is None and scaling in ("optimal", "dynamic"))):
             # a relative eps needs lambda_max itself: Lanczos is extended until its top Ritz value is
             # certified to 1e-12 (residual bound), so the shift is eigh's to ~1e-12 relative
