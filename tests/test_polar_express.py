@@ -92,6 +92,24 @@ def test_real_shampoo_factors(dtype: str) -> None:
     assert solved >= 8
 
 
+@pytest.mark.parametrize("n", (1, 4))
+@pytest.mark.parametrize("dtype", ("fp32", "fp64"))
+@pytest.mark.parametrize("inverse", (False, True))
+def test_a_scaled_identity_is_solved_not_returned_as_its_start(n: int, dtype: str, inverse: bool) -> None:
+    """M_0 = (3.7 I)/lambda_max_upper = (1 - 1e-6) I is near I, and the first minimax step maps m = 1 to
+    1 - E_1, so its residual does not halve: the stagnation test must wait for the schedule's tail.
+    Before, the start was kept (every stage returned its input): fp64 unconverged at error 8.7e-7, fp32
+    "converged" at 15 u. Closed form 3.7^(+-1/8) I; cond(f, A) = 1/p for a scalar function on a scaled
+    identity, so the bound is the fuzz's 10 n (1 + 1/p) u."""
+    A = 3.7 * torch.eye(n, dtype=torch.float64)
+    fn = matroots.inverse_root if inverse else matroots.root
+    res = fn(A, 8, method=METHOD, dtype=dtype)
+    u = 2.0**-24 if dtype == "fp32" else 2.0**-53
+    exact = 3.7 ** ((-1.0 if inverse else 1.0) / 8) * torch.eye(n, dtype=torch.float64)
+    err = float((res.root.double() - exact).norm() / exact.norm())
+    assert bool(torch.as_tensor(res.converged).all()) and err <= 10 * n * (1 + 1 / 8) * u
+
+
 def test_refusals() -> None:
     G = torch.triu(torch.ones(4, 4, dtype=torch.float64)) + 3 * torch.eye(4, dtype=torch.float64)
     with pytest.raises(matroots.NotSymmetricError):

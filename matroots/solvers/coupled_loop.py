@@ -92,8 +92,13 @@ def run_coupled(
     quadratic_start: float = 0.5,
     divergence_factor: float = 1e3,
     floor_scale: Callable[[State], list[float]] | None = None,
+    stagnation_from: list[int] | None = None,
 ) -> LoopOutcome:
     """Iterate ``step`` on the batch until every element stops (see the module docstring).
+
+    ``stagnation_from``: per element, the first step k whose result is tested for stagnation (default
+    0). A scheduled iteration whose first steps are not contractions towards I (the minimax steps of
+    polar_express map m = 1 to 1 - E_k) would otherwise stop at its start when M_0 is already near I.
 
     ``floor_scale(state)``: per row, a factor >= 1 by which the rounding floor of the residual exceeds
     the identity's (a residual M = Z Y recomputed from two factors carries an error ~ u ||Z|| ||Y||);
@@ -109,6 +114,7 @@ def run_coupled(
     active = [not c for c in converged]
     iters = [0] * b
     accept = min(accept, quadratic_start)
+    armed = [0] * b if stagnation_from is None else list(stagnation_from)
     history = [torch.tensor(res, dtype=torch.float64)] if record_history else []
     for k in range(max_iter):
         idx = [i for i in range(b) if active[i]]
@@ -130,7 +136,7 @@ def run_coupled(
                 reason[i], take, active[i] = "divergence", False, False
             elif r_new <= tol:
                 reason[i], converged[i], res[i], active[i] = "tol", True, r_new, False
-            elif r_old < quadratic_start and r_new > 0.5 * r_old:
+            elif r_old < quadratic_start and r_new > 0.5 * r_old and k >= armed[i]:
                 reason[i], active[i] = "stagnation", False
                 take = r_new < r_old  # keep the better of the last two iterates
                 if take:

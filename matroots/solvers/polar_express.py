@@ -203,6 +203,7 @@ class PolarExpressConfig(SolverConfig):
             out = run_coupled(
                 (I,), M0, step, tol=tol, max_iter=max_iter, accept=accept,
                 per_iter=d + 1 + matmul_count_power(p), record_history=prob.record_history,
+                stagnation_from=[len(s) - 1 for s in scheds],
             )  # fmt: skip
             X, conv, iters, reason, history = (
                 out.state[0],
@@ -231,6 +232,7 @@ class PolarExpressConfig(SolverConfig):
                 return run_coupled(
                     (B, I), B, step, tol=tol, max_iter=max_iter, accept=accept, per_iter=d + 2,
                     record_history=prob.record_history, floor_scale=product_floor,
+                    stagnation_from=[len(s) - 1 for s in sch],
                 )  # fmt: skip
 
             stage_scheds: dict[int, list] = {}
