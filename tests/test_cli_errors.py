@@ -231,6 +231,11 @@ BAD_VALIDATION = {
         tiny_config(["lsq"]).replace("steps = 2", 'steps = "many"'),
         "steps must be a whole number",
     ),
+    "steps_inf": (  # TOML's inf: int(inf) was a raw OverflowError traceback
+        tiny_config(["lsq"]).replace("steps = 2", "steps = inf"),
+        "steps must be a whole number",
+    ),
+    "steps_nan": (tiny_config(["lsq"]).replace("steps = 2", "steps = nan"), "steps must be a whole number"),
     "frequency_zero": (
         tiny_config(["lsq"]).replace("precondition_frequency = [1]", "precondition_frequency = [0]"),
         "precondition_frequency",

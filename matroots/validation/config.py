@@ -206,7 +206,13 @@ def _lrs(values: list[Any], where: str) -> tuple[float, ...]:
 
 def _int(value: Any, where: str, lo: int) -> int:
     """A whole number >= lo (TOML integers; a float with an integer value is accepted)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < lo:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)  # int(inf) raises OverflowError, int(nan) ValueError
+        or value != int(value)
+        or value < lo
+    ):
         raise _bad(f"{where} must be a whole number >= {lo}, got {value!r}")
     return int(value)
 
