@@ -218,11 +218,8 @@ class EighConfig(SolverConfig):
 def _determined(info: dict, prob: Problem, eig_dtype: torch.dtype, inverse: bool) -> torch.Tensor:
     """(b,) bool: False where the root of the matrix solved has no promised digit (docs/design.md §3).
 
-    The computed eigenvalues of a symmetric matrix are within err = sqrt(n) u ||A||_2 of the exact ones
-    with high probability (the probabilistic rounding error bound, sqrt(n) u in place of the worst case
-    n u: Higham & Mary 2019, "A new approach to probabilistic rounding error analysis", SIAM J. Sci.
-    Comput. 41(5); the worst case flags well-posed fp32 roots, e.g. n = 24, kappa 1e6, cond u = 0.015),
-    so lambda_min of the matrix solved lies in [w_min - err, w_min + err]. Not converged when that
+    The computed eigenvalues of a symmetric matrix are within err = n u ||A||_2 of the exact ones, so
+    lambda_min of the matrix solved lies in [w_min - err, w_min + err]. Not converged when that
     interval reaches 0 (the matrix may be singular or indefinite: the 8 x 8 rank-7 matrix of issue 22
     got inverse roots 2.4e7 and 1.6e7 from two solvers), or when a lower bound of cond(f, A) there,
     (|q| / sqrt(n)) lambda_max / lo for q < 0 and (q / sqrt(n)) (lambda_max / lo)^{1 - q} for
@@ -239,7 +236,7 @@ def _determined(info: dict, prob: Problem, eig_dtype: torch.dtype, inverse: bool
     lmin, lmax = info["lambda_min"].tolist(), info["lambda_max"].tolist()
     ok, why = [], []
     for a, b, c, d in zip(smin, smax, lmin, lmax, strict=True):
-        err = math.sqrt(n) * u_eig * max(abs(c), abs(d))
+        err = n * u_eig * max(abs(c), abs(d))
         lo = a - err
         if not lo > 0:
             ok.append(False)
