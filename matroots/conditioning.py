@@ -406,24 +406,6 @@ def cond_root(
     return worst
 
 
-def cond_root_spectrum(lam: Any, p: Any, *, inverse: bool = True, error: float = 0.0) -> float:
-    """cond(f, A) of a symmetric A from its computed eigenvalues ``lam``, at their worst within
-    +-``error`` (the eigensolver's absolute error bound): lambda_min - error replaces lambda_min.
-
-    ``inf`` when lambda_min - error <= 0: then the matrix may be singular or indefinite and its root
-    is not determined by the computed spectrum, whatever lambda_min itself reads. Scale invariant as
-    :func:`cond_root` (the spectrum is divided by a power of two first).
-    """
-    q = float(_exponent(p, inverse))
-    w = np.sort(np.asarray(lam, dtype=float).reshape(-1))
-    if not np.isfinite(w).all() or w.size == 0:
-        return math.inf
-    k = _scale_exponent(w)
-    w = np.ldexp(w, -k)
-    w[0] = w[0] - math.ldexp(float(error), -k)
-    return _cond_symmetric(w, q)
-
-
 def cond_u_line(cond: float, dtype: Any) -> float:
     """cond(f, A) u(dtype): the forward error a stable method can be expected to reach."""
     from . import precision
@@ -489,7 +471,6 @@ def axis_distance(A: Any, candidates: np.ndarray, iters: int = 12) -> tuple[floa
 __all__ = [
     "axis_distance",
     "cond_root",
-    "cond_root_spectrum",
     "cond_u_line",
     "divided_differences",
     "eigenvalue_conditions",

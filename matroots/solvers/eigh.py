@@ -205,53 +205,12 @@ class EighConfig(SolverConfig):
             root=X,
             in_caller_units=folded,
             finite=torch.ones(b, dtype=torch.bool) if certified else None,
-            converged=_determined(info, prob, Q.dtype, inverse)
-            if self.rank_policy == "perturb"
-            else torch.ones(b, dtype=torch.bool),
+            converged=torch.ones(b, dtype=torch.bool),
             iterations=torch.zeros(b, dtype=torch.int64),
             residual=torch.full((b,), float("nan"), dtype=torch.float64),
             matmuls=1.0,
             info=info,
         )
-
-
-def _determined(info: dict, prob: Problem, eig_dtype: torch.dtype, inverse: bool) -> torch.Tensor:
-    """(b,) bool: False where the root of the matrix solved has no promised digit (docs/design.md §3).
-
-    The computed eigenvalues of a symmetric matrix are within err = n u ||A||_2 of the exact ones, so
-    lambda_min of the matrix solved lies in [w_min - err, w_min + err]. Not converged when that
-    interval reaches 0 (the matrix may be singular or indefinite: the 8 x 8 rank-7 matrix of issue 22
-    got inverse roots 2.4e7 and 1.6e7 from two solvers), or when a lower bound of cond(f, A) there,
-    (|q| / sqrt(n)) lambda_max / lo for q < 0 and (q / sqrt(n)) (lambda_max / lo)^{1 - q} for
-    0 < q < 1 (q = -+1/p; Higham 2008, Cor. 3.16 with max|f'| = |q| lo^{q-1}, ||lambda||_2 >=
-    lambda_max, ||lambda^q||_2 <= sqrt(n) max lambda^q), reaches 1/u. The psd "shift"
-    policy's floor n u ||A||_F >= err keeps Shampoo's factors clear of it. Reason in info["ill_conditioned"].
-    """
-    n = prob.n
-    u_eig = precision.unit_roundoff(eig_dtype if "eigh_retry_fp64" not in info else torch.float64)
-    u_eig = max(u_eig, precision.unit_roundoff(torch.float64))
-    u_work = precision.unit_roundoff(prob.compute_dtype)
-    q = (-1.0 if inverse else 1.0) / float(prob.p)
-    smin, smax = info["solved_lambda_min"].tolist(), info["solved_lambda_max"].tolist()
-    lmin, lmax = info["lambda_min"].tolist(), info["lambda_max"].tolist()
-    ok, why = [], []
-    for a, b, c, d in zip(smin, smax, lmin, lmax, strict=True):
-        err = n * u_eig * max(abs(c), abs(d))
-        lo = a - err
-        if not lo > 0:
-            ok.append(False)
-            why.append(
-                f"lambda_min {a:.2e} of the matrix solved is within the eigensolver's error ~{err:.1e} of 0"
-            )
-            continue
-        ratio = b / lo
-        bound = abs(q) / math.sqrt(n) * (ratio if q < 0 else ratio ** (1.0 - q) if q < 1 else 0.0)
-        ok.append(bound * u_work < 1.0)
-        why.append(f"cond(f, A) >= {bound:.2e}, cond u >= 1" if bound * u_work >= 1.0 else "")
-    if all(ok):
-        return torch.ones(len(ok), dtype=torch.bool)
-    info["ill_conditioned"] = why
-    return torch.tensor(ok)
 
 
 def eigh_checked(A: torch.Tensor, info: dict) -> tuple[torch.Tensor, torch.Tensor]:

@@ -44,28 +44,25 @@ def eigenvalue_backward_error(fro_norm: float, n: int, u: float) -> float:
     return 4.0 * math.sqrt(n) * u * fro_norm
 
 
-def negative_axis_status(
+def refuse_near_negative_axis(
     A: np.ndarray,
     eigs: np.ndarray,
     kappas: np.ndarray,
     eta: float,
     method: str,
     prescale: float = 1.0,
-) -> str | None:
-    """Where the matrix actually solved, ``A`` (rounded, eps-shifted), stands to the closed negative
-    real axis: NegativeRealEigenvalueError when it has an eigenvalue there (a computed eigenvalue on
-    the axis); a sentence (str) when only a matrix within ``eta`` of it has one; None when neither.
+) -> None:
+    """NegativeRealEigenvalueError when the matrix actually solved, ``A`` (rounded, eps-shifted), has an
+    eigenvalue on the closed negative real axis, or is within ``eta`` of a matrix that has one.
 
     ``eigs`` are its computed eigenvalues (exact for a matrix within ``eta``, the eigensolver's backward
-    error) and ``kappas`` their condition numbers. Screening: an eigenvalue whose first-order disc
-    (radius kappa eta) misses (-inf, 0] is safe. The others are decided by the distance to the axis,
-    min_z sigma_min(A - zI) at the axis points nearest to them
-    (:func:`matroots.conditioning.axis_distance`): a nearby matrix has an axis eigenvalue when it is
-    <= eta. That is a property of non-normality (the Al-Mohy-Higham triangle with eigenvalues ~0.3
-    is within 4e-16 of a singular matrix), not proof that no principal root exists; a caller that
-    goes on must judge the result by the root's condition number (cond(f, A) u >= 1 promises no
-    digit: a nearly nilpotent matrix, whose fp32 and fp64 Schur forms put its eigenvalues on
-    different sides of the branch cut).
+    error) and ``kappas`` their condition numbers. A nearly nilpotent matrix (e.g. a spectral
+    differentiation matrix) has computed eigenvalues scattered on a circle of radius ~u^{1/n}, and the
+    fp32 and fp64 Schur forms put them on different sides of the branch cut: a root computed from either
+    is O(1) wrong, since the principal root is not determined to working precision. Screening: an
+    eigenvalue whose first-order disc (radius kappa eta) misses (-inf, 0] is safe. The others are
+    decided by the distance to the axis, min_z sigma_min(A - zI) at the axis points nearest to them
+    (:func:`matroots.conditioning.axis_distance`): refused when it is <= eta.
     """
     from ..conditioning import axis_distance
 
@@ -76,43 +73,25 @@ def negative_axis_status(
         dist = np.where(w.real <= 0, np.abs(w.imag), np.abs(w))  # distance to the closed negative axis
     suspect = ~(dist > radius)
     if not suspect.any():
-        return None
+        return
     on_axis = (w.imag == 0) & (w.real <= 0)
     if on_axis.any():
         lam = w[on_axis][np.argmin(w[on_axis].real)] / prescale
-        raise NegativeRealEigenvalueError(
-            f"{method}: the matrix actually solved (rounded to the working format, after the eps shift) "
-            f"has the eigenvalue {lam.real:.3e} on the closed negative real axis; no principal root can be "
-            "computed. Shift it with eps if the eigenvalues should be positive, or use a wider dtype"
+        why = f"has the eigenvalue {lam.real:.3e} on the closed negative real axis"
+    else:
+        sig, z = axis_distance(A, np.concatenate([[0.0], w[suspect]]))
+        if sig > eta:
+            return
+        why = (
+            f"is within {sig / prescale:.2e} (2-norm; its eigensolver's backward error is ~{eta / prescale:.2e}) "
+            f"of a matrix with the eigenvalue {z / prescale:.3e} on the closed negative real axis, so in this "
+            "precision it is not determined which side of the branch cut its eigenvalues are on"
         )
-    sig, z = axis_distance(A, np.concatenate([[0.0], w[suspect]]))
-    if sig > eta:
-        return None
-    return (
-        "the matrix actually solved (rounded to the working format, after the eps shift) is within "
-        f"{sig / prescale:.2e} (2-norm; its eigensolver's backward "
-        f"error is ~{eta / prescale:.2e}) of a matrix with the eigenvalue {z / prescale:.3e} on the closed "
-        "negative real axis"
+    raise NegativeRealEigenvalueError(
+        f"{method}: the matrix actually solved (rounded to the working format, after the eps shift) {why}; "
+        "no principal root can be computed. Shift it with eps if the eigenvalues should be positive, or "
+        "use a wider dtype"
     )
-
-
-def refuse_near_negative_axis(
-    A: np.ndarray,
-    eigs: np.ndarray,
-    kappas: np.ndarray,
-    eta: float,
-    method: str,
-    prescale: float = 1.0,
-) -> None:
-    """NegativeRealEigenvalueError when the matrix actually solved has an eigenvalue on the closed
-    negative real axis, or is within ``eta`` of a matrix that has one (:func:`negative_axis_status`)."""
-    why = negative_axis_status(A, eigs, kappas, eta, method, prescale)
-    if why is not None:
-        raise NegativeRealEigenvalueError(
-            f"{method}: {why}, so in this precision it is not determined which side of the branch cut its "
-            "eigenvalues are on; no principal root can be computed. Shift it with eps if the eigenvalues "
-            "should be positive, or use a wider dtype"
-        )
 
 
 def forward_backward_check(

@@ -25,17 +25,17 @@ import scipy.linalg
 import torch
 
 from .. import arguments, precision
-from ..conditioning import cond_root, cond_root_spectrum, eigenvalue_conditions
+from ..conditioning import eigenvalue_conditions
 from ..errors import FormatRangeError, NotPositiveDefiniteError
 from ..inputs import Problem, is_symmetric
 from .base import Capabilities, RawResult, SolverConfig
-from .newton_checks import negative_axis_status
 from .newton_core import (
     check_resolvable_exponent,
     coupled_newton_iterate,
     eigenvalue_backward_error,
     forward_backward_check,
     optimal_c_power,
+    refuse_near_negative_axis,
 )
 from .registry import register
 from .schur_sqrt import block_eigenvalues, diagonal_blocks, sqrtm_quasi_triangular
@@ -45,14 +45,6 @@ def split_exponent(p: int) -> tuple[int, int]:
     """(k0, q) with p = 2^k0 q and q odd."""
     k0 = (p & -p).bit_length() - 1
     return k0, p >> k0
-
-
-def _stability_factor(X: torch.Tensor, a: np.ndarray, shift: float, p: int) -> float:
-    """alpha(X) = ||X||_F^p / ||A + shift I||_F (>= 1 up to rounding; 1 for normal A), float64."""
-    den = float(np.linalg.norm(a.astype(np.float64) + shift * np.eye(a.shape[0])))
-    with np.errstate(over="ignore"):
-        alpha = float(torch.linalg.matrix_norm(X.double())) ** p / den if den > 0 else 1.0
-    return max(1.0, alpha) if math.isfinite(alpha) else 1.0
 
 
 MAX_K1 = 64
@@ -129,17 +121,6 @@ class SchurNewtonConfig(SolverConfig):
                 # driver "evd" (divide and conquer): scipy's default MRRR ("evr") loses orthogonality of Q
                 # (~n u instead of ~sqrt(n) u), which showed up as an error floor ~8x eigh's in fp32 at n=128.
                 w, Q = scipy.linalg.eigh(0.5 * (a + a.T), driver="evd")
-                u_eig = precision.unit_roundoff(ldt)
-                if a.dtype == np.float32 and w.min() <= prob.n * u_eig * np.abs(w).max():
-                    # the fp32 spectrum cannot tell the sign of lambda_min (hilb(8): -5.5e-10 computed,
-                    # positive exactly): solve the same rounded matrix's eigenproblem in fp64, as eigh
-                    # retries a failed fp32 solve (eigh_checked)
-                    w64, Q64 = scipy.linalg.eigh(0.5 * (a + a.T).astype(np.float64), driver="evd")
-                    w, Q, u_eig = w64, Q64.astype(np.float32), 2.0**-53
-                    info["eig_retry_fp64"] = (
-                        "fp32 eigenvalues within rounding of 0: the symmetric eigenproblem of the fp32 matrix "
-                        "was solved in fp64"
-                    )
                 R = np.diag(w).astype(a.dtype)
                 blocks = [(j, 1) for j in range(len(w))]
                 eigs = w.astype(complex)
@@ -167,29 +148,21 @@ class SchurNewtonConfig(SolverConfig):
                     f"schur_newton: the eps-shifted Schur factor overflows {precision.info(ldt).name} "
                     f"(eps_abs {shift / prob.prescale:.3e}); use a wider dtype or a smaller eps"
                 )
-            near_axis = None
             if sym:
-                # the computed eigenvalues of a symmetric matrix are within ~n u ||A||_2 of the exact ones
-                eig_err = prob.n * u_eig * float(np.abs(w).max())
                 bad = eigs.real <= 0
                 if bad.any():
-                    worst = float(eigs.real[bad].min())
-                    why = (
-                        f"is within the eigensolver's error (~{eig_err / prob.prescale:.1e}) of 0: the matrix "
-                        "solved is numerically singular and its sign is not determined"
-                        if worst >= -eig_err
-                        else "lies on the closed negative real axis; no principal root exists"
-                    )
+                    worst = float(eigs.real[bad].min()) / prob.prescale
                     raise NotPositiveDefiniteError(
-                        f"schur_newton: eigenvalue {worst / prob.prescale:.3e} (after eps shift "
-                        f"{shift / prob.prescale:.3e}) {why}. Increase eps."
+                        f"schur_newton: eigenvalue {worst:.3e} lies on the closed negative real axis "
+                        f"(after eps shift {shift / prob.prescale:.3e}); no principal root exists. "
+                        "Increase eps."
                     )
             else:
                 # The domain check applies to the matrix actually solved: the rounded, shifted matrix,
                 # whose computed eigenvalues are exact only for a matrix within eta of it.
                 w_c, kap = eigenvalue_conditions(R)
                 eta = eigenvalue_backward_error(float(np.linalg.norm(R.astype(np.float64))), prob.n, u_l)
-                near_axis = negative_axis_status(R, w_c, kap, eta, self.name, prob.prescale)
+                refuse_near_negative_axis(R, w_c, kap, eta, self.name, prob.prescale)
             if p == 1 and not inverse:
                 # A^{1/1} = A + eps_abs I itself: no square roots, whose squaring back would cost 2^k1 u.
                 X = torch.from_numpy(np.ascontiguousarray(a)).to(cdt)
@@ -243,41 +216,12 @@ class SchurNewtonConfig(SolverConfig):
                     out,
                     # A forward root with relative error d has backward error ~p d (scale with p, not q),
                     # and squaring back k1 - k0 times multiplies the error of U^{1/q} by up to 2^(k1-k0).
-                    # Even the exactly rounded root leaves a residual ~u ||X||^p, not u ||A||: the
-                    # stability factor alpha = ||X||^p / ||A|| >= 1 (Higham 2008, §6.1, eq. (6.5) for
-                    # p = 2) is large for non-normal A (frank(10): 1e6).
                     self.stagnation_accept
                     * 2.0 ** (k1 - k0)
-                    * _stability_factor(Xs, a, shift, p)
                     * max(tol, precision.default_tol(cdt, prob.n, p)),
                     bwd,
                 )
                 info.setdefault("backward_error", []).append(float(bwd["backward_error"][0]))
-            if sym and bool(out.converged[0]):
-                # docs/design.md §3: converged means within C cond(f, A) u of the root of the matrix
-                # solved; judged at the worst cond the computed spectrum allows (lambda_min - eig_err)
-                cond = cond_root_spectrum(eigs.real, p, inverse=inverse, error=eig_err)
-                if not cond * precision.unit_roundoff(cdt) < 1.0:
-                    out.converged[0] = False
-                    out.reason[0] = "ill_conditioned"
-                    info.setdefault("ill_conditioned", []).append(
-                        f"cond(f, A) >= {cond:.2e} (lambda_min {float(eigs.real.min()) / prob.prescale:.2e}, "
-                        f"eigensolver error ~{eig_err / prob.prescale:.1e}): cond u >= 1 in "
-                        f"{precision.info(cdt).name}, no digit of the root is determined"
-                    )
-            if near_axis is not None and bool(out.converged[0]):
-                # Only a nearby matrix has an axis eigenvalue: the root is computed, and is converged
-                # only where its condition number promises digits (docs/design.md §3).
-                cond = cond_root(R.astype(np.float64), p, inverse=inverse)
-                info.setdefault("near_negative_axis", []).append(near_axis)
-                info.setdefault("cond_root", []).append(cond)
-                if not cond * precision.unit_roundoff(cdt) < 1.0:
-                    out.converged[0] = False
-                    out.reason[0] = "ill_conditioned"
-                    info.setdefault("ill_conditioned", []).append(
-                        f"cond(f, A) = {cond:.2e}: cond u >= 1 in {precision.info(cdt).name}, so no digit of "
-                        f"the root is determined; {near_axis}"
-                    )
             roots.append(X)
             conv.append(bool(out.converged[0]))
             iters.append(int(out.iterations[0]))
