@@ -32,7 +32,7 @@ from matroots import grid, runner, sweep, sweep_estimate
 def _measure(
     spec: grid.GridSpec, units: list[grid.Unit], out: Path, workers: int
 ) -> tuple[dict[str, float], float]:
-    job = functools.partial(sweep._sweep_job, json.dumps(spec.to_dict(), sort_keys=True, default=str))
+    job = functools.partial(sweep.sweep_job, json.dumps(spec.to_dict(), sort_keys=True, default=str))
     t = time.perf_counter()
     runner.run_units(units, job, out, workers=workers, progress=True, desc=out.name)
     wall = time.perf_counter() - t

@@ -14,6 +14,7 @@ import pathlib
 import numpy as np
 
 from .factor_dump import SHAMPOO_FORMAT_VERSION, Meta, load_shampoo_factors, save_shampoo_factors
+from .family_helpers import check_n, exact_spectrum, make_meta, rng_for
 
 SHAMPOO_DATA = pathlib.Path(__file__).resolve().parent / "data" / "shampoo_factors"
 """The curated Kronecker factors shipped with matroots (``experiments/dump_factors.py --curate``)."""
@@ -45,9 +46,7 @@ def shampoo_factors(
     ``meta["kappa"]`` is the factor's own, from high-precision eigenvalues (inf when singular), and
     the dump's keys (task, stage, step, param, block, dim, factor_dtype, ...) are passed through.
     """
-    from .matrices import _check_n, _meta, _rng, exact_spectrum  # helpers of the families (no cycle)
-
-    n = _check_n(n)
+    n = check_n(n)
     pool = [
         (A, m)
         for A, m in _shipped_factors(str(path or SHAMPOO_DATA))
@@ -65,7 +64,7 @@ def shampoo_factors(
             raise ValueError(f"index must be in 0..{len(pool) - 1} for n={n}, got {index!r}")
         k = int(index)
     elif rng is not None:
-        k = int(_rng(rng, "shampoo").integers(len(pool)))
+        k = int(rng_for(rng, "shampoo").integers(len(pool)))
     else:
         k = 0
     A, stored = pool[k]
@@ -78,7 +77,7 @@ def shampoo_factors(
     }
     keep["file"] = keep.pop("source", None)
     keep["symmetric"] = bool(np.array_equal(A, A.T))
-    meta = _meta("shampoo", n, lam, "computed", **keep)
+    meta = make_meta("shampoo", n, lam, "computed", **keep)
     meta["kappa"] = float(lam[-1] / lam[0]) if lam[0] > 0 else math.inf
     meta["pool_size"], meta["pool_index"] = len(pool), k
     if kappa is not None:

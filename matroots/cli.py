@@ -225,17 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from . import grid, sweep
+    from . import grid, sweep, sweep_estimate
     from .runner import check_scheduler
-    from .sweep_estimate import check_memory
 
     spec = grid.load_config(args.config)
-    check_memory(spec)  # before check_families, which builds one matrix of each n
+    sweep_estimate.check_memory(spec)  # before check_families, which builds one matrix of each n
     grid.check_families(spec)
     check_scheduler(args.scheduler)
     if args.dry_run:
-        est = sweep.estimate_cost(spec, calibrate=args.calibrate)
-        print(sweep.format_estimate(spec, est))
+        est = sweep_estimate.estimate(spec, calibrate=args.calibrate)
+        print(sweep_estimate.format_estimate(spec, est))
         return 0
     out = args.out or Path("runs") / spec.name
     df = sweep.run_sweep(

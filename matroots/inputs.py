@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,11 +25,7 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedExponentError,
 )
-
-if TYPE_CHECKING:
-    from .options import SolveOptions
-
-EPS_MODES = ("absolute", "relative")
+from .options import EPS_MODES, SolveOptions, check_warm_start
 
 
 def parse_exponent(p: object, *, integer: bool = False, method: str = "") -> Fraction:
@@ -453,30 +449,6 @@ def _check_rounding_range(amax: float, source: torch.dtype, wdtype: torch.dtype)
             f"input rounded to {fmt.name} underflows: max|A| = {amax:.3e} is below {fmt.name}'s smallest "
             f"normal number {fmt.tiny:.3e}, so the matrix would become zeros and subnormals; use a wider "
             "dtype or scale the matrix"
-        )
-
-
-def check_warm_start(warm_start: object, shape: tuple[int, ...] | None = None) -> None:
-    """Refuse a warm start that is not None, a RootResult, a torch tensor or a float numpy array, or
-    (given the input's ``shape``) whose root does not hold one n x n matrix per input matrix."""
-    if warm_start is None:
-        return
-    root = warm_start
-    if not isinstance(warm_start, torch.Tensor | np.ndarray) and isinstance(
-        getattr(warm_start, "root", None), torch.Tensor
-    ):
-        root = warm_start.root  # a RootResult (duck-typed: matroots.result imports nothing from here)
-    ok = isinstance(root, torch.Tensor) or (isinstance(root, np.ndarray) and root.dtype.kind == "f")
-    if not ok:
-        raise InvalidArgumentError(
-            f"warm_start must be None, a previous RootResult, or its root as a torch tensor or float numpy "
-            f"array; got {type(warm_start).__name__}"
-        )
-    rs = tuple(root.shape)
-    if shape is not None and (rs[-2:] != tuple(shape[-2:]) or math.prod(rs) != math.prod(shape)):
-        raise InvalidArgumentError(
-            f"warm_start root has shape {rs}, but the input has shape {tuple(shape)}; pass the previous "
-            "result for the same (batch of) matrices"
         )
 
 

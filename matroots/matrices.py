@@ -68,32 +68,19 @@ from ._shampoo_io import (
     save_shampoo_factors,
     shampoo_factors,
 )
+from .family_helpers import Meta, exact_spectrum
+from .family_helpers import check_n as _check_n
+from .family_helpers import make_meta as _meta
+from .family_helpers import rng_for as _rng
 
 logger = logging.getLogger(__name__)
 
 _U64 = 2.0**-53
 
-Meta = dict[str, Any]
 Generator = Callable[..., tuple[np.ndarray, Meta]]
 
 
 # --------------------------------------------------------------------------------------------- helpers
-def _rng(rng: np.random.Generator | int | None, family: str) -> np.random.Generator:
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if isinstance(rng, int | np.integer) and not isinstance(rng, bool):
-        return np.random.default_rng(int(rng))
-    raise ValueError(
-        f"family {family!r} is random: pass rng=np.random.default_rng(seed) (or an int seed), got {rng!r}"
-    )
-
-
-def _check_n(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    return int(n)
-
-
 def _check_kappa(kappa: float | None, default: float) -> float:
     k = default if kappa is None else float(kappa)
     if not (math.isfinite(k) and k >= 1.0):
@@ -117,45 +104,6 @@ def _from_spectrum(lam: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Q diag(lam) Q^T with Haar Q, symmetrised exactly."""
     Q = haar_orthogonal(lam.size, rng)
     return _sym((Q * lam) @ Q.T)
-
-
-def _kappa_of(lam: np.ndarray) -> float:
-    a = np.abs(np.asarray(lam))
-    lo = float(a.min())
-    return math.inf if lo == 0.0 else float(a.max()) / lo
-
-
-def _meta(
-    family: str, n: int, lam: np.ndarray | None, source: str, symmetric: bool = True, **kw: Any
-) -> Meta:
-    if lam is not None:
-        lam = np.sort(np.asarray(lam)) if np.isrealobj(lam) else np.asarray(lam)[np.argsort(np.abs(lam))]
-    meta: Meta = {
-        "family": family,
-        "n": n,
-        "kappa": _kappa_of(lam) if lam is not None else math.nan,
-        "kappa_source": source,
-        "eigenvalues": lam,
-        "symmetric": symmetric,
-    }
-    meta.update(kw)
-    return meta
-
-
-def exact_spectrum(A: np.ndarray, *, precise: bool = True) -> np.ndarray:
-    """Ascending eigenvalues of the symmetric float64 matrix ``A`` as it is stored.
-
-    Uses float64 ``eigvalsh``, whose eigenvalues carry absolute errors ~ n u lambda_max (relative
-    ~ n u kappa for the smallest); when kappa exceeds 1e3 and ``precise`` is set, recomputes them with
-    the high-precision symmetric eigensolver :func:`matroots.reference.eigvalsh`.
-    """
-    lam = np.linalg.eigvalsh(A)
-    scale = float(np.abs(lam).max()) if lam.size else 0.0
-    if precise and scale > 0 and float(np.abs(lam).min()) < 1e-3 * scale:
-        from . import reference  # local import: reference imports nothing from here
-
-        lam = reference.eigvalsh(A)
-    return lam
 
 
 def _computed_meta(family: str, A: np.ndarray, kappa_requested: float | None, **kw: Any) -> Meta:

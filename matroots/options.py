@@ -13,15 +13,43 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from . import arguments, precision
 from .errors import InvalidArgumentError
-from .inputs import EPS_MODES, check_warm_start
 from .psd import check_policy
+
+EPS_MODES = ("absolute", "relative")
+"""The eps modes every solver accepts (docs/design.md §3)."""
+
+
+def check_warm_start(warm_start: object, shape: tuple[int, ...] | None = None) -> None:
+    """Refuse a warm start that is not None, a RootResult, a torch tensor or a float numpy array, or
+    (given the input's ``shape``) whose root does not hold one n x n matrix per input matrix."""
+    if warm_start is None:
+        return
+    root = warm_start
+    if not isinstance(warm_start, torch.Tensor | np.ndarray) and isinstance(
+        getattr(warm_start, "root", None), torch.Tensor
+    ):
+        root = warm_start.root  # a RootResult (duck-typed: matroots.result imports nothing from here)
+    ok = isinstance(root, torch.Tensor) or (isinstance(root, np.ndarray) and root.dtype.kind == "f")
+    if not ok:
+        raise InvalidArgumentError(
+            f"warm_start must be None, a previous RootResult, or its root as a torch tensor or float numpy "
+            f"array; got {type(warm_start).__name__}"
+        )
+    rs = tuple(root.shape)
+    if shape is not None and (rs[-2:] != tuple(shape[-2:]) or math.prod(rs) != math.prod(shape)):
+        raise InvalidArgumentError(
+            f"warm_start root has shape {rs}, but the input has shape {tuple(shape)}; pass the previous "
+            "result for the same (batch of) matrices"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

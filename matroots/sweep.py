@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import atomic, metrics, precision, provenance, runner, sweep_estimate
+from . import atomic, metrics, precision, provenance, runner
 from . import grid as gridmod
 from .errors import MatrootsError
 
@@ -193,7 +193,7 @@ def _solved_reference(
         return None, eps_s
 
 
-def _sweep_job(grid_json: str, unit: gridmod.Unit) -> list[dict[str, Any]]:
+def sweep_job(grid_json: str, unit: gridmod.Unit) -> list[dict[str, Any]]:
     """The runner's job function for a sweep: the rows of one unit (picklable via functools.partial)."""
     return run_unit(_grid_from_json(grid_json), unit)
 
@@ -267,7 +267,7 @@ def run_sweep(
     )
     stats = runner.run_units(
         gridmod.units(grid),
-        functools.partial(_sweep_job, json.dumps(grid.to_dict(), sort_keys=True, default=str)),
+        functools.partial(sweep_job, json.dumps(grid.to_dict(), sort_keys=True, default=str)),
         out,
         workers=workers,
         scheduler=scheduler,
@@ -325,14 +325,3 @@ def load(run_dir: str | Path) -> pd.DataFrame:
     if not run.exists():
         raise FileNotFoundError(f"no run folder {run}")
     return runner.read_parts(run, ORDER)
-
-
-def estimate_cost(
-    grid: gridmod.GridSpec, *, calibrate: int = 0, workers: int | None = None
-) -> sweep_estimate.Estimate:
-    """Size and estimated cost of a sweep (see :mod:`matroots.sweep_estimate`); with ``calibrate=K``,
-    K sampled units are timed on this machine first and the model fitted to them."""
-    return sweep_estimate.estimate(grid, calibrate=calibrate, workers=workers)
-
-
-format_estimate = sweep_estimate.format_estimate

@@ -163,7 +163,7 @@ def measure_units(
         t = time.perf_counter()
         runner.run_units(
             sample,
-            functools.partial(sweep._sweep_job, json.dumps(grid.to_dict(), sort_keys=True, default=str)),
+            functools.partial(sweep.sweep_job, json.dumps(grid.to_dict(), sort_keys=True, default=str)),
             out,
             workers=workers,
             progress=False,

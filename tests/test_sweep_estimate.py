@@ -87,13 +87,13 @@ def test_calibrated_estimate_brackets_the_measured_run(
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY)
     g = grid.load_config(cfg)
-    est = sweep.estimate_cost(g, calibrate=4, workers=1)
+    est = sweep_estimate.estimate(g, calibrate=4, workers=1)
     assert est.calibrated and est.sample == 4 and est.units == 4 and est.rows == grid.case_count(g)
     df = sweep.run_sweep(g, tmp_path / "run", workers=1, progress=False)
     measured = df.groupby("unit")["unit_cpu_seconds"].first().sum()
     # the model's mean prediction and the measurement agree within its own uncertainty factor (x3 slack
     # for a 4-unit sample on a shared machine; the cache is cold in both)
     assert measured / (3 * est.factor) <= est.cpu_seconds <= measured * 3 * est.factor
-    text = sweep.format_estimate(g, est)
+    text = sweep_estimate.format_estimate(g, est)
     assert "calibrated on 4 measured units" in text and "(case, solver) rows" in text
     assert math.isfinite(est.wall_seconds) and est.wall_seconds >= est.cpu_seconds / est.workers

@@ -1,12 +1,13 @@
 """Checks shared by the Newton solvers (coupled_newton, schur_newton): exponents the iteration can
 resolve, the domain (no eigenvalue on the closed negative real axis) and the a posteriori backward error
-of a forward root. Re-exported by :mod:`matroots.solvers.newton_core`.
+of a forward root, and the outcome record of an iteration (NewtonOutcome). Re-exported by
+:mod:`matroots.solvers.newton_core`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -14,8 +15,28 @@ import torch
 from ..errors import NegativeRealEigenvalueError, UnsupportedExponentError
 from .base import matmul_count_power, matrix_power
 
-if TYPE_CHECKING:
-    from .newton_core import NewtonOutcome
+
+@dataclass
+class NewtonOutcome:
+    """What :func:`coupled_newton_iterate` returns for a batch of b matrices.
+
+    ``matmuls`` is the number of n x n matrix products executed per matrix of the batch (their total
+    divided by b; a forward root's solve counts 4/3): the mean of ``matmuls_each``, the products spent
+    on each element, which are exactly those the element costs when solved alone (converged elements
+    leave the active set, so no product is spent on them). ``compactions`` counts how often the active
+    set was compacted.
+    """
+
+    X: torch.Tensor
+    converged: torch.Tensor
+    iterations: torch.Tensor
+    residual: torch.Tensor
+    reason: list[str]
+    matmuls: float
+    history: list[torch.Tensor] = field(default_factory=list)
+    notes: dict[str, str] = field(default_factory=dict)
+    matmuls_each: torch.Tensor | None = None
+    compactions: int = 0
 
 
 def check_resolvable_exponent(p: int, dtype: torch.dtype, n: int, method: str) -> None:

@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .base import eye_like, matmul_count_power
 from .newton_checks import (  # noqa: F401  (re-exported: the solvers import them from here)
+    NewtonOutcome,
     check_resolvable_exponent,
     eigenvalue_backward_error,
     forward_backward_check,
@@ -193,29 +193,6 @@ def principal_branch_ok(eigs: np.ndarray, x: np.ndarray, p: int) -> np.ndarray:
         target = lam ** (-1.0 / p)
         rel = np.abs(x - target) / np.abs(target)
     return np.isfinite(rel) & (rel <= min(0.5, 0.5 * np.sin(np.pi / p) if p > 1 else 0.5))
-
-
-@dataclass
-class NewtonOutcome:
-    """What :func:`coupled_newton_iterate` returns for a batch of b matrices.
-
-    ``matmuls`` is the number of n x n matrix products executed per matrix of the batch (their total
-    divided by b; a forward root's solve counts 4/3): the mean of ``matmuls_each``, the products spent
-    on each element, which are exactly those the element costs when solved alone (converged elements
-    leave the active set, so no product is spent on them). ``compactions`` counts how often the active
-    set was compacted.
-    """
-
-    X: torch.Tensor
-    converged: torch.Tensor
-    iterations: torch.Tensor
-    residual: torch.Tensor
-    reason: list[str]
-    matmuls: float
-    history: list[torch.Tensor] = field(default_factory=list)
-    notes: dict[str, str] = field(default_factory=dict)
-    matmuls_each: torch.Tensor | None = None
-    compactions: int = 0
 
 
 def _residual_norm(M: torch.Tensor, I: torch.Tensor, out: torch.Tensor | None = None) -> list[float]:

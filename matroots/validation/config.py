@@ -190,17 +190,18 @@ class ValidationGrid:
         )
 
 
-def _bad(msg: str) -> InvalidArgumentError:
+def bad_config(msg: str) -> InvalidArgumentError:
+    """The typed error of a bad validation config (one line at the command line)."""
     return InvalidArgumentError(f"validation config: {msg}")
 
 
 def _lrs(values: list[Any], where: str) -> tuple[float, ...]:
     """Learning rates: a non-empty list of finite numbers > 0."""
     if not values:
-        raise _bad(f"{where}: lr lists no learning rate; give e.g. [1e-3, 3e-3]")
+        raise bad_config(f"{where}: lr lists no learning rate; give e.g. [1e-3, 3e-3]")
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
-            raise _bad(f"{where}: lr values must be finite numbers > 0, got {v!r}")
+            raise bad_config(f"{where}: lr values must be finite numbers > 0, got {v!r}")
     return tuple(float(v) for v in values)
 
 
@@ -213,7 +214,7 @@ def _int(value: Any, where: str, lo: int) -> int:
         or value != int(value)
         or value < lo
     ):
-        raise _bad(f"{where} must be a whole number >= {lo}, got {value!r}")
+        raise bad_config(f"{where} must be a whole number >= {lo}, got {value!r}")
     return int(value)
 
 
@@ -228,12 +229,14 @@ def _lr_table(value: Any, where: str) -> dict[str, tuple[float, ...]]:
         out = {}
         for k, v in value.items():
             if k != "default" and k not in TASKS:
-                raise _bad(f"{where}: lr table key {k!r} is not a task; tasks: {sorted(TASKS)} or 'default'")
+                raise bad_config(
+                    f"{where}: lr table key {k!r} is not a task; tasks: {sorted(TASKS)} or 'default'"
+                )
             out[k] = _lrs(_list(v), f"{where}.lr.{k}")
         return out
     if isinstance(value, int | float) and not isinstance(value, bool):
         return {"default": _lrs([value], where)}
-    raise _bad(f"{where}: lr must be a list of numbers or a table of lists per task, got {value!r}")
+    raise bad_config(f"{where}: lr must be a list of numbers or a table of lists per task, got {value!r}")
 
 
 def _solvers(value: Any, where: str) -> list[tuple[str, dict[str, Any], str]]:
@@ -248,10 +251,14 @@ def _solvers(value: Any, where: str) -> list[tuple[str, dict[str, Any], str]]:
         if isinstance(it, str):
             it = {"name": it}
         if not isinstance(it, dict) or "name" not in it:
-            raise _bad(f"{where}: root_solver entries are names or {{name=..., options={{...}}}}, got {it!r}")
+            raise bad_config(
+                f"{where}: root_solver entries are names or {{name=..., options={{...}}}}, got {it!r}"
+            )
         name, opts = it["name"], dict(it.get("options", {}))
         if name not in registry.available():
-            raise _bad(f"{where}: unknown root solver {name!r}; available: {registry.available()} or 'all'")
+            raise bad_config(
+                f"{where}: unknown root solver {name!r}; available: {registry.available()} or 'all'"
+            )
         label = it.get("label") or (
             f"{name}({','.join(f'{k}={v}' for k, v in sorted(opts.items()))})" if opts else name
         )
@@ -267,12 +274,12 @@ def _soap_specs(o: dict[str, Any], opts: dict[str, Any], where: str) -> list[Opt
     bases = bases if isinstance(bases, list) else [bases]
     for b in bases:
         if b not in BASIS_UPDATES:
-            raise _bad(f"{where}: basis_update {b!r} not one of {BASIS_UPDATES}")
+            raise bad_config(f"{where}: basis_update {b!r} not one of {BASIS_UPDATES}")
     epss = o.get("eps", [1e-8])
     epss = epss if isinstance(epss, list) else [epss]
     for e in epss:
         if isinstance(e, bool) or not isinstance(e, int | float) or e < 0:
-            raise _bad(f"{where}: SOAP eps must be numbers >= 0, got {e!r}")
+            raise bad_config(f"{where}: SOAP eps must be numbers >= 0, got {e!r}")
     freqs = [
         _int(f, f"{where}.precondition_frequency", 1) for f in _list(o.get("precondition_frequency", [10]))
     ]
@@ -293,40 +300,42 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
     known = {"name", "seeds", "tasks", "optimizers", "timing", "diagnostics", "order"}
     extra = set(raw) - known
     if extra:
-        raise _bad(f"unknown keys {sorted(extra)}; allowed: {sorted(known)}")
+        raise bad_config(f"unknown keys {sorted(extra)}; allowed: {sorted(known)}")
     name = str(raw.get("name", "validate"))
     seeds = tuple(_int(s, "seeds", 0) for s in _list(raw.get("seeds", [0])))
     if not seeds:
-        raise _bad("seeds must not be empty")
+        raise bad_config("seeds must not be empty")
     tasks = []
     for tname, t in (raw.get("tasks") or {}).items():
         if tname not in TASKS:
-            raise _bad(f"unknown task {tname!r}; available: {sorted(TASKS)}")
+            raise bad_config(f"unknown task {tname!r}; available: {sorted(TASKS)}")
         t = t or {}
         if not isinstance(t, dict):
-            raise _bad(f"tasks.{tname} must be a table (steps, eval_every, size, seeds), got {t!r}")
+            raise bad_config(f"tasks.{tname} must be a table (steps, eval_every, size, seeds), got {t!r}")
         bad = set(t) - {"steps", "eval_every", "size", "seeds"}
         if bad:
-            raise _bad(f"tasks.{tname}: unknown keys {sorted(bad)}; allowed: steps, eval_every, size, seeds")
+            raise bad_config(
+                f"tasks.{tname}: unknown keys {sorted(bad)}; allowed: steps, eval_every, size, seeds"
+            )
         cls = TASKS[tname]
         steps = _int(t.get("steps", cls.default_steps), f"tasks.{tname}.steps", 1)
         every = _int(t.get("eval_every", cls.default_eval_every), f"tasks.{tname}.eval_every", 1)
         tseeds = tuple(_int(x, f"tasks.{tname}.seeds", 0) for x in _list(t.get("seeds", [])))
         if not isinstance(t.get("size", {}), dict):
-            raise _bad(f"tasks.{tname}.size must be a table of size options, got {t['size']!r}")
+            raise bad_config(f"tasks.{tname}.size must be a table of size options, got {t['size']!r}")
         tasks.append(
             TaskSpec(name=tname, steps=steps, eval_every=every, size=dict(t.get("size", {})), seeds=tseeds)
         )
     if not tasks:
-        raise _bad(f"no [tasks.NAME] tables; available tasks: {sorted(TASKS)}")
+        raise bad_config(f"no [tasks.NAME] tables; available tasks: {sorted(TASKS)}")
     entries = []
     for i, o in enumerate(_list(raw.get("optimizers") or [])):
         where = f"optimizers[{i}]"
         if not isinstance(o, dict):
-            raise _bad(f"{where} must be a table ([[optimizers]] with name, lr, ...), got {o!r}")
+            raise bad_config(f"{where} must be a table ([[optimizers]] with name, lr, ...), got {o!r}")
         oname = o.get("name")
         if oname not in OPTIMIZERS:
-            raise _bad(f"{where}: name must be one of {OPTIMIZERS}, got {oname!r}")
+            raise bad_config(f"{where}: name must be one of {OPTIMIZERS}, got {oname!r}")
         allowed = {"name", "lr", "options", "tasks", "label"}
         if oname == "shampoo":
             allowed |= {"root_solver", "root_dtype", "eps", "precondition_frequency"}
@@ -334,16 +343,16 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
             allowed |= {"basis_update", "eps", "precondition_frequency"}
         bad = set(o) - allowed
         if bad:
-            raise _bad(f"{where}: unknown keys {sorted(bad)} for {oname}; allowed: {sorted(allowed)}")
+            raise bad_config(f"{where}: unknown keys {sorted(bad)} for {oname}; allowed: {sorted(allowed)}")
         if "lr" not in o:
-            raise _bad(f"{where}: lr is required (a small log sweep, e.g. [1e-3, 3e-3, 1e-2])")
+            raise bad_config(f"{where}: lr is required (a small log sweep, e.g. [1e-3, 3e-3, 1e-2])")
         lrs = _lr_table(o["lr"], where)
         only = tuple(o.get("tasks", ()))
         for t in only:
             if t not in TASKS:
-                raise _bad(f"{where}: tasks lists unknown task {t!r}")
+                raise bad_config(f"{where}: tasks lists unknown task {t!r}")
         if not isinstance(o.get("options", {}), dict):
-            raise _bad(
+            raise bad_config(
                 f"{where}: options must be a table of optimizer keyword arguments, got {o['options']!r}"
             )
         opts = dict(o.get("options", {}))
@@ -356,15 +365,15 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
         dts = _list(o.get("root_dtype", ["fp32"]))
         for d in dts:
             if d not in DTYPES:
-                raise _bad(f"{where}: root_dtype {d!r} not one of {sorted(DTYPES)}")
+                raise bad_config(f"{where}: root_dtype {d!r} not one of {sorted(DTYPES)}")
         epss = _list(o.get("eps", [{"value": 1e-12, "mode": "absolute"}]))
         epss = [e if isinstance(e, dict) else {"value": e} for e in epss]
         for e in epss:
             v = e.get("value", 0.0)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-                raise _bad(f"{where}: eps values must be finite numbers >= 0, got {v!r}")
+                raise bad_config(f"{where}: eps values must be finite numbers >= 0, got {v!r}")
             if e.get("mode", "absolute") not in ("absolute", "relative"):
-                raise _bad(f"{where}: eps mode must be 'absolute' or 'relative', got {e.get('mode')!r}")
+                raise bad_config(f"{where}: eps mode must be 'absolute' or 'relative', got {e.get('mode')!r}")
         freqs = [
             _int(f, f"{where}.precondition_frequency", 1)
             for f in _list(o.get("precondition_frequency", [10]))
@@ -387,28 +396,28 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
                 spec = dataclasses.replace(spec, label=o["label"] + spec.default_label()[len("shampoo") :])
             entries.append((spec, lrs, only))
     if not any(e[0].name == BASELINE for e in entries):
-        raise _bad("the grid needs an 'adamw' entry: its best final validation loss is the target")
+        raise bad_config("the grid needs an 'adamw' entry: its best final validation loss is the target")
     labels = [(e[0].label, e[2]) for e in entries]
     if len({lab for lab, _ in labels}) != len(labels):
         dup = sorted({lab for lab, _ in labels if [x for x, _ in labels].count(lab) > 1})
-        raise _bad(f"optimizer configs with the same label {dup[:3]}: give them distinct 'label's")
+        raise bad_config(f"optimizer configs with the same label {dup[:3]}: give them distinct 'label's")
     timing = raw.get("timing", {})
     diag = raw.get("diagnostics", {})
     order = raw.get("order", "task")
     if order not in ("task", "seed"):
-        raise _bad(f"order must be 'task' or 'seed', got {order!r}")
+        raise bad_config(f"order must be 'task' or 'seed', got {order!r}")
     bad = set(timing) - {"rounds", "chunk_steps"}
     bad |= set(diag) - {"root_error_samples", "reference_eps", "reference_eps_mode"}
     if bad:
-        raise _bad(f"unknown [timing]/[diagnostics] keys {sorted(bad)}")
+        raise bad_config(f"unknown [timing]/[diagnostics] keys {sorted(bad)}")
     if diag.get("reference_eps_mode", "relative") not in ("absolute", "relative"):
-        raise _bad("diagnostics.reference_eps_mode must be 'absolute' or 'relative'")
+        raise bad_config("diagnostics.reference_eps_mode must be 'absolute' or 'relative'")
     _int(timing.get("rounds", 3), "timing.rounds", 1)
     _int(timing.get("chunk_steps", 0), "timing.chunk_steps", 0)
     _int(diag.get("root_error_samples", 4), "diagnostics.root_error_samples", 0)
     ref_eps = diag.get("reference_eps", 1e-6)
     if isinstance(ref_eps, bool) or not isinstance(ref_eps, int | float) or not ref_eps >= 0:
-        raise _bad(f"diagnostics.reference_eps must be a number >= 0, got {ref_eps!r}")
+        raise bad_config(f"diagnostics.reference_eps must be a number >= 0, got {ref_eps!r}")
     return ValidationGrid(
         name=name,
         seeds=seeds,
@@ -433,56 +442,17 @@ def load_config(path: str | Path) -> ValidationGrid:
         try:
             raw = tomllib.load(fh)
         except tomllib.TOMLDecodeError as exc:
-            raise _bad(f"{p} is not valid TOML: {exc}") from None
+            raise bad_config(f"{p} is not valid TOML: {exc}") from None
         except UnicodeDecodeError:
-            raise _bad(f"{p} is not a text file (not UTF-8); give a TOML config") from None
+            raise bad_config(f"{p} is not a text file (not UTF-8); give a TOML config") from None
     try:
         return from_dict(raw)
     except InvalidArgumentError:
         raise
     except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a value of the wrong shape
-        raise _bad(f"{p}: malformed value ({type(exc).__name__}: {exc})") from None
-
-
-def check(grid: ValidationGrid) -> None:
-    """Validate what only construction can: build every task with its sizes (model and one loss) and
-    every optimizer config with each of its learning rates (constructor and one step on a tiny model),
-    before any unit starts, so a mistake is one error naming the entry instead of a failure inside
-    the first worker."""
-    import torch
-
-    from .tasks import get_task
-    from .training import make_optimizer
-
-    units = grid.units()
-    for task in grid.tasks:
-        try:
-            t = get_task(task.name, **task.size)
-            model = t.build_model(0)
-            t.loss(model, next(t.batches(0))).backward()
-        except (TypeError, ValueError, RuntimeError, AssertionError, KeyError, IndexError) as exc:
-            raise _bad(
-                f"tasks.{task.name}: size {task.size} does not build ({type(exc).__name__}: "
-                f"{' '.join(str(exc).split())[:200]})"
-            ) from None
-    seen: set[tuple[str, float]] = set()
-    for u in units:
-        if (u.optimizer.label, u.lr) in seen:
-            continue
-        seen.add((u.optimizer.label, u.lr))
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
-        try:
-            opt = make_optimizer(u, model)
-            model(torch.randn(8, 6)).square().mean().backward()
-            opt.step()
-        except (TypeError, ValueError, RuntimeError, KeyError, IndexError, AttributeError) as exc:
-            raise _bad(
-                f"optimizer {u.optimizer.label} (lr {u.lr:g}, options {dict(u.optimizer.options)}) does "
-                f"not build ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
-            ) from None
+        raise bad_config(f"{p}: malformed value ({type(exc).__name__}: {exc})") from None
 
 
 __all__ = [
-    "BASELINE", "OptimizerSpec", "TaskSpec", "Unit", "ValidationGrid", "check", "from_dict", "load_config",
+    "BASELINE", "OptimizerSpec", "TaskSpec", "Unit", "ValidationGrid", "bad_config", "from_dict", "load_config",
 ]  # fmt: skip

@@ -28,6 +28,7 @@ import pandas as pd
 
 from .. import atomic, runner
 from .config import OptimizerSpec, Unit, ValidationGrid
+from .preflight import check
 from .training import crash_rows, run_unit
 
 log = logging.getLogger("matroots.validation")
@@ -115,11 +116,9 @@ def run_validation(
 ) -> dict[str, pd.DataFrame]:
     """Run (or resume) a validation grid into ``out_dir``; return its tables (see :func:`collect`).
 
-    The whole config is checked first (:func:`matroots.validation.config.check`: every task builds,
+    The whole config is checked first (:func:`matroots.validation.preflight.check`: every task builds,
     every optimizer config constructs and steps), so a mistake stops the run before any unit starts.
     ``retry_crashed``: rerun units an earlier run recorded as ``WorkerCrashed`` (default)."""
-    from .config import check
-
     check(grid)
     runner.check_scheduler(scheduler)
     out = runner.open_run(
@@ -252,8 +251,6 @@ def estimate(grid: ValidationGrid, *, cores: int = 2) -> dict[str, Any]:
     ``cores`` workers kept busy (the total divided by ``cores``, never less than the longest unit);
     ``wall_seconds_at_current_load`` repeats the sum with the probes' wall clocks instead.
     """
-    from .config import check
-
     check(grid)
     units = grid.units()
     probes: dict[tuple[Any, ...], dict[str, float]] = {}
