@@ -56,12 +56,12 @@ import torch
 from .. import arguments, precision
 from ..errors import NotPositiveDefiniteError
 from ..inputs import Problem
-from .base import Capabilities, RawResult, SolverConfig, matmul_count_power, matrix_power
+from .base import Capabilities, RawResult, matmul_count_power, matrix_power
 from .coupled_loop import check_resolvable, default_tol, run_coupled
 from .newton_core import _start_matrix
 from .newton_schulz_sign import scalar_powers, symmetrise, unscale
 from .registry import register
-from .spd_start import not_positive_definite, require_positive_root, spd_start
+from .spd_start import SpdIterationConfig, not_positive_definite, require_positive_root, spd_start
 
 SCALINGS = ("auto", "centred", "lambda_max")
 
@@ -85,32 +85,23 @@ def halley_factor(M: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 @register
 @dataclass(frozen=True, kw_only=True)
-class HalleyConfig(SolverConfig):
+class HalleyConfig(SpdIterationConfig):
     """Coupled Halley ([1/1] Padé) iteration for A^{-1/p}, integer p >= 1, SPD input.
 
     Args:
         scaling: "auto" (= "centred"), "centred" or "lambda_max" (module docstring).
-        lanczos_steps: Lanczos steps for the spectral bounds.
-        stagnation_accept: a stagnated run counts as converged at this many times ``tol``.
-        symmetry_tol: tolerance of the symmetry test (non-symmetric input is refused).
+        lanczos_steps, stagnation_accept, symmetry_tol: see :class:`~matroots.solvers.spd_start.SpdIterationConfig`.
     """
 
     name = "halley"
     capabilities = Capabilities(forward_root=False, integer_p=True)
     scaling: str = "auto"
-    lanczos_steps: int = 24
-    stagnation_accept: float = 16.0
-    symmetry_tol: float | None = None
 
     def __post_init__(self) -> None:
         arguments.store(
             self,
             scaling=arguments.choice("scaling", self.scaling, SCALINGS),
-            lanczos_steps=arguments.integer("lanczos_steps", self.lanczos_steps, minimum=2),
-            stagnation_accept=arguments.real(
-                "stagnation_accept", self.stagnation_accept, minimum=1.0, what="a multiple of tol"
-            ),
-            symmetry_tol=arguments.real("symmetry_tol", self.symmetry_tol, minimum=0.0, allow_none=True),
+            **self._spd_options(),
         )
 
     def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:

@@ -47,11 +47,11 @@ import torch
 from .. import arguments, precision
 from ..errors import UnsupportedExponentError
 from ..inputs import Problem
-from .base import Capabilities, RawResult, SolverConfig
+from .base import Capabilities, RawResult
 from .coupled_loop import LoopOutcome, check_resolvable, default_tol, run_coupled
 from .newton_core import _start_matrix
 from .registry import register
-from .spd_start import not_positive_definite, spd_start
+from .spd_start import SpdIterationConfig, not_positive_definite, spd_start
 
 MAX_STAGES = 10
 """p = 2^k is accepted up to k = 10 (p = 1024): each stage halves the log-spread of the spectrum."""
@@ -166,7 +166,7 @@ def unscale(X: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
 
 @register
 @dataclass(frozen=True, kw_only=True)
-class NewtonSchulzSignConfig(SolverConfig):
+class NewtonSchulzSignConfig(SpdIterationConfig):
     """Coupled Newton-Schulz (sign function) solver for A^{+-1/p}, p a power of two, SPD input.
 
     Args:
@@ -178,18 +178,11 @@ class NewtonSchulzSignConfig(SolverConfig):
 
     name = "newton_schulz"
     capabilities = Capabilities(forward_root=True, integer_p=True)
-    lanczos_steps: int = 24
-    stagnation_accept: float = 16.0
-    symmetry_tol: float | None = None
 
     def __post_init__(self) -> None:
         arguments.store(
             self,
-            lanczos_steps=arguments.integer("lanczos_steps", self.lanczos_steps, minimum=2),
-            stagnation_accept=arguments.real(
-                "stagnation_accept", self.stagnation_accept, minimum=1.0, what="a multiple of tol"
-            ),
-            symmetry_tol=arguments.real("symmetry_tol", self.symmetry_tol, minimum=0.0, allow_none=True),
+            **self._spd_options(),
         )
 
     def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:

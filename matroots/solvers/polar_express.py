@@ -66,7 +66,7 @@ import torch
 from .. import arguments, precision
 from ..errors import InvalidArgumentError, UnsupportedExponentError
 from ..inputs import Problem
-from .base import Capabilities, RawResult, SolverConfig, matmul_count_power, matrix_power
+from .base import Capabilities, RawResult, matmul_count_power, matrix_power
 from .coupled_loop import check_resolvable, default_tol, run_coupled
 from .minimax import Step, grid_floor, schedule
 from .newton_core import _start_matrix
@@ -80,7 +80,7 @@ from .newton_schulz_sign import (
     unscale,
 )
 from .registry import register
-from .spd_start import not_positive_definite, require_positive_root, spd_start
+from .spd_start import SpdIterationConfig, not_positive_definite, require_positive_root, spd_start
 
 MAX_P = 16
 """Largest p: the basis x^{1 + jp} becomes too ill-conditioned for the float64 Remez beyond it."""
@@ -108,7 +108,7 @@ def _coefficients(scheds: list[tuple[Step, ...]], k: int, rows: torch.Tensor) ->
 
 @register
 @dataclass(frozen=True, kw_only=True)
-class PolarExpressConfig(SolverConfig):
+class PolarExpressConfig(SpdIterationConfig):
     """Minimax polynomial coupled iteration (Polar Express) for A^{-1/p}, SPD input.
 
     Args:
@@ -118,9 +118,7 @@ class PolarExpressConfig(SolverConfig):
         degree: d, the degree of q_k in M (the step polynomial has degree 1 + d p in x); 2 is the
             paper's quintic for p = 2.
         safety: interval widening s >= 1 of each design (None: 1.01 in 16-bit formats, else 1.001).
-        lanczos_steps: Lanczos steps for the spectral estimates.
-        stagnation_accept: a stagnated run counts as converged at this many times ``tol``.
-        symmetry_tol: tolerance of the symmetry test (non-symmetric input is refused).
+        lanczos_steps, stagnation_accept, symmetry_tol: see :class:`~matroots.solvers.spd_start.SpdIterationConfig`.
     """
 
     name = "polar_express"
@@ -128,9 +126,6 @@ class PolarExpressConfig(SolverConfig):
     form: str = "auto"
     degree: int = 2
     safety: float | None = None
-    lanczos_steps: int = 24
-    stagnation_accept: float = 16.0
-    symmetry_tol: float | None = None
 
     def __post_init__(self) -> None:
         arguments.store(
@@ -138,11 +133,7 @@ class PolarExpressConfig(SolverConfig):
             form=arguments.choice("form", self.form, FORMS),
             degree=arguments.integer("degree", self.degree, minimum=1),
             safety=arguments.real("safety", self.safety, minimum=1.0, maximum=1.5, allow_none=True),
-            lanczos_steps=arguments.integer("lanczos_steps", self.lanczos_steps, minimum=2),
-            stagnation_accept=arguments.real(
-                "stagnation_accept", self.stagnation_accept, minimum=1.0, what="a multiple of tol"
-            ),
-            symmetry_tol=arguments.real("symmetry_tol", self.symmetry_tol, minimum=0.0, allow_none=True),
+            **self._spd_options(),
         )
 
         if self.degree > 4:

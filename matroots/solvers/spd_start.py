@@ -25,11 +25,37 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import precision
+from .. import arguments, precision
 from ..errors import FormatRangeError, NotPositiveDefiniteError, NotSymmetricError
 from ..inputs import Problem, symmetric_input
 from ..regularize import working_shift
+from .base import SolverConfig
 from .coupled_newton import _lanczos_lambda_max, _shifted
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpdIterationConfig(SolverConfig):
+    """The options every SPD matmul iteration shares (newton_schulz, polar_express, halley).
+
+    Args:
+        lanczos_steps: Lanczos steps for the spectral bounds.
+        stagnation_accept: a stagnated run counts as converged at this many times ``tol``.
+        symmetry_tol: tolerance of the symmetry test (non-symmetric input is refused).
+    """
+
+    lanczos_steps: int = 24
+    stagnation_accept: float = 16.0
+    symmetry_tol: float | None = None
+
+    def _spd_options(self) -> dict[str, object]:
+        """The shared fields, validated, for the subclass's ``arguments.store`` call."""
+        return {
+            "lanczos_steps": arguments.integer("lanczos_steps", self.lanczos_steps, minimum=2),
+            "stagnation_accept": arguments.real(
+                "stagnation_accept", self.stagnation_accept, minimum=1.0, what="a multiple of tol"
+            ),
+            "symmetry_tol": arguments.real("symmetry_tol", self.symmetry_tol, minimum=0.0, allow_none=True),
+        }
 
 
 @dataclass
