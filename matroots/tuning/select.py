@@ -234,18 +234,10 @@ def select(
         want = None if expected is None else expected.get((device, dtype, float(p), int(nb), int(kb)), cases)
         missing = math.nan if want is None else max(want - cases, 0)
         st = _candidate_stats(cell, cases)
-        n_lo, n_hi = spec.n_bands[nb], spec.n_bands[nb + 1]
-        k_lo, k_hi = spec.kappa_bands[kb], spec.kappa_bands[kb + 1]
         be = best_effort(st)
         be_err = be["worst_error"] if np.isfinite(be["worst_error"]) else be["worst_ok_error"]
         base = {
-            "device": device,
-            "dtype": dtype,
-            "p": int(p),
-            "n_lo": int(n_lo),
-            "n_hi": int(n_hi),
-            "kappa_lo": float(k_lo),
-            "kappa_hi": float(k_hi),
+            **_cell_identity(spec, device, dtype, p, nb, kb),
             "cases": int(cases),
             "families": ";".join(sorted(cell["family"].unique())),
             "n_seen": ";".join(str(int(x)) for x in sorted(cell["n"].unique())),
@@ -274,10 +266,7 @@ def select(
                 tie = first != passing.index[0]
                 passing = pd.concat([passing.loc[[first]], passing.drop(index=first)])
             row = dict(base, target=float(target))
-            where = (
-                f"{dtype} p={int(p)} n {_band_label(n_lo, n_hi)} kappa {_band_label(k_lo, k_hi)} "
-                f"({cases} cases)"
-            )
+            where = f"{_cell_label(base)} ({cases} cases)"
             if passing.empty:
                 fails = f", failing {be['failure_rate']:.0%} of cases" if be["failure_rate"] > 0 else ""
                 row.update(
@@ -351,20 +340,34 @@ def select(
     return table, summary
 
 
+def _cell_identity(spec: TuneSpec, device: str, dtype: str, p: float, nb: int, kb: int) -> dict[str, Any]:
+    """The columns that name a selection cell: device, dtype, p and its n and kappa band edges."""
+    return {
+        "device": device,
+        "dtype": dtype,
+        "p": int(p),
+        "n_lo": int(spec.n_bands[nb]),
+        "n_hi": int(spec.n_bands[nb + 1]),
+        "kappa_lo": float(spec.kappa_bands[kb]),
+        "kappa_hi": float(spec.kappa_bands[kb + 1]),
+    }
+
+
+def _cell_label(key: dict[str, Any]) -> str:
+    """A cell named for a person: dtype, p, and the n and kappa bands."""
+    return (
+        f"{key['dtype']} p={key['p']} n {_band_label(key['n_lo'], key['n_hi'])} "
+        f"kappa {_band_label(key['kappa_lo'], key['kappa_hi'])}"
+    )
+
+
 def _empty_cell_rows(cell: tuple[Any, ...], want: int, spec: TuneSpec) -> list[dict[str, Any]]:
     device, dtype, p, nb, kb = cell
-    n_lo, n_hi = spec.n_bands[nb], spec.n_bands[nb + 1]
-    k_lo, k_hi = spec.kappa_bands[kb], spec.kappa_bands[kb + 1]
-    where = f"{dtype} p={int(p)} n {_band_label(n_lo, n_hi)} kappa {_band_label(k_lo, k_hi)}"
+    key = _cell_identity(spec, device, dtype, p, nb, kb)
+    where = _cell_label(key)
     return [
         {
-            "device": device,
-            "dtype": dtype,
-            "p": int(p),
-            "n_lo": int(n_lo),
-            "n_hi": int(n_hi),
-            "kappa_lo": float(k_lo),
-            "kappa_hi": float(k_hi),
+            **key,
             "target": float(t),
             "choice": "NA",
             "method": "NA",
