@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 #: Modules defining ``register(subparsers)`` for further subcommands (see the module docstring).
-COMMAND_MODULES: tuple[str, ...] = ("matroots.tuning.cli", "matroots.validation.cli")
+COMMAND_MODULES: tuple[str, ...] = ("matroots.tuning.cli", "matroots.validation.cli", "matroots.shipped")
 
 DTYPE_CHOICES = ("fp64", "fp32", "bf16", "fp16")
 

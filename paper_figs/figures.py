@@ -1,10 +1,14 @@
 """Regenerate the paper's figure set from sweep runs, as PNG and PDF.
 
     python paper_figs/figures.py                # small default (experiments/configs/figures_small.toml)
-    python paper_figs/figures.py --full         # the real study: precision_full + eps_regularisation
+    python paper_figs/figures.py --full         # the real study, from the shipped results/ (minutes)
+    python paper_figs/figures.py --full --recompute   # the real study, rerun or resumed in runs/ (hours)
     make figures                                # the same as the first line; `make figures FULL=1`
 
-Each config's sweep is run (or resumed) into ``runs/<name>``; the figures are written to
+The full set is drawn from the shipped results (``results/<name>/``, written by ``matroots ship``
+and checked against the repository's config of the same name by :func:`matroots.shipped.load`);
+with ``--recompute`` (and for the small default) each config's sweep is run (or resumed) into
+``runs/<name>``. The figures are written to
 ``paper_figs/out/<small|full>/`` with an ``index.md`` saying what each shows. Validation runs (folders
 of ``runs/`` written by ``matroots validate``) add the optimizer curves and the accuracy-vs-training
 figure; without one those two are skipped with a note in the index. One function per figure is in
@@ -28,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "experiments" / "configs"
 SMALL = [CONFIGS / "figures_small.toml"]
 FULL = [CONFIGS / "precision_full.toml", CONFIGS / "eps_regularisation.toml"]
+RESULTS = ROOT / "results"
 
 log = logging.getLogger("paper_figs")
 
@@ -117,24 +122,43 @@ def build(
     runs_dir: str | Path = ROOT / "runs",
     workers: int | None = None,
     progress: bool = True,
+    shipped: str | Path | None = None,
+    sample: int | None = None,
 ) -> dict[str, list[Path]]:
-    """Run (or resume) each config's sweep, then write every figure of the set; return name -> files.
+    """Write every figure of the set from each config's rows; return name -> files.
 
+    The rows come from the shipped results under ``shipped`` (``shipped/<config name>``), or, when
+    ``shipped`` is None, from each config's sweep run (or resumed) in ``runs_dir``. ``sample`` keeps
+    that many rows per config (a fixed random sample: for a quick check of the figure code only).
     Figures that need validation runs are skipped (with a note in ``index.md``) when there are none.
     """
-    from matroots import grid, plots, sweep
+    from matroots import grid, plots, shipped as shipped_results, sweep
 
     out, runs = Path(out_dir), Path(runs_dir)
-    frames = []
+    frames, sources = [], []
     for cfg in configs:
         spec = grid.load_config(cfg)
-        grid.check_families(spec)
-        frames.append(
-            sweep.run_sweep(spec, runs / spec.name, workers=workers, resume=True, progress=progress)
-        )
+        if shipped is not None:
+            where = Path(shipped) / spec.name
+            rows = shipped_results.load(where, repo_root=ROOT)
+            prov = shipped_results.read_provenance(where)
+            state = "complete" if prov.get("complete") else "partial"
+            sources.append(
+                f"`{spec.name}`: shipped {where.relative_to(ROOT) if where.is_relative_to(ROOT) else where}, "
+                f"{prov['units_done']}/{prov['units_total']} units ({state}), commit(s) "
+                f"{', '.join(c[:10] for c in prov['commits'])}"
+            )
+        else:
+            grid.check_families(spec)
+            rows = sweep.run_sweep(spec, runs / spec.name, workers=workers, resume=True, progress=progress)
+            sources.append(f"`{spec.name}`: run {runs / spec.name}")
+        if sample is not None and len(rows) > sample:
+            rows = rows.sample(sample, random_state=0)
+        frames.append(rows)
     df = pd.concat(frames, ignore_index=True)
     written: dict[str, list[Path]] = {}
     index = [f"# Figures ({', '.join(Path(c).name for c in configs)}; {len(df)} rows)", ""]
+    index += ["Rows: " + "; ".join(sources) + ".", ""]
     with plt.rc_context({"font.size": 8}):
         for name, (fn, caption) in FIGURES.items():
             written[name] = plots.save(fn(df), out, name)
@@ -183,6 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--runs", type=Path, default=ROOT / "runs", help="folder of the sweep runs (default runs/)"
     )
+    ap.add_argument(
+        "--recompute",
+        action="store_true",
+        help="with --full: rerun (or resume) the sweeps in --runs instead of reading the shipped results/",
+    )
+    ap.add_argument(
+        "--results", type=Path, default=RESULTS, help="folder of the shipped results (default results/)"
+    )
+    ap.add_argument("--sample", type=int, default=None, help="keep N rows per config (figure-code check)")
     ap.add_argument("--workers", type=int, default=None)
     args = ap.parse_args(argv)
     matplotlib.use("Agg")  # a script writing files: no display needed (the library never forces this)
@@ -192,7 +225,14 @@ def main(argv: list[str] | None = None) -> int:
     from matroots import MatrootsError
 
     try:
-        written = build(configs, out_dir=out, runs_dir=args.runs, workers=args.workers)
+        written = build(
+            configs,
+            out_dir=out,
+            runs_dir=args.runs,
+            workers=args.workers,
+            shipped=args.results if args.full and not args.recompute else None,
+            sample=args.sample,
+        )
     except MatrootsError as exc:
         print(f"figures: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
