@@ -115,7 +115,7 @@ def _summary(prov: dict[str, Any], rows: pd.DataFrame, units_total: int) -> dict
         "units_done": units_done,
         "units_total": units_total,
         "complete": units_done >= units_total,
-        "rows": int(len(rows)),
+        "rows": len(rows),
         "rows_failed_by_type": {k: int(v) for k, v in failures[failures != ""].value_counts().items()},
         "unit_cpu_seconds": float(per_unit.get("unit_cpu_seconds", pd.Series(dtype=float)).sum()),
         "unit_wall_seconds": float(per_unit.get("unit_wall_seconds", pd.Series(dtype=float)).sum()),

@@ -132,7 +132,8 @@ def build(
     that many rows per config (a fixed random sample: for a quick check of the figure code only).
     Figures that need validation runs are skipped (with a note in ``index.md``) when there are none.
     """
-    from matroots import grid, plots, shipped as shipped_results, sweep
+    from matroots import grid, plots, sweep
+    from matroots import shipped as shipped_results
 
     out, runs = Path(out_dir), Path(runs_dir)
     frames, sources = [], []

@@ -45,7 +45,9 @@ def test_ship_keeps_the_listed_columns_unchanged(tiny_run, tmp_path: Path) -> No
     b = back.sort_values(key).reset_index(drop=True)
     for c in b.columns:  # categoricals come back as categories of the same strings; floats bitwise
         pd.testing.assert_series_equal(b[c].astype(a[c].dtype), a[c], check_names=False, obj=c)
-    assert rec["complete"] and rec["units_done"] == rec["units_total"] == len(grid.units(grid.load_config(cfg)))
+    assert rec["complete"] and rec["units_done"] == rec["units_total"] == len(
+        grid.units(grid.load_config(cfg))
+    )
     assert rec["rows"] == grid.case_count(grid.load_config(cfg))
     assert rec["config_hash"] == grid.load_config(cfg).config_hash()
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
