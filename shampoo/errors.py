@@ -13,6 +13,10 @@ class RootComputationError(ShampooError):
     """A block's inverse-root computation failed too many times in a row (see ``FailurePolicy``)."""
 
 
+class RootRoundTimeoutError(ShampooError):
+    """A background root round (``root_schedule="async"``) was still running after its timeout."""
+
+
 class StateDictError(ShampooError, ValueError):
     """A state dict does not fit this optimizer (missing parameters, different blocking, ...)."""
 
@@ -39,6 +43,7 @@ __all__ = [
     "NonFiniteGradientWarning",
     "RootComputationError",
     "RootFailureWarning",
+    "RootRoundTimeoutError",
     "ShampooError",
     "StateDictError",
     "UnknownOptionError",

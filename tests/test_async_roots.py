@@ -1,0 +1,154 @@
+"""The asynchronous-roots building blocks (shampoo.async_roots): the bounded-staleness schedule is the
+synchronous one at delay 0 and installs exactly `delay` steps after submitting otherwise, with one round
+per factor in flight; the executor runs rounds on its own thread with its own thread budget, hands back
+exceptions instead of losing them, times out a hung round, and leaves no thread behind."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from matroots.errors import InvalidArgumentError
+from shampoo.async_roots import RootExecutor, RootSchedule
+from shampoo.errors import RootRoundTimeoutError, ShampooError
+
+
+def _simulate(frequency: int, delay: int, steps: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """Drive one factor through `steps` steps (numbered from 1); return submit steps and (install step,
+    submitted step) pairs, in the documented in-step order: install, submit, install."""
+    s = RootSchedule(frequency, delay)
+    submits, installs = [], []
+    for step in range(1, steps + 1):
+        for phase in (0, 1, 2):
+            if phase == 1:
+                if s.due("L", step):
+                    s.submit("L", step)
+                    submits.append(step)
+                continue
+            for k in s.installs(step):
+                submitted = s.pending()[k][0]
+                s.mark_installed(k, step)
+                installs.append((step, submitted))
+    return submits, installs
+
+
+@pytest.mark.parametrize("frequency", [1, 3, 10])
+def test_delay_zero_is_the_synchronous_schedule(frequency: int) -> None:
+    submits, installs = _simulate(frequency, 0, 60)
+    # sync: the first round at the first step, then every step that is a multiple of the frequency
+    sync = [1] + [t for t in range(2, 61) if t % frequency == 0]
+    assert submits == sync
+    assert installs == [(t, t) for t in sync]  # installed within the step that computed it
+
+
+@pytest.mark.parametrize(("frequency", "delay"), [(3, 1), (3, 2), (3, 3), (10, 4), (1, 1), (1, 2), (3, 5)])
+def test_install_exactly_delay_steps_later_one_in_flight(frequency: int, delay: int) -> None:
+    submits, installs = _simulate(frequency, delay, 80)
+    assert [sub for _, sub in installs] == submits[: len(installs)]
+    assert all(step == sub + delay for step, sub in installs)  # never earlier, never later
+    # at most one in flight: each submission after the first happens at or after the previous install
+    for prev_install, nxt in zip(installs, submits[1:], strict=False):
+        assert nxt >= prev_install[0]
+    gaps = {b - a for a, b in zip(submits, submits[1:], strict=False)}
+    assert max(gaps) <= max(frequency, delay) and min(gaps) >= min(frequency, max(delay, 1))
+
+
+def test_schedule_age_generation_and_errors() -> None:
+    s = RootSchedule(5, 2)
+    assert s.age("R", 1) is None
+    s.submit("R", 1)
+    with pytest.raises(ShampooError, match="already in flight"):
+        s.submit("R", 2)
+    assert s.installs(2) == [] and s.installs(3) == ["R"]
+    assert s.mark_installed("R", 3) == 1
+    assert s.age("R", 7) == 6  # the installed root was computed from step 1's factors
+    s.submit("R", 10)
+    assert s.mark_installed("R", 12) == 2
+    for bad in ({"frequency": 0, "delay": 0}, {"frequency": 2, "delay": -1}, {"frequency": 2.0, "delay": 1}):
+        with pytest.raises(InvalidArgumentError, match="must be an integer"):
+            RootSchedule(**bad)
+
+
+def test_executor_runs_in_background_with_its_own_thread_budget() -> None:
+    main_threads = torch.get_num_threads()
+    with RootExecutor(num_threads=1) as ex:
+        seen = ex.result(ex.submit("L", lambda: (threading.current_thread().name, torch.get_num_threads())))
+        assert seen.error is None and seen.value == ("shampoo-roots", 1) and seen.seconds >= 0
+        assert torch.get_num_threads() == main_threads  # the training thread's budget is untouched
+        # a snapshot taken at submit time is what the round sees, whatever the caller does next
+        factor = torch.eye(4, dtype=torch.float64) * 4.0
+        gate = threading.Event()
+        ticket = ex.submit("R", lambda f: (gate.wait(5), torch.linalg.eigvalsh(f))[1], factor.clone())
+        factor.mul_(100.0)  # a later EMA update of the live factor
+        gate.set()
+        out = ex.result(ticket, timeout=10)
+        torch.testing.assert_close(out.value, torch.full((4,), 4.0, dtype=torch.float64), rtol=0, atol=0)
+
+
+def test_executor_hands_back_exceptions_and_keeps_working() -> None:
+    with RootExecutor() as ex:
+        boom = ValueError("solver exploded")
+
+        def fail() -> None:
+            raise boom
+
+        out = ex.result(ex.submit("L", fail), timeout=10)
+        assert out.error is boom and out.value is None
+        assert ex.alive  # the worker survived
+        assert ex.result(ex.submit("L", lambda: 7), timeout=10).value == 7
+        kb = ex.result(ex.submit("L", lambda: (_ for _ in ()).throw(KeyboardInterrupt())), timeout=10)
+        assert isinstance(kb.error, KeyboardInterrupt) and ex.alive
+
+
+def test_hung_round_times_out_and_can_be_collected_later() -> None:
+    release = threading.Event()
+    with RootExecutor(timeout=0.2) as ex:
+        ticket = ex.submit("L", lambda: release.wait(30) and "late")
+        t0 = time.monotonic()
+        with pytest.raises(RootRoundTimeoutError, match="still running after 0.2 s"):
+            ex.result(ticket)
+        assert time.monotonic() - t0 < 5
+        release.set()
+        assert ex.result(ticket, timeout=10).value == "late"
+
+
+def _workers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "shampoo-roots"]
+
+
+def test_shutdown_and_garbage_collection_leave_no_thread() -> None:
+    before = len(_workers())
+    ex = RootExecutor()
+    assert len(_workers()) == before + 1
+    ex.shutdown()
+    assert len(_workers()) == before
+    with pytest.raises(ShampooError, match="shut down"):
+        ex.submit("L", lambda: None)
+    ex2 = RootExecutor()
+    thread = ex2._thread
+    del ex2
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()
+    for bad in (0, 1.5, True):
+        with pytest.raises(InvalidArgumentError, match="root_threads"):
+            RootExecutor(num_threads=bad)
+    with pytest.raises(InvalidArgumentError, match="root_timeout"):
+        RootExecutor(timeout=0)
+
+
+def test_interpreter_exit_with_a_hung_round_does_not_hang() -> None:
+    code = (
+        "import threading; from shampoo.async_roots import RootExecutor\n"
+        "ex = RootExecutor()\n"
+        "ex.submit('L', threading.Event().wait)\n"  # never returns
+        "print('bye')\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "bye", p.stderr
