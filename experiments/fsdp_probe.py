@@ -60,7 +60,9 @@ def check_forward_backward(rank: int, world: int, tmp: str) -> str:
         places.add(str(p.grad.placements))
         worst = max(worst, float((p.grad.full_tensor() - ref[n]).abs().max()))
     local = {n: tuple(p.to_local().shape) for n, p in m.named_parameters()}
-    return f"grads {sorted(places)} (reduce-scatter), max |grad - full-batch| {worst:.1e}, local shapes {local}"
+    return (
+        f"grads {sorted(places)} (reduce-scatter), max |grad - full-batch| {worst:.1e}, local shapes {local}"
+    )
 
 
 def check_reshard(rank: int, world: int, tmp: str) -> str:
@@ -76,7 +78,7 @@ def check_reshard(rank: int, world: int, tmp: str) -> str:
             X, Y = _batch(rank, world)
             nn.functional.mse_loss(m(X), Y).backward()
             out.append(f"{rar!r}: ok")
-        except Exception as err:  # noqa: BLE001 - recorded
+        except Exception as err:
             out.append(f"{rar!r}: {type(err).__name__}: {str(err).splitlines()[0]}")
     return "; ".join(out)
 
@@ -153,12 +155,10 @@ def check_hsdp(rank: int, world: int, tmp: str) -> str:
             X, Y = _batch(rank, world)
             nn.functional.mse_loss(m(X), Y).backward()
             ref = _full_grads(world)
-            worst = max(
-                float((p.grad.full_tensor() - ref[n]).abs().max()) for n, p in m.named_parameters()
-            )
+            worst = max(float((p.grad.full_tensor() - ref[n]).abs().max()) for n, p in m.named_parameters())
             p = next(m.parameters())
             out.append(f"{shape}: {p.grad.placements}, max |grad - full-batch| {worst:.1e}")
-        except Exception as err:  # noqa: BLE001 - recorded
+        except Exception as err:
             out.append(f"{shape}: {type(err).__name__}: {str(err).splitlines()[0]}")
     return "; ".join(out)
 
@@ -185,7 +185,7 @@ def _entry(rank: int, world: int, port: int, tmp: str) -> None:
     for check in CHECKS:
         try:
             msg = "ok: " + check(rank, world, tmp)
-        except Exception as err:  # noqa: BLE001 - the point is to record it
+        except Exception as err:
             msg = f"FAILED: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             if os.environ.get("PROBE_TRACE"):
                 traceback.print_exc()

@@ -31,6 +31,7 @@ from .errors import (
     StateDictError,
     UnknownOptionError,
 )
+from .fsdp import FSDPConfig
 from .optimizer import Shampoo, StepTiming
 from .transforms.soap import SOAP
 
@@ -44,6 +45,7 @@ __all__ = [
     "DDPConfig",
     "DiagnosticsConfig",
     "ExponentOverride",
+    "FSDPConfig",
     "FactorDiagnostics",
     "FactorResetWarning",
     "FailurePolicy",

@@ -9,6 +9,10 @@ A parameter of shape (d_1, ..., d_k) is preconditioned as follows (Gupta et al. 
    exponent override are never merged.
 3. Every preconditioned dim is cut into chunks of at most ``max_preconditioner_dim``; the blocks are
    the Cartesian product of the chunks. Dims that are not preconditioned (exponent 0) are not cut.
+   With ``row_shards = R > 1`` the parameter's dim 0 is first cut into the R pieces ``torch.chunk``
+   makes (rows of ceil(d_0 / R); FSDP2's ``Shard(0)`` on R ranks), each piece is chunked on its own,
+   and no block straddles two pieces (the blocks of a ``fully_shard``ed parameter; see
+   :mod:`shampoo.fsdp`). A piece of rows is a contiguous range of the merged dim 0.
 4. Each preconditioned dim i of a block gets a Kronecker factor of its size n_i and the inverse root
    p_i = 1/e_i, default e_i = 1/(2k) with k the block's order (L^{-1/4} G R^{-1/4} for matrices).
 
@@ -147,6 +151,37 @@ def _chunks(size: int, max_dim: int) -> list[slice]:
     return [slice(s, min(s + max_dim, size)) for s in range(0, size, max_dim)]
 
 
+def row_pieces(rows: int, pieces: int) -> list[tuple[int, int]]:
+    """The row ranges [a, b) of ``torch.chunk(t, pieces, dim=0)`` for a dim 0 of ``rows`` (ceil(rows /
+    pieces) rows each, the last shorter; fewer than ``pieces`` ranges when the rows run out), which
+    is how FSDP2's ``Shard(0)`` places rows on ranks (ranks past the last range hold none)."""
+    if pieces < 1:
+        raise ValueError(f"row_shards must be an int >= 1, got {pieces!r}")
+    size = -(-rows // pieces) if rows else 0
+    return [(a, min(a + size, rows)) for a in range(0, rows, size)] if size else []
+
+
+def _dim0_bounds(shape: tuple[int, ...], merged: tuple[MergedDim, ...], pieces: int) -> list[int]:
+    """Where the ``row_shards`` pieces start in the merged dim 0 (the first is 0); [0] when dim 0 is
+    not cut (one piece, or dim 0 of size 1 and dropped)."""
+    if pieces == 1 or not merged or merged[0].dims[0] != 0:
+        return [0]
+    inner = math.prod(shape[d] for d in merged[0].dims[1:])
+    return [a * inner for a, _ in row_pieces(shape[0], pieces)]
+
+
+def _cut(size: int, max_dim: int, starts: list[int], split: bool) -> list[slice]:
+    """The pieces [starts[k], starts[k+1]) of a dim of ``size``, each chunked by ``max_dim`` when
+    ``split`` (a preconditioned dim) or kept whole."""
+    out: list[slice] = []
+    for a, b in zip(starts, [*starts[1:], size], strict=True):
+        if split:
+            out.extend(slice(a + s.start, a + s.stop) for s in _chunks(b - a, max_dim))
+        else:
+            out.append(slice(a, b))
+    return out
+
+
 def root_from_exponent(e: float) -> Fraction | None:
     """p = 1/e as an exact rational (None for e = 0: not preconditioned)."""
     if e == 0:
@@ -163,16 +198,23 @@ def layout_param(
     merge_dims_: bool = True,
     exponent_override: ExponentOverride | None = None,
     vector_policy: str = "diagonal",
+    row_shards: int = 1,
 ) -> ParamLayout:
-    """The :class:`ParamLayout` of a parameter of ``shape`` under the given options."""
+    """The :class:`ParamLayout` of a parameter of ``shape`` under the given options (``row_shards``:
+    see the module docstring, step 3)."""
     shape = tuple(int(s) for s in shape)
     override = (exponent_override or ExponentOverride()).for_order(len(shape))
     if len(shape) <= 1 and vector_policy != "shampoo":
         merged = merge_dims(shape, max_preconditioner_dim, override, merge=False)
         kind = BlockKind.DIAGONAL if vector_policy == "diagonal" else BlockKind.GRAFT
         full = tuple(m.size for m in merged) or (1,)
-        block = BlockSpec(param_index, 0, kind, tuple(slice(0, s) for s in full), full, (None,) * len(full))
-        return ParamLayout(param_index, shape, merged, (block,))
+        starts = _dim0_bounds(shape, merged, row_shards)
+        vec = []
+        for i, sl in enumerate(_cut(full[0], 1, starts, False)):
+            rest = tuple(slice(0, s) for s in full[1:])
+            bshape = (sl.stop - sl.start, *full[1:])
+            vec.append(BlockSpec(param_index, i, kind, (sl, *rest), bshape, (None,) * len(full)))
+        return ParamLayout(param_index, shape, merged, tuple(vec))
     merged = merge_dims(shape, max_preconditioner_dim, override, merge=merge_dims_)
     if not merged:
         # 0-D, or every dim of size 1: a single scalar block. A 1x1 "factor" is a diagonal one.
@@ -185,6 +227,9 @@ def layout_param(
         _chunks(m.size, max_preconditioner_dim) if p is not None else [slice(0, m.size)]
         for m, p in zip(merged, roots, strict=True)
     ]
+    starts = _dim0_bounds(shape, merged, row_shards)
+    if len(starts) > 1:
+        per_dim[0] = _cut(merged[0].size, max_preconditioner_dim, starts, roots[0] is not None)
     kind = BlockKind.SHAMPOO if any(p is not None for p in roots) else BlockKind.GRAFT
     blocks = []
     for i, sl in enumerate(itertools.product(*per_dim)):
@@ -226,6 +271,7 @@ __all__ = [
     "layout_param",
     "merge_dims",
     "root_from_exponent",
+    "row_pieces",
     "tile_grid",
     "tiled_view",
 ]

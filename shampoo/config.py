@@ -338,6 +338,7 @@ STRUCTURAL_KEYS = (
     "merge_dims",
     "exponent_override",
     "vector_policy",
+    "row_shards",
     "factor_dtype",
 )
 # Group keys holding config objects or dtypes (not restored from a state dict; see load_state_dict).
@@ -446,6 +447,9 @@ class GroupOptions:
     # A per-block preconditioner transform replacing the Kronecker one of the group's Shampoo blocks
     # (the interface: shampoo.transforms.Preconditioner); None: Kronecker factors.
     preconditioner: Any = None
+    # Cut dim 0 into this many torch.chunk pieces before blocking (shampoo.blocking, step 3); None:
+    # as the parameter is sharded (1 on one process, the shard count of a fully_shard'ed parameter).
+    row_shards: int | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.lr, int | float | torch.Tensor) and 0.0 <= float(self.lr) < math.inf):
@@ -480,6 +484,12 @@ class GroupOptions:
             )
         if self.vector_policy not in VECTOR_POLICIES:
             raise ValueError(f"vector_policy must be one of {VECTOR_POLICIES}, got {self.vector_policy!r}")
+        r = self.row_shards
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 1):
+            raise ValueError(
+                f"row_shards must be None (as the parameters are sharded) or an int >= 1 (cut dim 0 into "
+                f"that many torch.chunk pieces before blocking), got {r!r}"
+            )
         if not isinstance(self.precondition_frequency, int) or self.precondition_frequency < 1:
             raise ValueError(
                 f"precondition_frequency must be an int >= 1, got {self.precondition_frequency!r}"
@@ -537,6 +547,7 @@ class GroupOptions:
             self.merge_dims,
             self.exponent_override,
             self.vector_policy,
+            self.row_shards,
             self.factor_dtype,
             self.grafting.kind,
             type(self.preconditioner).__qualname__,

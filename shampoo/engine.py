@@ -74,6 +74,7 @@ def layout_group(params: list[torch.Tensor], first_index: int, opts: GroupOption
             merge_dims_=opts.merge_dims,
             exponent_override=opts.exponent_override,
             vector_policy=opts.vector_policy,
+            row_shards=opts.row_shards or 1,
         )
         for i, p in enumerate(params)
     ]
@@ -132,11 +133,15 @@ class GroupEngine:
         first_index: int,
         opts: GroupOptions,
         owns: Callable[[BlockSpec], bool],
+        layouts: list[ParamLayout] | None = None,
     ):
+        """``layouts``: the parameters' block layouts when not :func:`layout_group`'s (the local
+        shards of ``fully_shard``ed parameters, :mod:`shampoo.fsdp`)."""
         self.params = params
         self.structure = opts.structure()
         self.states: list[ParamState] = []
-        layouts = layout_group(params, first_index, opts)
+        if layouts is None:
+            layouts = layout_group(params, first_index, opts)
         for p, key, layout in zip(params, keys, layouts, strict=True):
             blocks = [BlockState(spec=s, owned=owns(s)) for s in layout.blocks]
             mom = (
@@ -188,7 +193,7 @@ class GroupEngine:
         for seg in segs:
             layout = self.states[seg.param].layout
             idx = [bucket.blocks[j].spec.index for j in range(seg.start, seg.start + seg.count)]
-            tiling = tile_grid(layout) if idx == list(range(len(layout.blocks))) else None
+            tiling = tile_grid(layout) if idx == [b.index for b in layout.blocks] else None
             out.append(Segment(seg.param, seg.start, seg.count, tiling))
         return out
 

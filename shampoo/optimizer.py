@@ -50,6 +50,7 @@ from .diagnostics import BlockDiagnostics, block_diagnostics, dump_factors, to_f
 from .distributed import BlockSharding, DDPConfig
 from .engine import BucketDirections, GroupEngine, state_dtype
 from .errors import NonFiniteGradientWarning, ShampooError, StateDictError
+from .fsdp import FSDPConfig, FSDPSharding
 from .optim_compat import (
     IMPL_FLAGS,
     check_impl_flags,
@@ -142,6 +143,10 @@ class Shampoo(torch.optim.Optimizer):
         max_preconditioner_dim, merge_dims, exponent_override, vector_policy: blocking, see
             :mod:`shampoo.blocking` and :class:`shampoo.ExponentOverride` (a mapping
             ``{order: e or {dim: e}}`` is accepted; e = 0 means "do not precondition this dim").
+        row_shards: cut dim 0 of every parameter into this many ``torch.chunk`` pieces before
+            blocking, so no block straddles two (the blocking of ``fully_shard``ed parameters
+            on that many ranks, reproduced on one process); None: as the parameters are sharded
+            (1 for plain tensors). See :mod:`shampoo.fsdp`.
         diagonal_eps: eps of the diagonal preconditioner of ``vector_policy="diagonal"`` blocks.
         precondition_frequency: recompute the roots every this many steps.
         start_preconditioning_step: first step that uses (and computes) roots; before it the update is
@@ -160,8 +165,10 @@ class Shampoo(torch.optim.Optimizer):
         diagnostics: a :class:`DiagnosticsConfig` (log level, factor dumps); optimizer-wide.
         distributed: a :class:`shampoo.DDPConfig` for data-parallel Shampoo (each rank computes its
             blocks' statistics, roots and directions; one all-gather shares them, see
-            :mod:`shampoo.distributed`), or None for a single process. Gradients must already be
-            identical on every rank (DistributedDataParallel, or an all-reduce before ``step``).
+            :mod:`shampoo.distributed`; gradients must already be identical on every rank:
+            DistributedDataParallel, or an all-reduce before ``step``), a :class:`shampoo.FSDPConfig`
+            for a ``fully_shard``ed (FSDP2/HSDP) model (each rank preconditions blocks of its own
+            shard, see :mod:`shampoo.fsdp`), or None for a single process.
         maximize: maximise the objective (the gradient is negated before the statistics, as in
             torch.optim; the factors G G^T do not change, the direction flips).
         statistics_frequency: update the Kronecker factors every this many steps (at the steps t
@@ -229,6 +236,7 @@ class Shampoo(torch.optim.Optimizer):
         statistics_frequency: int = 1,
         statistics_dtype: torch.dtype | None = None,
         preconditioner: Any = None,
+        row_shards: int | None = None,
         foreach: bool | None = None,
         fused: bool | None = None,
         capturable: bool = False,
@@ -238,9 +246,12 @@ class Shampoo(torch.optim.Optimizer):
         if unknown:
             raise unknown_option_error(next(iter(unknown)), Shampoo.__init__)
         check_impl_flags(foreach=foreach, fused=fused, capturable=capturable, differentiable=differentiable)
-        if distributed is not None and not isinstance(distributed, DDPConfig):
-            raise ValueError(f"distributed must be a shampoo.DDPConfig or None, got {distributed!r}")
-        self._sharding = BlockSharding(distributed) if distributed is not None else None
+        if distributed is not None and not isinstance(distributed, DDPConfig | FSDPConfig):
+            raise ValueError(
+                f"distributed must be a shampoo.DDPConfig, a shampoo.FSDPConfig or None, got {distributed!r}"
+            )
+        self._sharding = BlockSharding(distributed) if isinstance(distributed, DDPConfig) else None
+        self._fsdp = FSDPSharding(distributed) if isinstance(distributed, FSDPConfig) else None
         self._diag = diagnostics if diagnostics is not None else DiagnosticsConfig()
         if not isinstance(self._diag, DiagnosticsConfig):
             raise ValueError(f"diagnostics must be a DiagnosticsConfig, got {diagnostics!r}")
@@ -315,7 +326,11 @@ class Shampoo(torch.optim.Optimizer):
                 )
             first = sum(len(g["params"]) for g in self.param_groups[:gi])
             group = self.param_groups[gi]
-            eng = GroupEngine(list(group["params"]), self._param_keys()[gi], first, opts, self._owns)
+            params, layouts = list(group["params"]), None
+            if self._fsdp is not None:  # the local shards, blocked as the whole parameters are
+                layouts = self._fsdp.layouts(params, first, opts)
+                params = self._fsdp.local(params)
+            eng = GroupEngine(params, self._param_keys()[gi], first, opts, self._owns, layouts)
             for p, st in zip(group["params"], eng.states, strict=True):
                 self.state[p] = st
             self._engines[gi] = eng
@@ -337,9 +352,16 @@ class Shampoo(torch.optim.Optimizer):
                 loss = closure()
         t0 = time.perf_counter()
         self._global_step += 1
-        for gi, group in enumerate(self.param_groups):
-            opts = GroupOptions.from_group(group)
-            self._step_group(gi, group, opts)
+        try:
+            for gi, group in enumerate(self.param_groups):
+                opts = GroupOptions.from_group(group)
+                self._step_group(gi, group, opts)
+        except ShampooError as err:
+            if self._fsdp is not None:
+                self._fsdp.status(err)  # the other ranks raise instead of waiting
+            raise
+        if self._fsdp is not None:
+            self._fsdp.status()
         if self._diag.dump_every and self._global_step % self._diag.dump_every == 0:
             self.dump_factors()
         self.timing.steps += 1
@@ -352,7 +374,7 @@ class Shampoo(torch.optim.Optimizer):
         if not idx:
             return
         eng = self._engine(gi, opts)
-        grads = [params[i].grad for i in idx]
+        grads = self._local([params[i].grad for i in idx])
         if any(g.is_sparse for g in grads):  # type: ignore[union-attr]
             raise ValueError("Shampoo does not support sparse gradients")
         finite = _all_finite(grads)  # type: ignore[arg-type]
@@ -363,7 +385,7 @@ class Shampoo(torch.optim.Optimizer):
             grads = [g for g, ok in zip(grads, finite, strict=True) if ok]
             if not idx:
                 return
-        plist = [params[i] for i in idx]
+        plist = self._local([params[i] for i in idx])
         if opts.maximize:
             grads = list(torch._foreach_neg(grads))  # type: ignore[arg-type]
         if opts.weight_decay and not opts.decoupled_weight_decay:
@@ -394,6 +416,11 @@ class Shampoo(torch.optim.Optimizer):
             alpha = -opts.lr if opts.momentum == 0 else None
             finite = eng.finite_directions(idx, outputs, alpha)
             self._apply(eng, opts, idx, plist, self._assemble_directions(eng, idx, outputs), finite)
+
+    def _local(self, tensors: list[Any]) -> list[Any]:
+        """The tensors the engine steps: the local shards of ``fully_shard``ed parameters and
+        gradients (sharing their storage), anything else as it is."""
+        return tensors if self._fsdp is None else self._fsdp.local(tensors)
 
     def _assemble_directions(
         self, eng: GroupEngine, present: list[int], outputs: list[BucketDirections]
@@ -509,6 +536,8 @@ class Shampoo(torch.optim.Optimizer):
             raise ValueError("dump_factors needs a directory (argument or DiagnosticsConfig.dump_dir)")
         if self._sharding is not None:
             directory = self._sharding.dump_directory(directory)
+        elif self._fsdp is not None:
+            directory = self._fsdp.dump_directory(directory)
         entries = []
         for gi, eng in enumerate(self._engines):
             if eng is None:
@@ -548,6 +577,8 @@ class Shampoo(torch.optim.Optimizer):
                     state[st.key] = flatten(st)
         if self._sharding is not None:  # collective: every rank's blocks, in the single-process form
             state = self._sharding.gather_state(state)
+        elif self._fsdp is not None:  # this rank's blocks; DTensor momentum (torch.distributed.checkpoint)
+            state = self._fsdp.export_state(state, self.param_groups, keys)
         groups = []
         for g, ks in zip(self.param_groups, keys, strict=True):
             packed = {k: (config_to_dict(v) if k in CONFIG_KEYS else copy.deepcopy(v)) for k, v in g.items()}
@@ -580,6 +611,8 @@ class Shampoo(torch.optim.Optimizer):
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
+        if self._fsdp is not None and isinstance(state_dict, dict):
+            state_dict = self._fsdp.import_state(state_dict)  # DTensors -> this rank's shards
         saved_groups, saved = check_state_dict(state_dict, len(self.param_groups))
         keys = self._param_keys()
         shapes = [[tuple(p.shape) for p in g["params"]] for g in self.param_groups]

@@ -1,0 +1,319 @@
+"""Shampoo on ``fully_shard``ed (FSDP2) models: every rank preconditions blocks of its own shard.
+
+FSDP2 (``torch.distributed.fsdp.fully_shard``) keeps each parameter as a DTensor placed
+``Shard(0)`` over the shard dimension of a device mesh (HSDP: ``(Replicate(), Shard(0))`` on a 2-D
+mesh): rank r of W holds rows [r c, (r + 1) c) of dim 0, c = ceil(d_0 / W) (``torch.chunk``), and
+after the backward its gradient is the same shard of the averaged gradient (a reduce-scatter).
+
+The **local-shard strategy** (``FSDPConfig(strategy="local_shard")``, the approach of Meta's
+DistributedShampoo "fully shard" distributor; Shi et al. 2023) cuts dim 0 at the shard boundaries
+before blocking (``row_shards`` = W, :func:`shampoo.blocking.layout_param`), so every block lies in
+one rank's rows; each rank keeps the statistics, roots, first moments and grafting state of its own
+blocks and steps them on its local tensors (``to_local()``) exactly as a single process steps a
+parameter. The step needs no optimizer collective; the only one is an optional status word per step
+(``status_check``) so that a rank whose roots failed, or that died or hangs inside the step, stops
+the others with a clear error within ``timeout`` instead of leaving them in FSDP's next all-gather.
+
+How the preconditioner differs from single-process blocking: a block never spans rows of two
+shards, so a weight of d_0 rows on W ranks has blocks of at most min(max_preconditioner_dim,
+ceil(d_0 / W)) rows; the Kronecker factor over those rows sees the rows' correlations within the
+shard only (a block-diagonal approximation of the single-process factor with W blocks), and each
+block's grafting norm is over its own rows. ``Shampoo(..., row_shards=W)`` reproduces that blocking
+on one process (the tests compare the two). Where max_preconditioner_dim divides ceil(d_0 / W) the
+blocks are those of single-process blocking.
+
+Checkpoints: ``state_dict()`` is per rank and needs no collective: each parameter's entries with the
+blocks of this rank (block indices of the whole parameter's layout, so the ranks' block keys are
+disjoint and their union is the single-process state dict with ``row_shards``), its heavy-ball
+momentum buffer as a DTensor of the parameter's placement. That is the layout
+``torch.distributed.checkpoint`` saves and reshards: saved on W ranks, it loads on W' ranks (or one
+process with ``row_shards=W``) wherever the blocking is the same and every block still lies in one
+rank's rows: fix the blocking with ``row_shards=W`` (a group option) and load where the new shard
+boundaries are block boundaries (always at W' = 1; at W' = 2W when max_preconditioner_dim divides
+ceil(d_0 / 2W)); otherwise loading says which block straddles which boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .blocking import MergedDim, ParamLayout, layout_param, row_pieces
+from .comm import DistributedError, RemoteRankError, all_gather_flat
+from .config import GroupOptions
+from .distributed import _as_timedelta
+
+logger = logging.getLogger(__name__)
+
+STRATEGIES = ("local_shard",)
+
+
+class ShardLayoutError(DistributedError, ValueError):
+    """A parameter's sharding does not fit the local-shard strategy (a placement other than
+    ``Shard(0)``/``Replicate()``, or a block that straddles two ranks' rows)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FSDPConfig:
+    """Options of Shampoo on ``fully_shard``ed models (``Shampoo(..., distributed=FSDPConfig())``).
+
+    Args:
+        strategy: ``"local_shard"``: each rank preconditions blocks of its own shard (see
+            :mod:`shampoo.fsdp`); the only strategy so far.
+        status_check: after each step, one all-gather of a status word per rank (W floats): a
+            Shampoo error on one rank (e.g. :class:`~shampoo.RootComputationError`) is raised on every
+            rank as :class:`~shampoo.comm.RemoteRankError` at the same step, and a rank that died or
+            hangs in its step is a :class:`~shampoo.comm.DistributedTimeoutError` after ``timeout``.
+            False: no optimizer collective at all; a failing rank then leaves the others waiting
+            in FSDP's next collective until the process group's timeout.
+        process_group: the group of the status word; None is the default (world) group.
+        timeout: bound on the status word's wait (a ``timedelta`` or seconds).
+    """
+
+    strategy: str = "local_shard"
+    status_check: bool = True
+    process_group: Any = None
+    timeout: datetime.timedelta | float = field(default_factory=lambda: datetime.timedelta(minutes=10))
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if not isinstance(self.status_check, bool):
+            raise ValueError(f"status_check must be True or False, got {self.status_check!r}")
+        if self.process_group is not None and not isinstance(self.process_group, dist.ProcessGroup):
+            raise ValueError(
+                f"process_group must be a torch.distributed.ProcessGroup or None, got {self.process_group!r}"
+            )
+        object.__setattr__(self, "timeout", _as_timedelta(self.timeout))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Shards and their layouts
+
+
+def _dtensor_type() -> Any:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch without distributed support
+        return None
+    return DTensor
+
+
+def is_dtensor(t: Any) -> bool:
+    cls = _dtensor_type()
+    return cls is not None and isinstance(t, cls)
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """Where a parameter's local rows sit: shard ``index`` of ``count`` along dim 0."""
+
+    index: int
+    count: int
+
+
+def shard_info(p: torch.Tensor, name: Any = None) -> ShardInfo:
+    """The row shard of ``p`` this rank holds: ``ShardInfo(0, 1)`` for a plain tensor; for a DTensor,
+    its position along the mesh dim placed ``Shard(0)`` (other mesh dims must be ``Replicate()``)."""
+    if not is_dtensor(p):
+        return ShardInfo(0, 1)
+    from torch.distributed.tensor import Replicate, Shard
+
+    mesh, placements = p.device_mesh, p.placements
+    shard_dims = [i for i, pl in enumerate(placements) if isinstance(pl, Shard)]
+    bad = [pl for pl in placements if not isinstance(pl, Shard | Replicate)]
+    if bad or len(shard_dims) > 1 or any(placements[i].dim != 0 for i in shard_dims):
+        raise ShardLayoutError(
+            f"parameter {name!r} is placed {placements}; Shampoo's local-shard strategy needs rows "
+            "sharded over one mesh dim (Shard(0), as fully_shard places them) and Replicate() on the "
+            "others (HSDP)"
+        )
+    if not shard_dims:
+        return ShardInfo(0, 1)
+    md = shard_dims[0]
+    info = ShardInfo(int(mesh.get_local_rank(md)), int(mesh.size(md)))
+    pieces = row_pieces(int(p.shape[0]), info.count)
+    a, b = pieces[info.index] if info.index < len(pieces) else (0, 0)
+    local = p.to_local()
+    if local.dim() != p.dim() or int(local.shape[0]) != b - a:
+        raise ShardLayoutError(
+            f"parameter {name!r}: local shard of shape {tuple(local.shape)} is not rows [{a}, {b}) of "
+            f"{tuple(p.shape)} as torch.chunk over {info.count} ranks places them (a custom "
+            "shard_placement_fn?); the local-shard strategy needs fully_shard's default row chunks"
+        )
+    return info
+
+
+def local_layout(full: ParamLayout, info: ShardInfo) -> ParamLayout:
+    """The blocks of ``full`` (a whole parameter's layout) in shard ``info``'s rows, with slices into
+    the local tensor's merged view; block indices stay those of ``full``. Raises
+    :class:`ShardLayoutError` if a block straddles the shard's boundary."""
+    if info.count == 1:
+        return full
+    d0 = full.shape[0]
+    pieces = row_pieces(d0, info.count)
+    a, b = pieces[info.index] if info.index < len(pieces) else (0, 0)
+    if (a, b) == (0, d0):
+        return full
+    if a == b:  # this rank holds no rows of the parameter
+        return ParamLayout(full.param_index, full.shape, (MergedDim((0,), 0, None),), ())
+    m0 = full.merged[0]
+    inner = full.merged_shape[0] // d0  # 0 < a < b < d0 here, so dim 0 is merged dim 0's first
+    lo, hi = a * inner, b * inner
+    blocks = []
+    for spec in full.blocks:
+        s = spec.slices[0]
+        if s.stop <= lo or s.start >= hi:
+            continue
+        if s.start < lo or s.stop > hi:
+            raise ShardLayoutError(
+                f"parameter {full.param_index} block {spec.index} spans rows [{s.start // inner}, "
+                f"{-(-s.stop // inner)}) of dim 0, across the boundary of shard {info.index} of "
+                f"{info.count} (rows [{a}, {b})); with row_shards fixed, every shard boundary must be a "
+                "block boundary: use row_shards=None (as sharded) or a world size whose shards split "
+                "the saved blocks"
+            )
+        sl = (slice(s.start - lo, s.stop - lo), *spec.slices[1:])
+        blocks.append(dataclasses.replace(spec, slices=sl))
+    merged = (dataclasses.replace(m0, size=hi - lo), *full.merged[1:])
+    return ParamLayout(full.param_index, full.shape, merged, tuple(blocks))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The optimizer's side
+
+
+class FSDPSharding:
+    """The local-shard strategy on one rank: local tensors, their layouts, the status word, state."""
+
+    def __init__(self, config: FSDPConfig) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise DistributedError(
+                "Shampoo(distributed=FSDPConfig(...)) needs torch.distributed to be initialised (the "
+                "model is fully_shard'ed on a device mesh); pass distributed=None for a single process"
+            )
+        self.config = config
+        self.rank = dist.get_rank(config.process_group)
+        self.world_size = dist.get_world_size(config.process_group)
+        self.device: torch.device | None = None
+
+    @staticmethod
+    def local(tensors: Sequence[Any]) -> list[Any]:
+        """Each tensor's local shard (``to_local()``, sharing its storage), plain tensors as they are."""
+        return [t.to_local() if is_dtensor(t) else t for t in tensors]
+
+    def layouts(
+        self, params: Sequence[torch.Tensor], first_index: int, opts: GroupOptions
+    ) -> list[ParamLayout]:
+        """The local layouts of a group's parameters: each whole parameter laid out with
+        ``row_shards`` = the group's, or its shard count when None, then restricted to this rank's rows."""
+        out = []
+        for i, p in enumerate(params):
+            info = shard_info(p, first_index + i)
+            full = layout_param(
+                first_index + i,
+                tuple(p.shape),
+                max_preconditioner_dim=opts.max_preconditioner_dim,
+                merge_dims_=opts.merge_dims,
+                exponent_override=opts.exponent_override,
+                vector_policy=opts.vector_policy,
+                row_shards=opts.row_shards or info.count,
+            )
+            out.append(local_layout(full, info))
+            if self.device is None:
+                self.device = p.device
+        return out
+
+    # -- the status word ---------------------------------------------------------------------------
+
+    def status(self, error: BaseException | None = None) -> None:
+        """One all-gather of every rank's status after a step (or its failure ``error``, which the
+        caller re-raises): a failure elsewhere raises :class:`RemoteRankError` here."""
+        if not self.config.status_check or self.world_size == 1:
+            return
+        device = self.device or torch.device("cpu")
+        inp = torch.tensor([0.0 if error is None else 1.0], device=device)
+        out = torch.empty(self.world_size, device=device)
+        if error is not None:
+            logger.error("shampoo fsdp: rank %d failed: %s", self.rank, error)
+        all_gather_flat(
+            out, inp, self.config.process_group, self.config.timeout,  # type: ignore[arg-type]
+            "the status word of the Shampoo step (FSDPConfig.status_check)",
+        )  # fmt: skip
+        failed = [r for r, s in enumerate(out.tolist()) if s != 0.0 and r != self.rank]
+        if failed:
+            raise RemoteRankError(
+                f"rank(s) {failed} failed in the Shampoo step (see their log for the error); every rank "
+                "stops at the same step"
+            )
+
+    def dump_directory(self, directory: Any) -> Path:
+        """Where this rank dumps its factors: ``directory/rank<r>`` (ranks hold different blocks)."""
+        return Path(directory) / f"rank{self.rank}"
+
+    # -- state -------------------------------------------------------------------------------------
+
+    @staticmethod
+    def export_state(
+        state: dict[Any, dict[str, Any]],
+        param_groups: Sequence[dict[str, Any]],
+        keys: Sequence[Sequence[Any]],
+    ) -> dict[Any, dict[str, Any]]:
+        """This rank's state in the layout of ``torch.distributed.checkpoint``: the momentum buffer
+        (the parameter's local shape) as a DTensor placed like its parameter; the blocks as they are
+        (this rank's, keyed by their index in the whole parameter)."""
+        from torch.distributed.tensor import DTensor
+
+        params = {
+            k: p
+            for g, ks in zip(param_groups, keys, strict=True)
+            for k, p in zip(ks, g["params"], strict=True)
+        }
+        out = {}
+        for key, flat in state.items():
+            p = params.get(key)
+            mom = flat.get("momentum_buffer")
+            if mom is not None and is_dtensor(p):
+                flat = dict(flat)
+                flat["momentum_buffer"] = DTensor.from_local(
+                    mom, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+                )
+            out[key] = flat
+        return out
+
+    @staticmethod
+    def import_state(state_dict: dict[str, Any]) -> dict[str, Any]:
+        """A state dict with every DTensor replaced by this rank's local shard (what the engine's
+        local state is restored from); anything else as it is."""
+        state = state_dict.get("state")
+        if not isinstance(state, dict):
+            return state_dict
+        local = {
+            k: (
+                {n: (v.to_local() if is_dtensor(v) else v) for n, v in d.items()}
+                if isinstance(d, dict)
+                else d
+            )
+            for k, d in state.items()
+        }
+        return {**state_dict, "state": local}
+
+
+__all__ = [
+    "STRATEGIES",
+    "FSDPConfig",
+    "FSDPSharding",
+    "ShardInfo",
+    "ShardLayoutError",
+    "is_dtensor",
+    "local_layout",
+    "shard_info",
+]
