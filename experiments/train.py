@@ -11,6 +11,14 @@ GPU), splits every global batch across the ranks, wraps the model in ``Distribut
 ``DDPConfig``: each rank computes the roots and search directions of its blocks, one all-gather
 shares them. The losses printed match the single-process run to floating-point tolerance.
 
+``--fsdp`` shards the model with FSDP2 (``fully_shard`` on each top-level submodule, then the
+model) and gives Shampoo an ``FSDPConfig``: each rank preconditions blocks of its own rows
+(:mod:`shampoo.fsdp`); ``--hsdp R`` does the same on an R x (world / R) mesh (replicate x shard).
+The same run on one process is ``--row-shards W`` (the blocking the W shards make). Under --fsdp,
+``--save`` writes a ``torch.distributed.checkpoint`` directory; ``--resume DIR`` reads one at any
+world size whose shards split the saved blocks (one process included; pass the saving run's
+``--row-shards``).
+
 Tasks:
 
 * ``digits``: an MLP on scikit-learn's 8x8 digits (shipped with scikit-learn, no download);
@@ -91,15 +99,17 @@ def build(task: str, seed: int) -> nn.Module:
 def make_optimizer(model: nn.Module, args: argparse.Namespace, distributed: bool) -> torch.optim.Optimizer:
     if args.optimizer == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    ddp = (
-        shampoo.DDPConfig(
+    if args.fsdp:
+        cfg: object = shampoo.FSDPConfig(timeout=args.timeout)
+    elif distributed:
+        cfg = shampoo.DDPConfig(
             communication_dtype=args.comm_dtype, cost_model=args.cost_model, timeout=args.timeout
         )
-        if distributed
-        else None
-    )
+    else:
+        cfg = None
     return shampoo.Shampoo(
-        model.named_parameters(),
+        # unnamed under FSDP: torch.optim's integer keys, which torch.distributed.checkpoint maps to FQNs
+        model.parameters() if args.fsdp or args.dcp else model.named_parameters(),
         lr=args.lr,
         betas=(0.9, 0.999),
         eps=args.eps,
@@ -111,7 +121,8 @@ def make_optimizer(model: nn.Module, args: argparse.Namespace, distributed: bool
         start_preconditioning_step=args.precondition_frequency,
         grafting="adam",
         root_solver=args.root_solver,
-        distributed=ddp,
+        distributed=cfg,
+        row_shards=args.row_shards,
         diagnostics=shampoo.DiagnosticsConfig(dump_every=args.dump_factors_every, dump_dir=args.dump_dir)
         if args.dump_factors_every
         else None,
@@ -144,6 +155,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--comm-dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
     p.add_argument("--cost-model", choices=["roots", "memory"], default="roots")
     p.add_argument("--grad-sync", choices=["ddp", "allreduce"], default="ddp")
+    p.add_argument(
+        "--fsdp", action="store_true", help="shard the model with FSDP2 (fully_shard) under torchrun"
+    )
+    p.add_argument("--hsdp", type=int, default=None, metavar="R", help="--fsdp on an R x (world/R) mesh")
+    p.add_argument(
+        "--row-shards", type=int, default=None, help="block as W row shards do (Shampoo row_shards)"
+    )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a stuck rank is an error")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads per process")
     p.add_argument("--seed", type=int, default=0)
@@ -178,13 +196,23 @@ def main(argv: list[str] | None = None) -> float:
         raise SystemExit(f"--batch {args.batch} must be divisible by the number of ranks {world}")
     model = build(args.task, args.seed).to(device)
     net: nn.Module = model
-    if distributed and args.grad_sync == "ddp":
+    if args.hsdp:
+        args.fsdp = True
+    # torch.distributed.checkpoint directories: written under --fsdp, read by any run (one process too)
+    args.dcp = args.fsdp or (args.resume is not None and Path(args.resume).is_dir())
+    if args.fsdp:
+        if not distributed:
+            raise SystemExit("--fsdp needs torchrun with more than one process (use --row-shards on one)")
+        shard_model(model, device, world, args.hsdp)
+    elif distributed and args.grad_sync == "ddp":
         net = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
     opt = make_optimizer(model, args, distributed)
     start = 0
-    if args.resume is not None:
+    if args.resume is not None and args.dcp:
+        start = dcp_load(args.resume, model, opt)
+    elif args.resume is not None:
         ckpt = load_checkpoint(args.resume, device)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optim"])
@@ -226,7 +254,10 @@ def main(argv: list[str] | None = None) -> float:
                 loss_val,
                 (time.perf_counter() - t0) / (step + 1 - start),
             )
-    if args.save is not None:
+    if args.save is not None and args.fsdp:
+        dcp_save(args.save, model, opt, start + args.steps)
+        log.info("saved %s (torch.distributed.checkpoint)", args.save)
+    elif args.save is not None:
         optim_state = opt.state_dict()  # collective under distributed Shampoo: every rank calls it
         if rank == 0:
             # Atomic (temp file in the same folder, fsync, rename): a kill mid-save keeps the previous
@@ -246,6 +277,60 @@ def main(argv: list[str] | None = None) -> float:
         del net, opt, sharding
         shutdown_distributed()
     return loss_val
+
+
+def shard_model(model: nn.Module, device: torch.device, world: int, replicas: int | None) -> None:
+    """FSDP2: ``fully_shard`` every top-level submodule with parameters, then the model; on an
+    ``replicas`` x (world / replicas) mesh (HSDP) when given."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = None
+    if replicas:
+        if world % replicas:
+            raise SystemExit(f"--hsdp {replicas} must divide the number of ranks {world}")
+        mesh = init_device_mesh(
+            device.type, (replicas, world // replicas), mesh_dim_names=("replicate", "shard")
+        )
+    for child in model.children():
+        if any(True for _ in child.parameters()):
+            fully_shard(child, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def dcp_save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    """Model and optimizer state as a torch.distributed.checkpoint directory (every rank writes its
+    shards)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    state = {
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, opt),
+        "step": step,
+    }
+    dcp.save(state, checkpoint_id=str(path))
+
+
+def dcp_load(path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> int:
+    """The inverse of :func:`dcp_save`, resharded to this run's mesh; returns the saved step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    if not Path(path).is_dir():
+        raise CheckpointError(
+            f"--resume {path}: not a torch.distributed.checkpoint directory (--fsdp --save)"
+        )
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt), "step": 0}
+    dcp.load(state, checkpoint_id=str(path))
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, opt, state["optim"])
+    return int(state["step"])
 
 
 def load_checkpoint(path: Path, device: torch.device) -> dict:

@@ -581,9 +581,14 @@ class Shampoo(torch.optim.Optimizer):
             state = self._fsdp.export_state(state, self.param_groups, keys)
         groups = []
         for g, ks in zip(self.param_groups, keys, strict=True):
-            packed = {k: (config_to_dict(v) if k in CONFIG_KEYS else copy.deepcopy(v)) for k, v in g.items()}
+            # not "params" (replaced by their keys): a deepcopy of every parameter, and of a sharded
+            # one's gradient whose storage FSDP2 may have freed (RuntimeError: invalid python storage)
+            packed = {
+                k: (config_to_dict(v) if k in CONFIG_KEYS else copy.deepcopy(v))
+                for k, v in g.items()
+                if k not in ("params", "param_names")
+            }
             packed["params"] = list(ks)
-            packed.pop("param_names", None)
             groups.append(packed)
         out = {
             "state": state,
