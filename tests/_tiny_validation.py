@@ -76,3 +76,39 @@ eps = [{ value = 1e-6, mode = "relative" }]
 precondition_frequency = [5]
 options = { fallback = "none" }
 """
+
+
+def tiny_protocol(*, trials: int = 2, steps: int = 20, eval_every: int = 5, name: str = "ptiny") -> str:
+    """A protocol grid on tiny digits: AdamW, Shampoo (eigh), SOAP as published (untuned), and an
+    absent-or-present peer; ``trials`` trials each at tuning seed 0, final seeds 1 and 2."""
+    return f"""
+name = "{name}"
+[timing]
+rounds = 1
+chunk_steps = 2
+[protocol]
+trials = {trials}
+tuning_seeds = [0]
+final_seeds = [1, 2]
+[tasks.digits]
+steps = {steps}
+eval_every = {eval_every}
+size = {TINY_SIZES["digits"]}
+[[optimizers]]
+name = "adamw"
+[[optimizers]]
+name = "shampoo"
+label = "shampoo-eigh"
+root_solver = "eigh"
+eps = {{ value = 1e-2, mode = "relative" }}
+space = {{ precondition_frequency = [5] }}
+[[optimizers]]
+name = "soap"
+label = "soap-published"
+tune = false
+fixed = {{ lr = 1e-2, beta2 = 0.95, weight_decay = 0.0, warmup_fraction = 0.0, precondition_frequency = 5 }}
+options = {{ betas = [0.95, 0.95] }}
+[[optimizers]]
+name = "peer"
+peer = "heavyball_soap"
+"""

@@ -11,10 +11,10 @@ import tomllib
 from pathlib import Path
 
 import pandas as pd
-from _tiny_validation import tiny_config
+from _tiny_validation import tiny_config, tiny_protocol
 
 from matroots import runner
-from matroots.validation import config, run
+from matroots.validation import config, peers, run
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = set(run.TIMING_COLUMNS) | {"versions", "machine"}
@@ -73,3 +73,41 @@ def test_sigkill_mid_grid_then_resume_equals_uninterrupted(tmp_path: Path) -> No
         pd.testing.assert_frame_equal(a, b, check_like=True, obj=name)
     assert set(resumed["runs"]["unit"]) == {u.key for u in grid.units()}
     assert not list((killed / runner.PARTS).glob(".tmp-*"))
+
+
+def test_protocol_run_killed_mid_tuning_then_resumed_equals_uninterrupted(tmp_path: Path) -> None:
+    """The protocol's two phases through the runner: the kill lands among the tuning trials; the resume
+    finishes them, selects on the validation split and runs the chosen points at the final seeds."""
+    text = tiny_protocol(trials=2, steps=10, eval_every=5, name="presume")
+    cfg = tmp_path / "presume.toml"
+    cfg.write_text(text)
+    grid = config.from_dict(tomllib.loads(text))
+    first = len(grid.units())
+    total = first + grid.final_unit_count()
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "matroots.validation", str(cfg), "--out", str(killed), "--workers", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [*cmd, "--no-progress"], cwd=ROOT, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if len(runner.done_units(killed)) >= 2:
+            break
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    n_killed = len(runner.done_units(killed))
+    assert 2 <= n_killed < first, f"the kill must land among the tuning trials ({n_killed} of {first})"
+    res = subprocess.run(
+        [*cmd, "--resume", "--no-progress"], cwd=ROOT, env=env, capture_output=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    resumed = run.load(killed)
+    clean = run.run_validation(grid, tmp_path / "clean", workers=2, progress=False)
+    absent = 0 if peers.available("heavyball_soap") else 2  # an absent peer has no chosen point
+    assert len(clean["runs"]) == total - absent
+    for name, keys in (("runs", ["unit"]), ("curves", ["unit", "step"])):
+        a, b = _deterministic(resumed[name], keys), _deterministic(clean[name], keys)
+        pd.testing.assert_frame_equal(a, b, check_like=True, obj=name)

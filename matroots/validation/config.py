@@ -44,6 +44,13 @@ A config looks like (see ``experiments/configs/validate_demo.toml``)::
     eps = [1e-8]             # SOAP's Adam eps
     options = { betas = [0.95, 0.95] }   # Shampoo keyword arguments (defaults below)
 
+With a ``[protocol]`` table the grid is the tuning protocol of :mod:`matroots.validation.protocol`
+instead: optimizer entries give no ``lr`` list but a search space (``space``, ``fixed``, ``tune``), and
+the units are quasi-random trials (phase ``"tune"``) and, once those are done, the chosen point of each
+optimizer at the final seeds (phase ``"final"``, :meth:`ValidationGrid.final_units`). ``name = "peer"``
+entries (``peer = "heavyball_soap"`` or ``"meta_shampoo"``, :mod:`matroots.validation.peers`) run the
+optimizers of other packages through the same harness.
+
 Every Shampoo entry is the cross product of its root solvers, dtypes, eps and frequencies (``"all"``
 as ``root_solver`` means every registered solver); every SOAP entry the cross product of its basis
 updates, eps and frequencies (SOAP defaults: ``grafting="none"``, ``start_preconditioning_step=1``,
@@ -65,9 +72,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from . import protocol as proto
 from .tasks import TASKS
 
-OPTIMIZERS = ("adamw", "sgd", "shampoo", "soap")
+OPTIMIZERS = ("adamw", "sgd", "shampoo", "soap", "peer")
 DTYPES = {"fp64": "fp64", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 BASELINE = "adamw"  # the optimizer whose best final validation loss is every task's target
 
@@ -101,6 +109,8 @@ class OptimizerSpec:
             object.__setattr__(self, "label", self.default_label())
 
     def default_label(self) -> str:
+        if self.name == "peer":
+            return self.root_solver
         if self.name == "soap":
             return f"soap[{self.solver_label}|eps={self.eps:g}|f={self.precondition_frequency}]"
         if self.name != "shampoo":
@@ -123,6 +133,44 @@ class Unit:
     root_error_samples: int
     reference_eps: float = 1e-6
     reference_eps_mode: str = "relative"
+    phase: str = ""  # the protocol's "tune" or "final" ("" outside the protocol)
+    trial: int = -1  # the protocol's trial index (-1: an untuned entry's fixed point)
+    schedule: str = ""  # "warmup_cosine" (peak lr = lr) or "" (constant lr)
+    warmup_fraction: float = 0.0
+    hparams: dict[str, Any] = field(default_factory=dict)  # the protocol's point (lr, beta2, ...)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProtocolEntry:
+    """One optimizer of the protocol: a spec template, its search space and its fixed values."""
+
+    spec: OptimizerSpec
+    space: dict[str, Any]
+    fixed: dict[str, Any]
+    tune: bool
+    only: tuple[str, ...] = ()
+
+    def points(self, protocol: proto.Protocol) -> list[dict[str, Any]]:
+        if not self.tune:
+            return [{**{k: proto.DEFAULTS[k] for k in proto.OPTIMIZER_DIMS[self.spec.name]
+                        if k in proto.DEFAULTS}, **self.fixed}]  # fmt: skip
+        return proto.trial_points(protocol, self.spec.name, self.space, self.fixed)
+
+    def trial_spec(self, hp: dict[str, Any]) -> OptimizerSpec:
+        """The optimizer config of one point: beta2, weight decay, grafting and frequency as options."""
+        s = self.spec
+        opts = dict(s.options)
+        b1 = float(opts.get("betas", [0.9])[0])
+        if s.name != "sgd":
+            opts["betas"] = [b1, float(hp["beta2"])]
+        opts["weight_decay"] = float(hp.get("weight_decay", 0.0))
+        if s.name == "shampoo":
+            opts["grafting"] = hp.get("grafting", "adam")
+            opts["grafting_beta2"] = float(hp["beta2"])
+        if s.name == "soap":
+            opts["soap_beta2"] = float(hp["beta2"])
+        freq = int(hp.get("precondition_frequency", 0)) if s.name in ("shampoo", "soap", "peer") else 0
+        return dataclasses.replace(s, options=opts, precondition_frequency=freq, label=s.label)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,6 +186,8 @@ class ValidationGrid:
     reference_eps_mode: str = "relative"
     order: str = "task"
     raw: dict[str, Any] = field(default_factory=dict)
+    protocol: proto.Protocol | None = None
+    protocol_entries: tuple[ProtocolEntry, ...] = ()
 
     def config_hash(self) -> str:
         return hashlib.sha256(json.dumps(self.raw, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -152,7 +202,12 @@ class ValidationGrid:
         """All units, baseline (AdamW) first within each task and seed, so targets exist early.
 
         ``order = "task"`` (default) runs task by task; ``order = "seed"`` runs seed by seed (every task's
-        first seed first), so that an interrupted or partial run already covers every task."""
+        first seed first), so that an interrupted or partial run already covers every task.
+
+        Under the protocol: the tuning trials (every tuned optimizer x trial x tuning seed) and the
+        untuned entries' fixed points at the final seeds; :meth:`final_units` adds the rest."""
+        if self.protocol is not None:
+            return self._tuning_units()
         out: list[Unit] = []
         rank = {n: i for i, n in enumerate((BASELINE, "sgd", "shampoo", "soap"))}
         entries = sorted(self.entries, key=lambda e: rank[e[0].name])
@@ -171,9 +226,66 @@ class ValidationGrid:
             raise InvalidArgumentError(f"validation config {self.name!r} repeats runs: {dup[:3]}")
         return out
 
-    def _unit(self, task: TaskSpec, spec: OptimizerSpec, lr: float, seed: int) -> Unit:
+    def _entries_of(self, task: TaskSpec) -> list[ProtocolEntry]:
+        return [e for e in self.protocol_entries if not e.only or task.name in e.only]
+
+    def _tuning_units(self) -> list[Unit]:
+        assert self.protocol is not None
+        out = []
+        for task in self.tasks:
+            for e in self._entries_of(task):
+                pts = e.points(self.protocol)
+                seeds = self.protocol.tuning_seeds if e.tune else self.protocol.final_seeds
+                phase = "tune" if e.tune else "final"
+                for seed in seeds:
+                    for k, hp in enumerate(pts):
+                        out.append(self._protocol_unit(task, e, hp, seed, phase, k if e.tune else -1))
+        return self._unique(out)
+
+    def final_units(self, chosen: Any) -> list[Unit]:
+        """The chosen point of each tuned (task, optimizer) at the final seeds; ``chosen`` is the table
+        of :func:`matroots.validation.protocol.select` (rows whose status is not ``"chosen"`` add none)."""
+        assert self.protocol is not None
+        ok = chosen[chosen["status"] == "chosen"] if len(chosen) else chosen
+        pick = {(r["task"], r["config"]): int(r["trial"]) for _, r in ok.iterrows()}
+        out = []
+        for task in self.tasks:
+            for e in self._entries_of(task):
+                k = pick.get((task.name, e.spec.label))
+                if not e.tune or k is None:
+                    continue
+                hp = e.points(self.protocol)[k]
+                out.extend(
+                    self._protocol_unit(task, e, hp, seed, "final", k) for seed in self.protocol.final_seeds
+                )
+        return self._unique(out)
+
+    def final_unit_count(self) -> int:
+        """Units of the final phase when every tuned optimizer has a chosen point."""
+        assert self.protocol is not None
+        return sum(len(self.protocol.final_seeds) for t in self.tasks for e in self._entries_of(t) if e.tune)
+
+    def _protocol_unit(
+        self, task: TaskSpec, e: ProtocolEntry, hp: dict[str, Any], seed: int, phase: str, trial: int
+    ) -> Unit:
+        spec = e.trial_spec(hp)
+        extra = {"phase": phase, "trial": trial, "schedule": self.protocol.schedule if self.protocol else "",
+                 "warmup_fraction": float(hp.get("warmup_fraction", 0.0)), "hparams": dict(hp)}  # fmt: skip
+        return self._unit(task, spec, float(hp["lr"]), seed, **extra)
+
+    def _unique(self, out: list[Unit]) -> list[Unit]:
+        keys = [u.key for u in out]
+        if len(set(keys)) != len(keys):
+            dup = sorted({k for k in keys if keys.count(k) > 1})
+            raise InvalidArgumentError(f"validation config {self.name!r} repeats runs: {dup[:3]}")
+        return out
+
+    def _unit(self, task: TaskSpec, spec: OptimizerSpec, lr: float, seed: int, **extra: Any) -> Unit:
         chunk = self.timing_chunk or spec.precondition_frequency or 10
-        ident = json.dumps([asdict(task), asdict(spec), float(lr), int(seed)], sort_keys=True, default=str)
+        parts: list[Any] = [asdict(task), asdict(spec), float(lr), int(seed)]
+        if extra:  # protocol units: the phase, trial and schedule are part of the identity too
+            parts.append(extra)
+        ident = json.dumps(parts, sort_keys=True, default=str)
         digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
         key = f"{task.name}.s{seed}.{re.sub(r'[^A-Za-z0-9_-]+', '_', spec.name)}.{digest}"
         return Unit(
@@ -187,6 +299,7 @@ class ValidationGrid:
             root_error_samples=self.root_error_samples,
             reference_eps=self.reference_eps,
             reference_eps_mode=self.reference_eps_mode,
+            **extra,
         )
 
 
@@ -297,7 +410,7 @@ def _soap_specs(o: dict[str, Any], opts: dict[str, Any], where: str) -> list[Opt
 
 def from_dict(raw: dict[str, Any]) -> ValidationGrid:
     """Validate a parsed config (see the module docstring) and build the grid."""
-    known = {"name", "seeds", "tasks", "optimizers", "timing", "diagnostics", "order"}
+    known = {"name", "seeds", "tasks", "optimizers", "timing", "diagnostics", "order", "protocol"}
     extra = set(raw) - known
     if extra:
         raise bad_config(f"unknown keys {sorted(extra)}; allowed: {sorted(known)}")
@@ -328,8 +441,15 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
         )
     if not tasks:
         raise bad_config(f"no [tasks.NAME] tables; available tasks: {sorted(TASKS)}")
+    protocol = None
+    pentries: tuple[ProtocolEntry, ...] = ()
     entries = []
-    for i, o in enumerate(_list(raw.get("optimizers") or [])):
+    if "protocol" in raw:
+        protocol = proto.parse_protocol(raw["protocol"])
+        tasks = [dataclasses.replace(t, size={**t.size, "holdout": True}) for t in tasks]
+        pentries = _protocol_entries(raw, protocol)
+        entries = [(e.spec, {}, e.only) for e in pentries]
+    for i, o in enumerate([] if protocol else _list(raw.get("optimizers") or [])):
         where = f"optimizers[{i}]"
         if not isinstance(o, dict):
             raise bad_config(f"{where} must be a table ([[optimizers]] with name, lr, ...), got {o!r}")
@@ -430,7 +550,87 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
         reference_eps_mode=str(diag.get("reference_eps_mode", "relative")),
         order=order,
         raw=raw,
+        protocol=protocol,
+        protocol_entries=pentries,
     )
+
+
+def _protocol_entries(raw: dict[str, Any], protocol: proto.Protocol) -> tuple[ProtocolEntry, ...]:
+    """The ``[[optimizers]]`` of a protocol config (see :mod:`matroots.validation.protocol`)."""
+    from shampoo.transforms.soap import BASIS_UPDATES
+
+    from .peers import PEERS
+
+    out = []
+    for i, o in enumerate(_list(raw.get("optimizers") or [])):
+        where = f"optimizers[{i}]"
+        if not isinstance(o, dict):
+            raise bad_config(f"{where} must be a table ([[optimizers]] with name, label, ...), got {o!r}")
+        oname = o.get("name")
+        if oname not in proto.OPTIMIZER_DIMS:
+            raise bad_config(f"{where}: name must be one of {sorted(proto.OPTIMIZER_DIMS)}, got {oname!r}")
+        allowed = {"name", "label", "options", "tasks", "space", "fixed", "tune"}
+        allowed |= {"shampoo": {"root_solver", "root_dtype", "eps"}, "soap": {"basis_update", "eps"},
+                    "peer": {"peer"}}.get(oname, set())  # fmt: skip
+        bad = set(o) - allowed
+        if bad:
+            hint = " (the protocol samples lr: give its range in space)" if "lr" in bad else ""
+            raise bad_config(
+                f"{where}: unknown keys {sorted(bad)} for {oname}{hint}; allowed: {sorted(allowed)}"
+            )
+        opts = dict(o.get("options", {}))
+        only = tuple(o.get("tasks", ()))
+        for t in only:
+            if t not in TASKS:
+                raise bad_config(f"{where}: tasks lists unknown task {t!r}")
+        space = proto.parse_space(o.get("space"), protocol.space, f"{where}.space")
+        fixed = dict(o.get("fixed", {}))
+        unknown = set(fixed) - set(proto.DIMENSIONS)
+        if unknown:
+            raise bad_config(
+                f"{where}.fixed: unknown hyperparameters {sorted(unknown)}; allowed: {list(proto.DIMENSIONS)}"
+            )
+        tune = o.get("tune", True)
+        if not isinstance(tune, bool):
+            raise bad_config(f"{where}.tune must be true or false, got {tune!r}")
+        if not tune and "lr" not in fixed:
+            raise bad_config(f"{where}: an untuned entry (tune = false) needs fixed.lr")
+        if oname == "shampoo":
+            ((sname, sopts, slabel),) = _solvers(o.get("root_solver", "eigh"), where)
+            eps = o.get("eps", {"value": 1e-12, "mode": "absolute"})
+            eps = eps if isinstance(eps, dict) else {"value": eps}
+            spec = OptimizerSpec(name="shampoo", options=opts, root_solver=sname, solver_options=sopts,
+                                 solver_label=slabel, root_dtype=o.get("root_dtype", "fp32"),
+                                 eps=float(eps.get("value", 1e-12)), eps_mode=eps.get("mode", "absolute"),
+                                 precondition_frequency=10, label=o.get("label", f"shampoo[{slabel}]"))  # fmt: skip
+        elif oname == "soap":
+            basis = o.get("basis_update", "eigh_warm")
+            if basis not in BASIS_UPDATES:
+                raise bad_config(f"{where}: basis_update {basis!r} not one of {BASIS_UPDATES}")
+            spec = OptimizerSpec(name="soap", options=opts, root_solver=basis, solver_label=basis, root_dtype="fp32",
+                                 eps=float(o.get("eps", 1e-8)), precondition_frequency=10,
+                                 label=o.get("label", f"soap[{basis}]"))  # fmt: skip
+        elif oname == "peer":
+            peer = o.get("peer")
+            if peer not in PEERS:
+                raise bad_config(f"{where}: peer must be one of {sorted(PEERS)}, got {peer!r}")
+            spec = OptimizerSpec(name="peer", options=opts, root_solver=peer, solver_label=peer,
+                                 precondition_frequency=10, label=o.get("label", peer))  # fmt: skip
+        else:
+            spec = OptimizerSpec(name=oname, options=opts, label=o.get("label", oname))
+        for k in fixed:
+            if k in proto.OPTIMIZER_DIMS[oname] or k in ("lr", "beta2", "weight_decay", "warmup_fraction"):
+                continue
+            raise bad_config(f"{where}.fixed: {k} is not a hyperparameter of {oname}")
+        out.append(ProtocolEntry(spec=spec, space=space, fixed=fixed, tune=tune, only=only))
+    if not any(e.spec.name == BASELINE and e.tune for e in out):
+        raise bad_config("the protocol needs a tuned 'adamw' entry: every ratio is against it")
+    labels = [e.spec.label for e in out]
+    if len(set(labels)) != len(labels):
+        raise bad_config(
+            f"optimizer entries with the same label {sorted({x for x in labels if labels.count(x) > 1})}"
+        )
+    return tuple(out)
 
 
 def load_config(path: str | Path) -> ValidationGrid:
@@ -454,5 +654,5 @@ def load_config(path: str | Path) -> ValidationGrid:
 
 
 __all__ = [
-    "BASELINE", "OptimizerSpec", "TaskSpec", "Unit", "ValidationGrid", "bad_config", "from_dict", "load_config",
+    "BASELINE", "OptimizerSpec", "ProtocolEntry", "TaskSpec", "Unit", "ValidationGrid", "bad_config", "from_dict", "load_config",
 ]  # fmt: skip

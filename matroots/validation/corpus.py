@@ -103,4 +103,20 @@ def load_corpus(
     )
 
 
-__all__ = ["Corpus", "is_validation_file", "load_corpus", "stdlib_files"]
+def split_at_file_boundary(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``data`` (files joined by :data:`SEPARATOR`) cut in two at the first file boundary at or after
+    its middle, so each part holds whole files; raises FileNotFoundError when it holds a single file."""
+    sep = np.frombuffer(SEPARATOR, dtype=np.uint8)
+    cand = np.flatnonzero(data[: data.size - sep.size + 1] == sep[0])
+    starts = [int(i) for i in cand if np.array_equal(data[i : i + sep.size], sep)]
+    if starts:
+        mid = data.size // 2
+        after = [i for i in starts if i >= mid]
+        i = after[0] if after else starts[-1]
+        return data[:i].copy(), data[i + sep.size :].copy()
+    raise FileNotFoundError(
+        "the validation files are one file: they cannot be split into validation and held-out"
+    )
+
+
+__all__ = ["Corpus", "is_validation_file", "load_corpus", "split_at_file_boundary", "stdlib_files"]

@@ -6,9 +6,13 @@ by the training code) because it builds tasks and optimizers: it sits above both
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+
 import torch
 
 from .config import ValidationGrid, bad_config
+from .peers import PeerUnavailableError
 from .tasks import get_task
 from .training import make_optimizer
 
@@ -31,15 +35,18 @@ def check(grid: ValidationGrid) -> None:
             ) from None
     seen: set[tuple[str, float]] = set()
     for u in units:
-        if (u.optimizer.label, u.lr) in seen:
+        ident = (json.dumps(asdict(u.optimizer), sort_keys=True, default=str), u.lr)
+        if ident in seen:
             continue
-        seen.add((u.optimizer.label, u.lr))
+        seen.add(ident)
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
         try:
             opt = make_optimizer(u, model)
             model(torch.randn(8, 6)).square().mean().backward()
             opt.step()
+        except PeerUnavailableError:
+            continue  # an absent peer: its units record "Unavailable" and the report lists it as absent
         except (TypeError, ValueError, RuntimeError, KeyError, IndexError, AttributeError) as exc:
             raise bad_config(
                 f"optimizer {u.optimizer.label} (lr {u.lr:g}, options {dict(u.optimizer.options)}) does "

@@ -100,7 +100,7 @@ TIMING_COLUMNS = (
 )  # fmt: skip
 TABLES = ("curves", "runs", "roots")
 _TAG = {"curve": "curves", "run": "runs", "root": "roots"}
-ORDER = ("task", "optimizer", "config", "lr", "seed", "step")
+ORDER = ("task", "optimizer", "config", "phase", "trial", "lr", "seed", "step")
 
 
 def run_validation(
@@ -124,18 +124,19 @@ def run_validation(
     out = runner.open_run(
         out_dir, kind=KIND, config=grid.to_dict(), config_hash=grid.config_hash(), resume=resume
     )
-    units = grid.units()
+    kw = {"workers": workers, "scheduler": scheduler, "progress": progress, "crash_rows": crash_rows}
     stats = runner.run_units(
-        units,
-        run_unit,
-        out,
-        workers=workers,
-        scheduler=scheduler,
-        progress=progress,
-        desc=f"validate {grid.name}",
-        crash_rows=crash_rows,
-        retry_crashed=retry_crashed,
+        grid.units(), run_unit, out, desc=f"validate {grid.name}", retry_crashed=retry_crashed, **kw
     )
+    if (
+        grid.protocol is not None
+    ):  # phase 2: each optimizer's chosen point (from the parts) at the final seeds
+        from .protocol import select
+
+        final = grid.final_units(select(load(out)["runs"]))
+        more = runner.run_units(final, run_unit, out, desc=f"validate {grid.name} (final)", **kw)
+        for f in ("units", "skipped", "ran", "crashed", "seconds"):
+            setattr(stats, f, getattr(stats, f) + getattr(more, f))
     runner.close_run(out, stats)
     return collect(out, csv=csv)
 
@@ -174,6 +175,15 @@ def collect(out_dir: str | Path, *, csv: bool = False) -> dict[str, pd.DataFrame
     out = Path(out_dir)
     tables = load(out)
     if tables["runs"].empty:
+        return tables
+    if "phase" in tables["runs"]:  # a protocol run
+        from .protocol import select
+        from .protocol_report import protocol_summary
+
+        tables["chosen"] = select(tables["runs"])
+        tables["protocol"] = protocol_summary(tables["curves"], tables["runs"])
+        for name, df in tables.items():
+            runner.atomic_write_parquet(df, out / f"{name}.parquet")
         return tables
     tables["summary"] = summary.summarize(tables["curves"], tables["runs"])
     tables["accuracy"] = summary.accuracy_table(tables["summary"], tables["roots"])

@@ -9,6 +9,11 @@ runner use it)::
         loss = task.loss(model, batch)
     task.evaluate(model)                      # {"val_loss": ..., <task.metric>: ...}
 
+Every task takes ``holdout=True`` (the tuning protocol, :mod:`matroots.validation.protocol`): its
+validation data is then cut in two disjoint halves, a *validation* split that hyperparameters are
+chosen on (``val_loss``, the metric) and a *held-out* split that results are reported on
+(``test_loss``, ``test_metric``); the training data is the same either way.
+
 Tasks (``TASKS``):
 
 * ``digits``: an MLP (64-hidden-hidden-10, tanh) on scikit-learn's bundled 8x8 digits; a fixed
@@ -36,7 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .corpus import load_corpus
+from .corpus import load_corpus, split_at_file_boundary
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 DATA_SEED = 20_241_201  # fixes train/validation splits and validation windows, independent of run seeds
@@ -63,6 +68,7 @@ class Task(ABC):
 
     def __init__(self, **size: Any) -> None:
         self.size = dict(size)
+        self.holdout = bool(size.get("holdout", False))
 
     def build_model(self, seed: int) -> nn.Module:
         """The model with the initial weights of ``seed`` (global RNG state is left untouched)."""
@@ -80,9 +86,25 @@ class Task(ABC):
     @abstractmethod
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor: ...
 
-    @abstractmethod
     def evaluate(self, model: nn.Module) -> dict[str, float]:
-        """Validation loss (``val_loss``) and the task metric, in eval mode without gradients."""
+        """Validation loss (``val_loss``) and the task metric, in eval mode without gradients; with
+        ``holdout``, also the held-out split's ``test_loss`` and ``test_metric``."""
+        was = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                out = self._evaluate(model, "val")
+                if self.holdout:
+                    test = self._evaluate(model, "test")
+                    out["test_loss"] = test["val_loss"]
+                    out["test_metric"] = test[self.metric]
+        finally:
+            model.train(was)
+        return out
+
+    @abstractmethod
+    def _evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
+        """``val_loss`` and the metric on ``split`` ("val" or "test") in the keys of the val split."""
 
     def info(self) -> dict[str, Any]:
         """What the task is (for provenance)."""
@@ -103,6 +125,13 @@ def _digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return X[tr] / 16.0, y[tr], X[va] / 16.0, y[va]
 
 
+def halves(n: int, holdout: bool) -> tuple[slice, slice]:
+    """The validation and held-out slices of ``n`` validation examples (all and none without holdout)."""
+    if not holdout:
+        return slice(0, n), slice(0, 0)
+    return slice(0, n // 2), slice(n // 2, n)
+
+
 class DigitsTask(Task):
     """MLP classifier on scikit-learn's 8x8 digits (1437 train / 360 validation images)."""
 
@@ -112,14 +141,18 @@ class DigitsTask(Task):
     default_steps = 300
     default_eval_every = 20
 
-    def __init__(self, hidden: int = 128, batch_size: int = 64) -> None:
-        super().__init__(hidden=hidden, batch_size=batch_size)
+    def __init__(self, hidden: int = 128, batch_size: int = 64, holdout: bool = False) -> None:
+        super().__init__(hidden=hidden, batch_size=batch_size, **({"holdout": True} if holdout else {}))
         self.hidden, self.batch_size = int(hidden), int(batch_size)
         xt, yt, xv, yv = _digits_split()
         self.x_train = torch.tensor(xt, dtype=torch.float32)
         self.y_train = torch.tensor(yt, dtype=torch.long)
-        self.x_val = torch.tensor(xv, dtype=torch.float32)
-        self.y_val = torch.tensor(yv, dtype=torch.long)
+        v, t = halves(len(yv), self.holdout)
+        self.splits = {
+            name: (torch.tensor(xv[sl], dtype=torch.float32), torch.tensor(yv[sl], dtype=torch.long))
+            for name, sl in (("val", v), ("test", t))
+        }
+        self.x_val, self.y_val = self.splits["val"]
 
     def _model(self) -> nn.Module:
         h = self.hidden
@@ -137,15 +170,12 @@ class DigitsTask(Task):
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         return nn.functional.cross_entropy(model(batch[0]), batch[1])
 
-    @torch.no_grad()
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
-        was = model.training
-        model.eval()
-        out = model(self.x_val)
-        model.train(was)
+    def _evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
+        x, y = self.splits[split]
+        out = model(x)
         return {
-            "val_loss": float(nn.functional.cross_entropy(out, self.y_val)),
-            "val_accuracy": float((out.argmax(-1) == self.y_val).float().mean()),
+            "val_loss": float(nn.functional.cross_entropy(out, y)),
+            "val_accuracy": float((out.argmax(-1) == y).float().mean()),
         }
 
 
@@ -171,8 +201,8 @@ class LeastSquaresTask(Task):
     default_steps = 300
     default_eval_every = 20
 
-    def __init__(self, kappa: float = 1e4, batch_size: int = 128) -> None:
-        super().__init__(kappa=kappa, batch_size=batch_size)
+    def __init__(self, kappa: float = 1e4, batch_size: int = 128, holdout: bool = False) -> None:
+        super().__init__(kappa=kappa, batch_size=batch_size, **({"holdout": True} if holdout else {}))
         self.kappa, self.batch_size = float(kappa), int(batch_size)
         xt, yt, xv, yv = _digits_split()
         mean = xt.mean(0)
@@ -195,12 +225,19 @@ class LeastSquaresTask(Task):
             return torch.tensor(np.eye(10)[y], dtype=torch.float32)
 
         self.x_train, self.y_train = feats(xt), onehot(yt)
-        self.x_val, self.y_val = feats(xv), onehot(yv)
+        v, t = halves(len(yv), self.holdout)
+        self.splits = {name: (feats(xv[sl]), onehot(yv[sl])) for name, sl in (("val", v), ("test", t))}
+        self.x_val, self.y_val = self.splits["val"]
         self.inputs = r
         xtr = np.c_[self.x_train.double().numpy(), np.ones(len(yt))]
-        xva = np.c_[self.x_val.double().numpy(), np.ones(len(yv))]
         coef, *_ = np.linalg.lstsq(xtr, self.y_train.double().numpy(), rcond=None)
-        self.optimum_val_loss = float(((xva @ coef - self.y_val.double().numpy()) ** 2).sum(1).mean())
+        self.optimum = {}
+        for name, (x, y) in self.splits.items():
+            xs = np.c_[x.double().numpy(), np.ones(len(y))]
+            self.optimum[name] = (
+                float(((xs @ coef - y.double().numpy()) ** 2).sum(1).mean()) if len(y) else 0.0
+            )
+        self.optimum_val_loss = self.optimum["val"]
         c = np.cov(self.x_train.double().numpy(), rowvar=False)
         e = np.linalg.eigvalsh(c)
         self.input_condition_number = float(e[-1] / e[0])
@@ -218,10 +255,10 @@ class LeastSquaresTask(Task):
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         return (model(batch[0]) - batch[1]).square().sum(-1).mean()
 
-    @torch.no_grad()
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
-        v = float((model(self.x_val) - self.y_val).square().sum(-1).mean())
-        return {"val_loss": v, "val_excess_loss": v - self.optimum_val_loss}
+    def _evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
+        x, y = self.splits[split]
+        v = float((model(x) - y).square().sum(-1).mean())
+        return {"val_loss": v, "val_excess_loss": v - self.optimum[split]}
 
     def info(self) -> dict[str, Any]:
         return {
@@ -276,6 +313,7 @@ class ByteLMTask(Task):
         val_windows: int = 64,
         max_train_bytes: int | None = None,
         max_val_bytes: int | None = None,
+        holdout: bool = False,
         **arch: int,
     ) -> None:
         unknown = set(arch) - set(self._arch)
@@ -289,15 +327,22 @@ class ByteLMTask(Task):
             val_windows=val_windows,
             max_train_bytes=max_train_bytes,
             max_val_bytes=max_val_bytes,
+            **({"holdout": True} if holdout else {}),
             **self.arch,
         )
         self.batch_size, self.seq = int(batch_size), self.arch["seq"]
         self.corpus = load_corpus(max_train_bytes, max_val_bytes)
         self.train_bytes = torch.from_numpy(self.corpus.train.astype(np.int64))
-        val = torch.from_numpy(self.corpus.val.astype(np.int64))
-        g = torch.Generator().manual_seed(DATA_SEED)
-        starts = torch.randint(0, val.numel() - self.seq - 1, (int(val_windows),), generator=g)
-        self.val_windows = torch.stack([val[s : s + self.seq + 1] for s in starts.tolist()])
+        parts = {"val": self.corpus.val}
+        if self.holdout:  # whole validation files on each side: cut at the file boundary after the middle
+            parts = dict(zip(("val", "test"), split_at_file_boundary(self.corpus.val), strict=True))
+        self.windows = {}
+        for i, (name, arr) in enumerate(parts.items()):
+            data = torch.from_numpy(arr.astype(np.int64))
+            g = torch.Generator().manual_seed(DATA_SEED + i)
+            starts = torch.randint(0, data.numel() - self.seq - 1, (int(val_windows),), generator=g)
+            self.windows[name] = torch.stack([data[s : s + self.seq + 1] for s in starts.tolist()])
+        self.val_windows = self.windows["val"]
 
     def _model(self) -> nn.Module:
         a = self.arch
@@ -316,18 +361,15 @@ class ByteLMTask(Task):
         out = model(batch[0])
         return nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), batch[1].reshape(-1))
 
-    @torch.no_grad()
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
-        was = model.training
-        model.eval()
+    def _evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
+        windows = self.windows[split]
         total = 0.0
-        for chunk in self.val_windows.split(32):
+        for chunk in windows.split(32):
             out = model(chunk[:, :-1])
             total += float(
                 nn.functional.cross_entropy(out.reshape(-1, 256), chunk[:, 1:].reshape(-1), reduction="sum")
             )
-        model.train(was)
-        v = total / (self.val_windows.shape[0] * self.seq)
+        v = total / (windows.shape[0] * self.seq)
         return {"val_loss": v, "val_bits_per_byte": v / math.log(2)}
 
     def info(self) -> dict[str, Any]:

@@ -69,6 +69,10 @@ def make_optimizer(unit: Unit, model: torch.nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=lr, **opts)
     if spec.name == "soap":
         return _make_soap(spec, lr, opts, model)
+    if spec.name == "peer":
+        from .peers import make_peer
+
+        return make_peer(spec.root_solver, model, lr, opts, spec.precondition_frequency)
     import shampoo
     from shampoo.config import default_root_solver
 
@@ -84,6 +88,11 @@ def make_optimizer(unit: Unit, model: torch.nn.Module) -> torch.optim.Optimizer:
             opts[k] = precision.as_dtype(opts[k])
     opts.setdefault("max_preconditioner_dim", 256)
     opts.setdefault("grafting", "adam")
+    if "grafting_beta2" in opts:  # the protocol's beta2 for the grafted Adam / RMSprop too
+        from shampoo.config import GRAFTINGS
+
+        b2, kind = float(opts.pop("grafting_beta2")), opts["grafting"]
+        opts["grafting"] = GRAFTINGS[kind](beta2=b2) if kind in ("adam", "rmsprop") else kind
     failure = {
         k: opts.pop(k) for k in ("fallback", "fallback_dtype", "max_consecutive_failures") if k in opts
     }
@@ -315,9 +324,18 @@ def interleaved_timing(
 
 
 def identity(unit: Unit) -> dict[str, Any]:
-    """The columns naming a unit (shared by all its rows)."""
+    """The columns naming a unit (shared by all its rows); protocol units add their phase, trial and
+    hyperparameter point (``hparams``, JSON)."""
     s = unit.optimizer
+    extra = {}
+    if unit.phase:
+        extra = {
+            "phase": unit.phase,
+            "trial": unit.trial,
+            "hparams": json.dumps(unit.hparams, sort_keys=True),
+        }
     return {
+        **extra,
         "unit": unit.key,
         "task": unit.task.name,
         "optimizer": s.name,
@@ -339,11 +357,18 @@ def run_unit(unit: Unit) -> list[dict[str, Any]]:
     from shampoo.errors import RootComputationError
 
     from ..errors import MatrootsError
+    from .peers import PeerUnavailableError
+    from .protocol import lr_factor
 
     task = get_task(unit.task.name, **unit.task.size)
     model = task.build_model(unit.seed)
-    opt = make_optimizer(unit, model)
     ident = identity(unit)
+    try:
+        opt = make_optimizer(unit, model)
+    except PeerUnavailableError as exc:  # the peer's package is absent here: recorded, not dropped
+        return [{**ident, "table": "run", "steps": unit.task.steps, "steps_done": 0, "failure": "Unavailable",
+                 "failure_message": str(exc)[:300], "metric_name": task.metric,
+                 "versions": provenance.versions_string(), "machine": provenance.machine_string()}]  # fmt: skip
     curves: list[dict[str, Any]] = []
     roots: list[dict[str, Any]] = []
     wall = cpu = 0.0
@@ -359,6 +384,11 @@ def run_unit(unit: Unit) -> list[dict[str, Any]]:
                 "train_loss": float(np.mean(losses)) if losses else math.nan,
                 "val_loss": ev["val_loss"],
                 "metric": ev[task.metric],
+                **(
+                    {"test_loss": ev["test_loss"], "test_metric": ev["test_metric"]}
+                    if "test_loss" in ev
+                    else {}
+                ),
                 "wall_s": wall,
                 "cpu_s": cpu,
             }
@@ -375,6 +405,9 @@ def run_unit(unit: Unit) -> list[dict[str, Any]]:
         warnings.simplefilter("ignore")  # Shampoo's root-failure warnings are counted in its diagnostics
         for step in range(1, unit.task.steps + 1):
             batch = next(batches)
+            if unit.schedule:  # warmup + cosine: the same schedule family for every optimizer
+                for g in opt.param_groups:
+                    g["lr"] = unit.lr * lr_factor(step, unit.task.steps, unit.warmup_fraction)
             w0, c0 = time.perf_counter(), time.process_time()
             try:
                 lv, _ = _one_step(task, model, opt, batch)
@@ -415,6 +448,8 @@ def run_unit(unit: Unit) -> list[dict[str, Any]]:
         "failure_message": message,
         "final_val_loss": final["val_loss"] if not failure else math.nan,
         "final_metric": final["metric"] if not failure else math.nan,
+        "final_test_loss": final.get("test_loss", math.nan) if not failure else math.nan,
+        "final_test_metric": final.get("test_metric", math.nan) if not failure else math.nan,
         "metric_name": task.metric,
         "metric_goal": task.metric_goal,
         "best_val_loss": float(np.nanmin([c["val_loss"] for c in curves])),

@@ -1,0 +1,221 @@
+"""The tuning protocol of ``matroots validate``: equal trials, deterministic quasi-random points inside
+their ranges, selection on the validation split and reporting on the held-out split, the schedule,
+and the bootstrap intervals on closed-form cases."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import tomllib
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import pytest
+from _tiny_validation import tiny_protocol
+
+from matroots.errors import InvalidArgumentError
+from matroots.validation import config, protocol, protocol_report
+from matroots.validation.tasks import get_task
+
+
+def _grid(text: str) -> config.ValidationGrid:
+    return config.from_dict(tomllib.loads(text))
+
+
+def test_every_tuned_optimizer_gets_the_same_number_of_trials() -> None:
+    for trials in (2, 5):
+        grid = _grid(tiny_protocol(trials=trials))
+        units = grid.units()
+        tune = Counter(u.optimizer.label for u in units if u.phase == "tune")
+        assert tune == {"adamw": trials, "shampoo-eigh": trials, "heavyball_soap": trials}
+        assert {u.trial for u in units if u.phase == "tune"} == set(range(trials))
+        fixed = [u for u in units if u.phase == "final"]  # the untuned SOAP row: its point at the final seeds
+        assert {u.optimizer.label for u in fixed} == {"soap-published"} and sorted(u.seed for u in fixed) == [
+            1,
+            2,
+        ]
+        assert grid.final_unit_count() == 3 * 2
+        assert all(u.task.size["holdout"] for u in units)
+
+
+def test_sobol_points_are_deterministic_shared_and_inside_their_ranges() -> None:
+    p = protocol.parse_protocol({"trials": 16, "sobol_seed": 3})
+    space = p.space
+    a = protocol.trial_points(p, "shampoo", space, {})
+    assert a == protocol.trial_points(p, "shampoo", space, {})  # fixed seed: the same points every time
+    assert a != protocol.trial_points(
+        protocol.parse_protocol({"trials": 16, "sobol_seed": 4}), "shampoo", space, {}
+    )
+    adam = protocol.trial_points(p, "adamw", space, {})
+    for hs, ha in zip(a, adam, strict=True):
+        for name in protocol.OPTIMIZER_DIMS["shampoo"]:
+            assert space[name].contains(hs[name]), (name, hs[name])
+        for name in protocol.COMMON:  # the shared dimensions are the same point for both optimizers
+            assert hs[name] == ha[name]
+        assert set(ha) == set(protocol.COMMON)
+    assert len({h["lr"] for h in a}) == 16
+    # Sobol balance: each half of [0, 1) of every coordinate holds exactly half of 16 points
+    u = protocol.unit_points(16, 3)
+    assert ((u < 0.5).sum(axis=0) == 8).all()
+    # the log scale: the lr's logarithm is uniform on the range, so its median is near the geometric middle
+    lo, hi = space["lr"].low, space["lr"].high
+    mid = math.exp(np.median(np.log([h["lr"] for h in a])))
+    assert abs(math.log(mid / math.sqrt(lo * hi))) < 0.2 * math.log(hi / lo)
+
+
+def test_fixed_dimensions_and_ranges_from_the_config() -> None:
+    p = protocol.parse_protocol({"trials": 4, "space": {"lr": [1e-3, 2e-3]}})
+    pts = protocol.trial_points(
+        p, "shampoo", protocol.parse_space({"grafting": ["adam"]}, p.space, "x"), {"beta2": 0.99}
+    )
+    assert all(1e-3 <= h["lr"] <= 2e-3 and h["beta2"] == 0.99 and h["grafting"] == "adam" for h in pts)
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"final_seeds": [0, 1]}, "disjoint"),
+        ({"space": {"lr": [0.0, 1e-2]}}, "0 < low"),
+        ({"space": {"momentum": [0.1, 0.2]}}, "unknown hyperparameter"),
+        ({"trials": 0}, "protocol.trials"),
+    ],
+)
+def test_bad_protocol_tables_are_typed_errors(change: dict, fragment: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=fragment):
+        protocol.parse_protocol({"tuning_seeds": [0], **change})
+
+
+def test_a_protocol_entry_with_an_lr_list_is_refused() -> None:
+    text = tiny_protocol().replace(
+        '[[optimizers]]\nname = "adamw"', '[[optimizers]]\nname = "adamw"\nlr = [1e-3]'
+    )
+    with pytest.raises(InvalidArgumentError, match="samples lr"):
+        _grid(text)
+
+
+def test_schedule_is_linear_warmup_then_cosine() -> None:
+    assert [protocol.lr_factor(t, 10, 0.2) for t in (1, 2)] == [0.5, 1.0]
+    assert protocol.lr_factor(3, 10, 0.2) == 1.0  # cosine starts at its peak
+    # cosine over the 8 steps after warmup: step 7 is halfway, 0.5 (1 + cos(pi/2))
+    assert protocol.lr_factor(7, 10, 0.2) == pytest.approx(0.5, abs=1e-15)
+    assert 0 < protocol.lr_factor(10, 10, 0.2) < 0.05
+    assert protocol.lr_factor(1, 10, 0.0) == 1.0
+
+
+def test_holdout_splits_are_disjoint_halves_of_the_validation_data() -> None:
+    plain, held = get_task("digits", hidden=8), get_task("digits", hidden=8, holdout=True)
+    xv, xt = held.splits["val"][0], held.splits["test"][0]
+    assert len(xv) + len(xt) == len(plain.x_val)
+    assert torch_equal(torch_cat(xv, xt), plain.x_val)
+    ev = held.evaluate(held.build_model(0))
+    assert set(ev) == {"val_loss", "val_accuracy", "test_loss", "test_metric"}
+    assert ev["val_loss"] != ev["test_loss"]
+
+
+def torch_cat(a, b):
+    import torch
+
+    return torch.cat([a, b])
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+# ---------------------------------------------------------------------------------------------------
+# selection on the validation split, reporting on the held-out split
+
+
+def _runs_and_curves() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Two tuning trials of one optimizer whose validation and held-out rankings disagree: trial 0 is
+    best on the validation split, trial 1 on the held-out split; and final rows whose validation and
+    held-out losses differ."""
+    rows, curves = [], []
+    for cfg, opt in (("adamw", "adamw"), ("shampoo", "shampoo")):
+        for trial, (val, test) in enumerate(((1.0, 3.0), (2.0, 0.5))):
+            rows.append({"task": "t", "config": cfg, "optimizer": opt, "phase": "tune", "trial": trial, "seed": 0,
+                         "hparams": json.dumps({"lr": 10.0**-trial}), "failure": "", "failure_message": "",
+                         "final_val_loss": val, "final_test_loss": test, "metric_name": "m"})  # fmt: skip
+        for seed, (val, test) in zip((1, 2, 3), ((0.9, 1.5), (1.1, 1.6), (1.0, 1.7)), strict=True):
+            scale = 1.0 if opt == "adamw" else 0.5
+            rows.append({"task": "t", "config": cfg, "optimizer": opt, "phase": "final", "trial": 0, "seed": seed,
+                         "hparams": json.dumps({"lr": 1.0}), "failure": "", "failure_message": "",
+                         "final_val_loss": val, "final_test_loss": test, "final_test_metric": 0.0,
+                         "metric_name": "m"})  # fmt: skip
+            for step in range(0, 11):
+                # held-out loss falls linearly to `test` at step 10 for AdamW; Shampoo twice as fast
+                loss = test + (5.0 - test) * max(1.0 - step / (10 * scale), 0.0)
+                curves.append({"task": "t", "config": cfg, "optimizer": opt, "phase": "final", "seed": seed,
+                               "step": step, "test_loss": loss, "val_loss": 100.0, "cpu_s": step * (2.0 if opt ==
+                               "shampoo" else 1.0)})  # fmt: skip
+    return pd.DataFrame(rows), pd.DataFrame(curves)
+
+
+def test_selection_uses_the_validation_split_and_the_report_the_held_out_split() -> None:
+    runs, curves = _runs_and_curves()
+    chosen = protocol.select(runs)
+    assert set(chosen["trial"]) == {0}  # trial 0 wins on validation loss (it would lose on held-out)
+    assert set(chosen["score"]) == {1.0}
+    s = protocol_report.protocol_summary(curves, runs, b=200).set_index("config")
+    # the reported loss is the held-out one of the final seeds (median 1.6), not their validation (1.0)
+    assert s.loc["adamw", "final_test_loss"] == 1.6
+    assert s.loc["adamw", "target"] == 1.7  # the largest AdamW final held-out loss
+    # curves in held-out loss: AdamW reaches 1.7 at step 10 (median seed), Shampoo at step 5
+    assert s.loc["adamw", "steps_to_target"] == 10 and s.loc["shampoo", "steps_to_target"] == 5
+    assert s.loc["shampoo", "steps_ratio"] == 0.5
+    assert s.loc["shampoo", "cpu_ratio"] == pytest.approx(1.0)  # twice the CPU per step, half the steps
+
+
+def test_an_absent_peer_is_reported_absent() -> None:
+    runs, curves = _runs_and_curves()
+    peer = [{"task": "t", "config": "heavyball_soap", "optimizer": "peer", "phase": "tune", "trial": k, "seed": 0,
+             "hparams": "{}", "failure": "Unavailable", "failure_message": "heavyball.SOAP is not installed",
+             "final_val_loss": math.nan, "final_test_loss": math.nan} for k in range(2)]  # fmt: skip
+    runs = pd.concat([runs, pd.DataFrame(peer)], ignore_index=True)
+    s = protocol_report.protocol_summary(curves, runs, b=50).set_index("config")
+    assert s.loc["heavyball_soap", "status"] == "absent"
+    assert "not installed" in s.loc["heavyball_soap", "note"]
+    assert "absent" in protocol_report.format_protocol_report(s.reset_index())
+
+
+# ---------------------------------------------------------------------------------------------------
+# bootstrap
+
+
+def test_percentile_interval_is_the_order_statistics() -> None:
+    stats = np.arange(1.0, 41.0)[::-1]  # B = 40: ceil(40 * 0.025) = 1st and ceil(40 * 0.975) = 39th smallest
+    assert protocol_report.percentile_interval(stats) == (1.0, 39.0)
+    assert protocol_report.percentile_interval(np.array([1.0, math.inf, 2.0] * 20))[1] == math.inf
+
+
+def test_bootstrap_interval_of_a_mean_matches_the_exact_bootstrap_distribution() -> None:
+    """Closed form: with n = 4 values the bootstrap distribution of the resampled mean is that of all
+    4^4 equally likely resamples; its 2.5% and 97.5% quantiles are found by enumeration. With B = 40000
+    replicates, the empirical CDF at a value is within 5 standard errors (5 sqrt(p(1-p)/B) <= 0.004 at
+    p ~ 0.025) of the exact one, so the sampled interval equals the exact one wherever the exact CDF
+    does not cross 0.025 (0.975) within that margin -- checked first."""
+    x = np.array([0.0, 1.0, 3.0, 7.0])
+    means = np.sort([np.mean(x[list(idx)]) for idx in itertools.product(range(4), repeat=4)])
+    vals, counts = np.unique(means, return_counts=True)
+    cdf = np.cumsum(counts) / counts.sum()
+    margin = 5 * math.sqrt(0.025 * 0.975 / 40000)
+    assert np.min(np.abs(cdf - 0.025)) > margin and np.min(np.abs(cdf - 0.975)) > margin
+    exact = (vals[np.searchsorted(cdf, 0.025)], vals[np.searchsorted(cdf, 0.975)])
+    reps = protocol_report.bootstrap([4], lambda i: float(np.mean(x[i])), b=40000)
+    assert protocol_report.percentile_interval(reps) == exact
+    # the same rng seed gives the same replicates
+    assert np.array_equal(reps, protocol_report.bootstrap([4], lambda i: float(np.mean(x[i])), b=40000))
+
+
+def test_identical_seeds_give_a_degenerate_ratio_interval() -> None:
+    """Every seed of each optimizer has the same curve: every resample gives the point ratio."""
+    runs, curves = _runs_and_curves()
+    curves["test_loss"] = curves.groupby(["config", "step"])["test_loss"].transform("first")
+    runs.loc[runs["phase"] == "final", "final_test_loss"] = 1.5
+    s = protocol_report.protocol_summary(curves, runs, b=100).set_index("config")
+    r = s.loc["shampoo"]
+    assert r["steps_ratio_lo"] == r["steps_ratio"] == r["steps_ratio_hi"] == 0.5
