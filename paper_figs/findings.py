@@ -308,6 +308,13 @@ def fp32_limit(rows: pd.DataFrame, prov: dict, threshold: float = 1e-2, fail_rat
             f"{threshold:g} at κ = {kfmt(kt.min() if len(kt) else math.nan)}; {match} of {len(f32)} "
             "methods hold out until the conditioning limit."
         )
+        d32 = rows[(rows["dtype"] == "fp32") & (rows["eps"] == 0)]
+        kinds = d32.loc[failed(d32), "failure"].value_counts()
+        reading += (
+            " fp32 failures at eps = 0 by type: "
+            + (", ".join(f"{k} {v}" for k, v in kinds.items()) or "none")
+            + "."
+        )
     return "\n\n".join(
         [
             coverage(prov),

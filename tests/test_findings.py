@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -201,3 +202,12 @@ def test_coverage_says_partial():
     line = F.coverage(prov)
     assert "3/10 units" in line and "PARTIAL" in line
     assert "PARTIAL" not in F.coverage({**prov, "units_done": 10, "complete": True})
+
+
+def test_every_figure_the_findings_cite_is_one_make_figures_writes():
+    spec = importlib.util.spec_from_file_location("paper_figures", ROOT / "paper_figs" / "figures.py")
+    figs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figs)
+    doc = (ROOT / "docs" / "findings.md").read_text()
+    cited = set(re.findall(r"paper_figs/out/full/(\w+)\.png", doc))
+    assert cited and cited <= set(figs.FIGURES), cited - set(figs.FIGURES)
