@@ -20,6 +20,13 @@ root computations enter at their true rate):
 
     python experiments/bench_distributed.py                           # world sizes 1 and 2, 1 thread
     python experiments/bench_distributed.py --repeats 3 --comm-dtype bf16 --out runs/bench_dist.json
+    python experiments/bench_distributed.py --fsdp                    # FSDP2 + FSDPConfig instead of DDP
+    python experiments/bench_distributed.py --memory --size 512       # state bytes per rank, see below
+
+``--memory``: per-rank optimizer-state and parameter bytes of one W1-family model (``--size``, d_model)
+after its first step (when every state tensor exists), for Shampoo in one process, Shampoo under DDP
+(``DDPConfig``), Shampoo under FSDP2 (``FSDPConfig``, local-shard blocks) and AdamW under FSDP2, on
+each world size > 1 given. Shampoo: blocks of 256, Adam grafting, no momentum.
 
 Measured 2026-11-30 on the 2-core dev box, torch 2.13 CPU, quiet windows (load < 0.6 at the start),
 ``--steps 20 --warmup 10 --repeats 2-3``. Optimizer step, slowest of 2 ranks / 1 rank (1 thread each):
@@ -28,6 +35,10 @@ fp32 0.58-0.62 wall (0.56-0.59 CPU), bf16 0.60 wall (0.57 CPU); the all-gather i
 82.9 MB in one process; exchange buffers 20.8 MB (fp32) / 10.4 MB (bf16) per rank. With other jobs
 on the box the 2-rank wall time is dominated by CPU contention (ratios 1.1-1.5 seen); the CPU-time
 column stays at 0.56-0.66.
+
+``--fsdp`` (2026-12-02, load average 10-17, ``--steps 10 --warmup 10``): CPU-time ratio 0.51, block
+state 44.8 MB per rank. ``--memory --size 512``, 2 ranks: Shampoo state per rank 316.7 MB (one process),
+158.4 (DDP), 158.8 (FSDP2); parameters 52.8 (DDP) vs 26.4 MB (FSDP2); AdamW under FSDP2 52.8 MB.
 """
 
 from __future__ import annotations
@@ -52,7 +63,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from train import VOCAB, W1Model, markov_tokens
+from bench_models import SIZES, EncoderLM
+from train import VOCAB, W1Model, markov_tokens, shard_model
 
 import shampoo
 import shampoo.distributed as sd
@@ -77,7 +89,15 @@ def _rank_main(rank: int, ws: int, port: int, args: argparse.Namespace, outdir: 
     )
     torch.manual_seed(0)
     model = W1Model()
-    net: nn.Module = nn.parallel.DistributedDataParallel(model) if ws > 1 else model
+    net: nn.Module = model
+    if ws > 1 and args.fsdp:
+        shard_model(model, torch.device("cpu"), ws, None)
+    elif ws > 1:
+        net = nn.parallel.DistributedDataParallel(model)
+    if ws > 1:
+        cfg: object = (
+            shampoo.FSDPConfig() if args.fsdp else shampoo.DDPConfig(communication_dtype=args.comm_dtype)
+        )
     opt = shampoo.Shampoo(
         model.named_parameters(),
         lr=1e-3,
@@ -86,7 +106,7 @@ def _rank_main(rank: int, ws: int, port: int, args: argparse.Namespace, outdir: 
         start_preconditioning_step=args.frequency,
         grafting="adam",
         root_solver=args.root_solver,
-        distributed=shampoo.DDPConfig(communication_dtype=args.comm_dtype) if ws > 1 else None,
+        distributed=cfg if ws > 1 else None,
     )
     sharding = sd.sharding_of(opt)
     shard = slice(rank * BATCH // ws, (rank + 1) * BATCH // ws)
@@ -136,13 +156,102 @@ def _rank_main(rank: int, ws: int, port: int, args: argparse.Namespace, outdir: 
         "last_loss": losses[-1],
     }
     torch.save(rec, Path(outdir) / f"rank{rank}.pt")
+    _finish()
+
+
+def _finish() -> None:
+    """Leave after the result is on disk without C++ static teardown, where gloo's threads (held
+    by FSDP2's state too) can abort the process (tests/_dist.py does the same)."""
+    dist.barrier()
     dist.destroy_process_group()
+    os._exit(0)
 
 
-def run_world(ws: int, args: argparse.Namespace) -> list[dict]:
+def _local_bytes(tensors) -> int:
+    """Bytes of the tensors held by this rank (a DTensor's local shard)."""
+    total = 0
+    for t in tensors:
+        t = t.to_local() if hasattr(t, "to_local") else t
+        total += t.numel() * t.element_size()
+    return total
+
+
+def _memory_main(rank: int, ws: int, port: int, args: argparse.Namespace, outdir: str) -> None:
+    """Per-rank state and parameter bytes after one step, for each configuration (see --memory)."""
+    torch.set_num_threads(args.threads)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws,
+        timeout=datetime.timedelta(seconds=600),
+    )  # fmt: skip
+    size = SIZES[str(args.size)]
+    batch = torch.randint(0, size.vocab, (ws, size.seq + 1), generator=torch.Generator().manual_seed(0))
+    configs = ["shampoo_1"] if ws == 1 else ["shampoo_ddp", "shampoo_fsdp", "adamw_fsdp"]
+    recs = []
+    for name in configs:
+        torch.manual_seed(0)
+        model = EncoderLM(size)
+        net: nn.Module = model
+        if name.endswith("fsdp"):
+            shard_model(model, torch.device("cpu"), ws, None)
+        elif name == "shampoo_ddp":
+            net = nn.parallel.DistributedDataParallel(model)
+        if name.startswith("adamw"):
+            opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        else:
+            dcfg = {
+                "shampoo_1": None,
+                "shampoo_ddp": shampoo.DDPConfig(),
+                "shampoo_fsdp": shampoo.FSDPConfig(),
+            }
+            opt = shampoo.Shampoo(
+                model.parameters(), lr=1e-3, max_preconditioner_dim=256, precondition_frequency=10,
+                grafting="adam", distributed=dcfg[name],
+            )  # fmt: skip
+        opt.zero_grad(set_to_none=True)
+        logits = net(batch[rank : rank + 1, :-1])
+        nn.functional.cross_entropy(
+            logits.reshape(-1, size.vocab), batch[rank : rank + 1, 1:].reshape(-1)
+        ).backward()
+        opt.step()
+        if name.startswith("adamw"):
+            state = _local_bytes(
+                t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)
+            )
+        else:
+            state = sd.state_bytes(opt)["total"]
+        recs.append(
+            {"config": name, "rank": rank, "state": state, "params": _local_bytes(model.parameters())}
+        )
+        del net, model, opt
+    torch.save(recs, Path(outdir) / f"rank{rank}.pt")
+    _finish()
+
+
+def run_world(ws: int, args: argparse.Namespace, fn=_rank_main) -> list:
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_rank_main, args=(ws, _free_port(), args, tmp), nprocs=ws, start_method="spawn")
+        mp.start_processes(fn, args=(ws, _free_port(), args, tmp), nprocs=ws, start_method="spawn")
         return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(ws)]
+
+
+def memory(args: argparse.Namespace) -> dict:
+    """``--memory``: the table of per-rank bytes, with each Shampoo entry's share of one process."""
+    per_world = {
+        ws: [r for recs in run_world(ws, args, _memory_main) for r in recs]
+        for ws in [1, *args.world_sizes]
+        if ws >= 1
+    }
+    single = per_world[1][0]
+    print(
+        f"W1 family d_model {args.size}: per-rank bytes after one step (MB); share = state / (one process's / world)"
+    )
+    print("world config        rank  optimizer state  parameters  share")
+    for ws, recs in per_world.items():
+        for r in sorted(recs, key=lambda r: (r["config"], r["rank"])):
+            share = r["state"] / (single["state"] / ws) if r["config"].startswith("shampoo") else float("nan")
+            print(
+                f"{ws:5d} {r['config']:13s} {r['rank']:4d}  {r['state'] / 1e6:15.2f}  {r['params'] / 1e6:10.2f}  {share:5.3f}"
+            )
+    return {str(ws): recs for ws, recs in per_world.items()}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -156,8 +265,20 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--comm-dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--repeats", type=int, default=1, help="interleaved repeats; the best is reported")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON")
+    p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) + FSDPConfig instead of DDP")
+    p.add_argument("--memory", action="store_true", help="per-rank state bytes of each configuration")
+    p.add_argument(
+        "--size", type=int, default=512, choices=[128, 256, 512, 1024], help="d_model for --memory"
+    )
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    if args.memory:
+        args.world_sizes = [ws for ws in args.world_sizes if ws > 1]
+        out = memory(args)
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(out, indent=2, default=str))
+        return out
     runs: dict[int, list[list[dict]]] = {ws: [] for ws in args.world_sizes}
     for _ in range(args.repeats):  # interleaved, so slow phases of the machine hit every world size
         for ws in args.world_sizes:

@@ -28,10 +28,8 @@ the direction workspace) and the exchange buffers ((1 + world) x the largest ran
 ``opt.diagnostics()`` and factor dumps cover the owned blocks only (dumps go to ``dump_dir/rank<r>``).
 ``opt.state_dict()`` is collective: it merges every rank's blocks into the single-process form.
 
-FSDP2: nothing here assumes replicated parameters beyond the final update. Ownership is a pure
-function of the block layout, and the exchange takes flat per-block directions, so a
-``fully_shard`` version would assign blocks to the ranks holding their rows and replace the
-all-gather by a scatter of directions to the parameter shards.
+FSDP2 (``fully_shard``ed models) is :mod:`shampoo.fsdp` (``FSDPConfig``): each rank preconditions
+blocks of its own rows there, without this module's assignment or exchange.
 """
 
 from __future__ import annotations
