@@ -40,6 +40,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cores", type=int, default=2, help="cores the --dry-run wall-time estimate assumes (2)")
     p.add_argument("--report", type=Path, default=None, metavar="RUN", help="write tables and figures of RUN")
     p.add_argument("--csv", action="store_true", help="also write CSV copies of the tables")
+    p.add_argument(
+        "--ship",
+        type=Path,
+        default=None,
+        metavar="DEST",
+        help="write the compact, provenance-checked results of the protocol run in --out into DEST "
+        "(results/validation); runs nothing",
+    )
+    p.add_argument("--partial", action="store_true", help="with --ship: ship a run that is not finished")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -85,6 +94,15 @@ def run(args: argparse.Namespace) -> int:
     if args.config is None:
         raise InvalidArgumentError("give a CONFIG.toml to run, or --report RUN")
     grid = config.load_config(args.config)
+    if args.ship is not None:
+        from .ship import ship
+
+        rec = ship(
+            args.out or Path("runs") / grid.name, args.ship, config=args.config, allow_partial=args.partial
+        )
+        state = "complete" if rec["complete"] else "PARTIAL"
+        print(f"{rec['name']}: {rec['units_done']}/{rec['units_total']} units ({state}) -> {args.ship}")
+        return 0
     if args.dry_run:
         est = vrun.estimate(grid, cores=args.cores)
         print(vrun.format_estimate(grid, est))

@@ -99,6 +99,42 @@ def accuracy_vs_outcome(acc: pd.DataFrame) -> plt.Figure:
     return fig
 
 
+def held_out_curves(curves: pd.DataFrame, protocol: pd.DataFrame, x: str = "step") -> plt.Figure:
+    """The protocol's held-out loss per task against ``x`` ("step" or "cpu_s": cumulative training CPU
+    seconds): each optimizer at its chosen point, median over the final seeds (line) and their range
+    (band; CPU time on the x axis is the seeds' median at each step); dashed: the target."""
+    fc = curves[curves["phase"] == "final"] if "phase" in curves else curves.iloc[:0]
+    tasks = sorted(protocol["task"].unique()) if len(protocol) else []
+    fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(4.8 * max(len(tasks), 1), 3.8), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=False):
+        for cfg in protocol.loc[protocol["task"] == task, "config"]:
+            c = fc[(fc["task"] == task) & (fc["config"] == cfg)]
+            if c.empty:
+                continue
+            g = c.groupby("step")
+            xs = (
+                g[x].median().to_numpy()
+                if x != "step"
+                else np.asarray(sorted(c["step"].unique()), dtype=float)
+            )
+            med, lo, hi = g["test_loss"].median(), g["test_loss"].min(), g["test_loss"].max()
+            (line,) = ax.plot(xs, med.to_numpy(), label=cfg)
+            ax.fill_between(xs, lo.to_numpy(), hi.to_numpy(), color=line.get_color(), alpha=0.2)
+        tg = protocol.loc[protocol["task"] == task, "target"]
+        if len(tg) and math.isfinite(float(tg.iloc[0])):
+            ax.axhline(float(tg.iloc[0]), color="k", ls="--", lw=0.8, label="target")
+        ax.set_title(task)
+        ax.set_xlabel("step" if x == "step" else "training CPU seconds (one thread)")
+        ax.set_ylabel("held-out loss (median, range over seeds)")
+        ax.set_yscale("log")
+        ax.legend(fontsize=6)
+    fig.suptitle(
+        "Held-out loss at each optimizer's tuned point" + ("" if x == "step" else ", against CPU time")
+    )
+    fig.tight_layout()
+    return fig
+
+
 def _save(fig: plt.Figure, out: Path, name: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
@@ -112,6 +148,11 @@ def _save(fig: plt.Figure, out: Path, name: str) -> list[Path]:
 def save_all(tables: dict[str, pd.DataFrame], run_dir: str | Path) -> list[Path]:
     """Write learning_curves, train_curves and accuracy_vs_outcome (PNG + PDF) under RUN/figures."""
     out = Path(run_dir) / "figures"
+    if "protocol" in tables:
+        paths = _save(held_out_curves(tables["curves"], tables["protocol"]), out, "held_out_vs_steps")
+        return paths + _save(
+            held_out_curves(tables["curves"], tables["protocol"], "cpu_s"), out, "held_out_vs_cpu"
+        )
     paths = _save(learning_curves(tables["curves"], tables["summary"]), out, "learning_curves")
     paths += _save(learning_curves(tables["curves"], tables["summary"], "train_loss"), out, "train_curves")
     if len(tables.get("accuracy", [])):
@@ -119,4 +160,4 @@ def save_all(tables: dict[str, pd.DataFrame], run_dir: str | Path) -> list[Path]
     return paths
 
 
-__all__ = ["accuracy_vs_outcome", "curve_configs", "learning_curves", "save_all"]
+__all__ = ["accuracy_vs_outcome", "curve_configs", "held_out_curves", "learning_curves", "save_all"]

@@ -92,6 +92,13 @@ def format_report(tables: dict[str, pd.DataFrame]) -> str:
 def write_report(tables: dict[str, pd.DataFrame], run_dir: str | Path) -> str:
     """Write validation_report.txt, steps_to_target.csv and accuracy.csv into the run folder."""
     run = Path(run_dir)
+    if "protocol" in tables:
+        from .protocol_report import format_protocol_report
+
+        text = format_protocol_report(tables["protocol"])
+        (run / "validation_report.txt").write_text(text)
+        tables["protocol"].to_csv(run / "protocol.csv", index=False)
+        return text
     text = format_report(tables)
     (run / "validation_report.txt").write_text(text)
     steps_table(tables["summary"]).to_csv(run / "steps_to_target.csv", index=False)

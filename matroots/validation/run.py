@@ -209,6 +209,7 @@ def _probe(unit: Unit) -> dict[str, float]:
     precondition_frequency steps), evaluation time and build time."""
     import torch
 
+    from .peers import PeerUnavailableError
     from .tasks import get_task
     from .training import interleaved_timing, make_optimizer
 
@@ -216,7 +217,11 @@ def _probe(unit: Unit) -> dict[str, float]:
     t0 = time.perf_counter()
     task = get_task(unit.task.name, **unit.task.size)
     model = task.build_model(unit.seed)
-    opt = make_optimizer(unit, model)
+    try:
+        opt = make_optimizer(unit, model)
+    except PeerUnavailableError:  # an absent peer: its units end at once
+        return dict.fromkeys(("build_s", "eval_s", "step_s", "adamw_step_s", "eval_cpu_s", "step_cpu_s",
+                              "adamw_step_cpu_s"), 0.0)  # fmt: skip
     build = time.perf_counter() - t0
     t0 = time.perf_counter()
     task.evaluate(model)
@@ -252,6 +257,28 @@ def _probe(unit: Unit) -> dict[str, float]:
     }
 
 
+def _unit_cost(u: Unit, p: dict[str, float]) -> dict[str, float]:
+    evals = u.task.steps // u.task.eval_every + 2
+    out = {}
+    for clock, sfx in (("cpu", "_cpu_s"), ("wall", "_s")):
+        out[clock] = (
+            p["build_s"]
+            + u.task.steps * p["step" + sfx]
+            + evals * p["eval" + sfx]
+            + u.timing_rounds * u.timing_chunk * (p["step" + sfx] + p["adamw_step" + sfx])
+        )
+    return out
+
+
+def _add(
+    total: dict[str, float], per_task: dict[str, float], task: str, c: dict[str, float], longest: float
+) -> float:
+    total["cpu"] += c["cpu"]
+    total["wall"] += c["wall"]
+    per_task[task] = per_task.get(task, 0.0) + c["cpu"]
+    return max(longest, c["cpu"])
+
+
 def estimate(grid: ValidationGrid, *, cores: int = 2) -> dict[str, Any]:
     """Estimated cost of a grid, from short timed probes of each distinct (task, optimizer cost class).
 
@@ -267,25 +294,25 @@ def estimate(grid: ValidationGrid, *, cores: int = 2) -> dict[str, Any]:
     per_task: dict[str, float] = {}
     total = {"cpu": 0.0, "wall": 0.0}
     longest = 0.0
+    per_entry: dict[tuple[str, str], list[dict[str, float]]] = {}
     for u in units:
         k = _cost_key(u)
         if k not in probes:
             probes[k] = _probe(u)
-        p = probes[k]
-        evals = u.task.steps // u.task.eval_every + 2
-        for clock, sfx in (("cpu", "_cpu_s"), ("wall", "_s")):
-            secs = (
-                p["build_s"]
-                + u.task.steps * p["step" + sfx]
-                + evals * p["eval" + sfx]
-                + u.timing_rounds * u.timing_chunk * (p["step" + sfx] + p["adamw_step" + sfx])
-            )
-            total[clock] += secs
-            if clock == "cpu":
-                longest = max(longest, secs)
-                per_task[u.task.name] = per_task.get(u.task.name, 0.0) + secs
+        costs = _unit_cost(u, probes[k])
+        if u.phase == "tune":
+            per_entry.setdefault((u.task.name, u.optimizer.label), []).append(costs)
+        longest = _add(total, per_task, u.task.name, costs, longest)
+    finals = 0
+    if grid.protocol is not None:  # the final phase: each tuned entry's mean trial cost x final seeds
+        for (task, _label), cs in per_entry.items():
+            mean = {c: sum(x[c] for x in cs) / len(cs) for c in ("cpu", "wall")}
+            for _ in grid.protocol.final_seeds:
+                finals += 1
+                longest = _add(total, per_task, task, mean, longest)
     return {
-        "units": len(units),
+        "units": len(units) + finals,
+        "final_units": finals,
         "core_seconds": total["cpu"],
         "cores": cores,
         "wall_seconds": max(total["cpu"] / cores, longest),
@@ -302,7 +329,13 @@ def format_estimate(grid: ValidationGrid, est: dict[str, Any]) -> str:
 
     per = ", ".join(f"{t} {hm(s)}" for t, s in est["per_task_core_seconds"].items())
     return (
-        f"{grid.name}: {est['units']} units (task x optimizer config x lr x seed); estimated "
+        f"{grid.name}: {est['units']} units ("
+        + (
+            f"tuning trials and untuned points, + {est['final_units']} chosen points at the final seeds"
+            if est.get("final_units")
+            else "task x optimizer config x lr x seed"
+        )
+        + "); estimated "
         f"{hm(est['core_seconds'])} of compute on one core ({per}), {hm(est['wall_seconds'])} wall on "
         f"{est['cores']} idle cores; {hm(est['wall_seconds_at_current_load'])} at the current load "
         f"(load average {est['load_average']:.1f}; {est['probes']} timed probes, one thread each)"
