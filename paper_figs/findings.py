@@ -94,6 +94,37 @@ def failed(df: pd.DataFrame) -> pd.Series:
     return _style().failed(df)
 
 
+def is_refusal(df: pd.DataFrame) -> pd.Series:
+    """True where the solver refused an input outside its domain (a :class:`MatrootsInputError`:
+    e.g. ``UnsupportedExponentError`` for newton_schulz at p = 3, ``NotSymmetricError`` for the SPD
+    methods on a non-symmetric matrix). Those cases say nothing about accuracy or precision, so the
+    precision study's tables leave them out (and count them); numerical failures stay in."""
+    from matroots import errors
+
+    def refusal(name: str) -> bool:
+        cls = getattr(errors, name, None) if name else None
+        return isinstance(cls, type) and issubclass(cls, errors.MatrootsInputError)
+
+    names = df["failure"].fillna("").astype(str)
+    return names.map({n: refusal(n) for n in names.unique()}).astype(bool)
+
+
+def in_domain(df: pd.DataFrame) -> pd.DataFrame:
+    return df[~is_refusal(df)]
+
+
+def _refusals_line(rows: pd.DataFrame) -> str:
+    r = rows[is_refusal(rows)]
+    if r.empty:
+        return "No solve was refused as outside its method's domain."
+    kinds = r.groupby(["solver", "failure"]).size()
+    return (
+        "Left out as outside the method's domain (typed refusals, not failures): "
+        + ", ".join(f"{s} {f} {n}" for (s, f), n in kinds.items() if n)
+        + "."
+    )
+
+
 def kappa_decade(df: pd.DataFrame) -> pd.Series:
     return _style().kappa_bin(df)
 
@@ -179,6 +210,7 @@ def precision_limits(df: pd.DataFrame, threshold: float = 1e-2, fail_rate: float
     stable method can be expected to meet it); ``kappa_max``, the largest decade measured. NaN where
     no decade measured crosses.
     """
+    df = in_domain(df)
     d = df[df["eps"] == 0].assign(_k=kappa_decade(df), _e=error_or_inf(df), _f=failed(df))
     out = []
     for (s, t), g in d.groupby(["solver", "dtype"], sort=True):
@@ -235,7 +267,7 @@ def pareto(points: pd.DataFrame, cost: str = "cost", error: str = "error") -> pd
 
 def accuracy_vs_cond(rows: pd.DataFrame, prov: dict) -> str:
     """Accuracy per solver x dtype x kappa band against the cond(f, A) u line (eps = 0)."""
-    d = rows[rows["eps"] == 0]
+    d = in_domain(rows[rows["eps"] == 0])
     d = d.assign(_k=kappa_decade(d), _e=error_or_inf(d), _f=failed(d))
     d = d.assign(_r=(d["_e"] / d["cond_u_line"].astype(float).clip(lower=1e-300)))
     out = []
@@ -264,9 +296,11 @@ def accuracy_vs_cond(rows: pd.DataFrame, prov: dict) -> str:
         [
             coverage(prov),
             "Cell: median error (failures infinite) · (median error / cond(f,A)·u over the successful "
-            "solves) · failure rate; eps = 0, every family and n shipped.",
+            "solves) · failure rate; eps = 0, every family and n shipped, refusals of inputs outside a "
+            "method's domain left out (listed below the table).",
             table(tab),
             reading,
+            _refusals_line(rows[rows["eps"] == 0]),
             _figure("error_vs_kappa", "error vs κ per dtype against (κ/p)u and cond(f,A)·u")
             + " "
             + _figure("cond_error_ratio", "error / cond(f,A)·u per solver"),
@@ -308,7 +342,7 @@ def fp32_limit(rows: pd.DataFrame, prov: dict, threshold: float = 1e-2, fail_rat
             f"{threshold:g} at κ = {kfmt(kt.min() if len(kt) else math.nan)}; {match} of {len(f32)} "
             "methods hold out until the conditioning limit."
         )
-        d32 = rows[(rows["dtype"] == "fp32") & (rows["eps"] == 0)]
+        d32 = in_domain(rows[(rows["dtype"] == "fp32") & (rows["eps"] == 0)])
         kinds = d32.loc[failed(d32), "failure"].value_counts()
         reading += (
             " fp32 failures at eps = 0 by type: "
@@ -331,7 +365,7 @@ def fp32_limit(rows: pd.DataFrame, prov: dict, threshold: float = 1e-2, fail_rat
 def low_precision(rows: pd.DataFrame, prov: dict, threshold: float = 1e-1, fail_rate: float = 0.1) -> str:
     """bf16 / fp16 limits: the same table as fp32's at a looser target."""
     lim = precision_limits(rows, threshold, fail_rate)
-    d = rows[rows["dtype"].isin(["bf16", "fp16"])]
+    d = in_domain(rows[rows["dtype"].isin(["bf16", "fp16"])])
     kinds = d.loc[failed(d), "failure"].value_counts()
     fails = ", ".join(f"{k} {v}" for k, v in kinds.items()) or "none"
     lo = lim[lim["dtype"].isin(["bf16", "fp16"])]
@@ -558,6 +592,7 @@ def shampoo_factors(rows: pd.DataFrame, prov: dict) -> str:
 
 def cost_frontier(rows: pd.DataFrame, prov: dict) -> str:
     """Cost (GEMM-equivalents) against accuracy per dtype and kappa band, with the Pareto frontier."""
+    rows = in_domain(rows)
     d = rows[(rows["eps"] == 0)].assign(_k=kappa_decade(rows), _e=error_or_inf(rows), _f=failed(rows))
     d = d[d["family"] != "nonsymmetric"]
     out = []
@@ -587,7 +622,8 @@ def cost_frontier(rows: pd.DataFrame, prov: dict) -> str:
         [
             coverage(prov),
             "Cost: CPU time of the solve / CPU time of one n × n GEMM in that dtype, one thread. eps = 0, "
-            "symmetric families; frontier = no other solver is both cheaper and more accurate.",
+            "symmetric families; each solver over the cases in its domain (newton_schulz: p a power of 2); "
+            "frontier = no other solver is both cheaper and more accurate.",
             table(pd.DataFrame(out)),
             _figure("cost_accuracy", "GEMM-equivalents vs error, Pareto frontier"),
         ]

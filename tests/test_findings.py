@@ -108,6 +108,9 @@ def test_precision_limits_by_hand():
         )
     # an eps > 0 row with a huge error at kappa 1e2 must not count (the limits are at eps = 0)
     rows.append(_row(kappa=1e2, kappa_actual=1e2, eps=1e-2, eps_mode="relative", relative_forward_error=1.0))
+    # a refusal of an input outside the method's domain (a MatrootsInputError) is no failure: with it
+    # counted, kappa 1e2 would have a failure rate 1/5 > 0.1
+    rows.append(_row(kappa=1e2, kappa_actual=1e2, failure="UnsupportedExponentError"))
     lim = F.precision_limits(pd.DataFrame(rows), threshold=1e-2, fail_rate=0.1).set_index("solver")
     a = lim.loc["a"]
     assert (a["kappa_err"], a["kappa_fail"], a["kappa_theory"], a["kappa_max"]) == (1e6, 1e4, 1e6, 1e8)
