@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TORCH_CPU := torch==2.13.0
 EXTRAS := dev,flint,notebooks,train,dask
 
-.PHONY: setup demo test bench figures tune lint clean
+.PHONY: setup demo test bench figures findings tune lint clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,10 @@ bench: $(STAMP)
 # shipped results/ (minutes; `python paper_figs/figures.py --full --recompute` reruns the study: hours).
 figures: $(STAMP)
 	$(PY) paper_figs/figures.py $(if $(FULL),--full,)
+
+# docs/findings.md's generated blocks from the shipped results/ (seconds); after reshipping a study.
+findings: $(STAMP)
+	$(PY) paper_figs/findings.py --write
 
 # Regenerate the shipped CPU selection table of method="auto" (matroots/data/selection_cpu.csv + .json)
 # from its config; resumable (runs/tune_default), about 15 minutes of CPU on 2 cores.
