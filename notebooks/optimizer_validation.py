@@ -27,8 +27,15 @@
 #    eps), the measured forward error of its inverse roots against a float64 reference of the same
 #    Kronecker factor, next to its final validation loss and steps-to-target.
 #
-# Environment variables: `MATROOTS_VALIDATION_RUN` (a run folder to read or create),
-# `MATROOTS_VALIDATION_CONFIG` (the config to run when the folder holds no run), `MATROOTS_WORKERS`.
+# First, when `results/validation` holds shipped results of the tuning protocol
+# (`experiments/configs/validate_full.toml`, shipped with `matroots validate CONFIG --out RUN --ship
+# results/validation`), it shows them: per task, each optimizer at the point chosen on the validation
+# split, its held-out loss over the final seeds, and its steps and CPU time to the target against
+# AdamW's with bootstrap 95% intervals.
+#
+# Environment variables: `MATROOTS_VALIDATION_RESULTS` (a shipped results folder),
+# `MATROOTS_VALIDATION_RUN` (a run folder to read or create), `MATROOTS_VALIDATION_CONFIG` (the
+# config to run when the folder holds no run), `MATROOTS_WORKERS`.
 
 # %%
 import math
@@ -39,15 +46,48 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 
-from matroots.validation import config, figures, report, summary
+from matroots.validation import config, figures, report, ship, summary
 from matroots.validation import run as vrun
+from matroots.validation.protocol_report import format_protocol_report
 
 ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
 RUN = Path(os.environ.get("MATROOTS_VALIDATION_RUN", ROOT / "runs" / "validate_demo"))
 CONFIG = Path(os.environ.get("MATROOTS_VALIDATION_CONFIG", ROOT / "experiments" / "configs" / "validate_demo.toml"))
 WORKERS = int(os.environ.get("MATROOTS_WORKERS", "2"))
+RESULTS = Path(os.environ.get("MATROOTS_VALIDATION_RESULTS", ROOT / "results" / "validation"))
 pd.set_option("display.width", 200)
 pd.set_option("display.max_colwidth", 60)
+
+# %% [markdown]
+# ## Shipped results of the tuning protocol
+#
+# Read from the shipped set (its files checked against their recorded sha256, its config against the
+# repository's). Every tuned optimizer had the same number of quasi-random trials and the same
+# warmup + cosine schedule; `x AdamW` is the ratio of steps (CPU seconds) to reach the held-out loss
+# that every AdamW final seed reaches, with its percentile-bootstrap 95% interval over seeds.
+
+# %%
+shipped = ship.load(RESULTS, repo_root=ROOT) if (RESULTS / "provenance.json").exists() else None
+if shipped is None:
+    print(f"no shipped protocol results in {RESULTS}; run experiments/configs/validate_full.toml and ship it")
+else:
+    prov = ship.read_provenance(RESULTS)
+    state = "complete" if prov["complete"] else "PARTIAL"
+    print(f"shipped: {prov['name']} ({prov['units_done']}/{prov['units_total']} units, {state}), commits "
+          f"{', '.join(c[:10] for c in prov['commits'])}, shipped {prov['shipped']}")
+    print(format_protocol_report(shipped["protocol"]))
+
+# %%
+if shipped is not None:
+    fig = figures.held_out_curves(shipped["curves"], shipped["protocol"])
+    plt.show()
+    fig = figures.held_out_curves(shipped["curves"], shipped["protocol"], "cpu_s")
+    plt.show()
+
+# %% [markdown]
+# ## A small run: steps-to-target and the root-accuracy link
+#
+# The rest of the notebook reads (or runs) a small `matroots validate` grid.
 
 # %%
 if vrun.is_validation_run(RUN) and len(vrun.load(RUN)["runs"]) == len(

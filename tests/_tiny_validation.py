@@ -1,5 +1,9 @@
 """Tiny validation grids shared by the validation tests and the notebook test."""
 
+import json
+
+import pandas as pd
+
 #: Sizes that make every task build and step in well under a second.
 TINY_SIZES = {
     "digits": "{ hidden = 16, batch_size = 32 }",
@@ -112,3 +116,28 @@ options = {{ betas = [0.95, 0.95] }}
 name = "peer"
 peer = "heavyball_soap"
 """
+
+
+def synthetic_protocol_tables() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Two tuning trials of one optimizer whose validation and held-out rankings disagree: trial 0 is
+    best on the validation split, trial 1 on the held-out split; and final rows whose validation and
+    held-out losses differ."""
+    rows, curves = [], []
+    for cfg, opt in (("adamw", "adamw"), ("shampoo", "shampoo")):
+        for trial, (val, test) in enumerate(((1.0, 3.0), (2.0, 0.5))):
+            rows.append({"task": "t", "config": cfg, "optimizer": opt, "phase": "tune", "trial": trial, "seed": 0,
+                         "hparams": json.dumps({"lr": 10.0**-trial}), "failure": "", "failure_message": "",
+                         "final_val_loss": val, "final_test_loss": test, "metric_name": "m"})  # fmt: skip
+        for seed, (val, test) in zip((1, 2, 3), ((0.9, 1.5), (1.1, 1.6), (1.0, 1.7)), strict=True):
+            scale = 1.0 if opt == "adamw" else 0.5
+            rows.append({"task": "t", "config": cfg, "optimizer": opt, "phase": "final", "trial": 0, "seed": seed,
+                         "hparams": json.dumps({"lr": 1.0}), "failure": "", "failure_message": "",
+                         "final_val_loss": val, "final_test_loss": test, "final_test_metric": 0.0,
+                         "metric_name": "m"})  # fmt: skip
+            for step in range(0, 11):
+                # held-out loss falls linearly to `test` at step 10 for AdamW; Shampoo twice as fast
+                loss = test + (5.0 - test) * max(1.0 - step / (10 * scale), 0.0)
+                curves.append({"task": "t", "config": cfg, "optimizer": opt, "phase": "final", "seed": seed,
+                               "step": step, "test_loss": loss, "val_loss": 100.0, "cpu_s": step * (2.0 if opt ==
+                               "shampoo" else 1.0)})  # fmt: skip
+    return pd.DataFrame(rows), pd.DataFrame(curves)

@@ -5,7 +5,6 @@ and the bootstrap intervals on closed-form cases."""
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import tomllib
 from collections import Counter
@@ -13,6 +12,7 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 import pytest
+from _tiny_validation import synthetic_protocol_tables as _runs_and_curves
 from _tiny_validation import tiny_protocol
 
 from matroots.errors import InvalidArgumentError
@@ -128,31 +128,6 @@ def torch_equal(a, b) -> bool:
 
 # ---------------------------------------------------------------------------------------------------
 # selection on the validation split, reporting on the held-out split
-
-
-def _runs_and_curves() -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Two tuning trials of one optimizer whose validation and held-out rankings disagree: trial 0 is
-    best on the validation split, trial 1 on the held-out split; and final rows whose validation and
-    held-out losses differ."""
-    rows, curves = [], []
-    for cfg, opt in (("adamw", "adamw"), ("shampoo", "shampoo")):
-        for trial, (val, test) in enumerate(((1.0, 3.0), (2.0, 0.5))):
-            rows.append({"task": "t", "config": cfg, "optimizer": opt, "phase": "tune", "trial": trial, "seed": 0,
-                         "hparams": json.dumps({"lr": 10.0**-trial}), "failure": "", "failure_message": "",
-                         "final_val_loss": val, "final_test_loss": test, "metric_name": "m"})  # fmt: skip
-        for seed, (val, test) in zip((1, 2, 3), ((0.9, 1.5), (1.1, 1.6), (1.0, 1.7)), strict=True):
-            scale = 1.0 if opt == "adamw" else 0.5
-            rows.append({"task": "t", "config": cfg, "optimizer": opt, "phase": "final", "trial": 0, "seed": seed,
-                         "hparams": json.dumps({"lr": 1.0}), "failure": "", "failure_message": "",
-                         "final_val_loss": val, "final_test_loss": test, "final_test_metric": 0.0,
-                         "metric_name": "m"})  # fmt: skip
-            for step in range(0, 11):
-                # held-out loss falls linearly to `test` at step 10 for AdamW; Shampoo twice as fast
-                loss = test + (5.0 - test) * max(1.0 - step / (10 * scale), 0.0)
-                curves.append({"task": "t", "config": cfg, "optimizer": opt, "phase": "final", "seed": seed,
-                               "step": step, "test_loss": loss, "val_loss": 100.0, "cpu_s": step * (2.0 if opt ==
-                               "shampoo" else 1.0)})  # fmt: skip
-    return pd.DataFrame(rows), pd.DataFrame(curves)
 
 
 def test_selection_uses_the_validation_split_and_the_report_the_held_out_split() -> None:
