@@ -194,3 +194,17 @@ def test_identical_seeds_give_a_degenerate_ratio_interval() -> None:
     s = protocol_report.protocol_summary(curves, runs, b=100).set_index("config")
     r = s.loc["shampoo"]
     assert r["steps_ratio_lo"] == r["steps_ratio"] == r["steps_ratio_hi"] == 0.5
+
+
+def test_validate_full_is_the_protocol_at_full_scale() -> None:
+    """The shipped full config: 8 trials for every tuned row, 3 fresh final seeds, long horizons."""
+    from pathlib import Path
+
+    grid = config.load_config(Path(__file__).resolve().parents[1] / "experiments/configs/validate_full.toml")
+    assert grid.protocol is not None and grid.protocol.trials == 8 and len(grid.protocol.final_seeds) >= 3
+    steps = {t.name: t.steps for t in grid.tasks}
+    assert steps["w1"] >= 1000 and steps["bytes_lm"] >= 1000
+    tune = Counter((u.task.name, u.optimizer.label) for u in grid.units() if u.phase == "tune")
+    assert set(tune.values()) == {8}
+    labels = {label for _, label in tune}
+    assert labels == {"adamw", "shampoo-eigh", "shampoo-auto", "soap-tuned", "heavyball_soap", "meta_shampoo"}
