@@ -27,10 +27,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from . import atomic, metrics, precision, provenance, runner
 from . import grid as gridmod
 from .errors import MatrootsError
+from .tuning.cost import gemm_seconds, require_device, timed
 
 log = logging.getLogger("matroots.sweep")
 
@@ -51,10 +53,8 @@ def _lambda_max(A: np.ndarray, meta: dict[str, Any]) -> float:
 
 def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]:
     """Run every (solver, dtype) pair of one unit; return its rows (never raises on solver failure)."""
-    import torch
 
     from . import api, matrices, reference
-    from .tuning.cost import gemm_seconds, timed
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(unit.seed)
@@ -98,12 +98,14 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
         base["reference_digits"] = ref.digits
         base.update(metrics.matrix_metrics(A, unit.p, ref=ref, eps=eps_abs, ref0=ref0))
         kappa = base["condition_number"]
+    # the solve's input, a tensor on the grid's device (on the CPU the same bits as the array)
+    A_in = torch.as_tensor(A, device=grid.device)
     rows = []
     for dtype in grid.dtypes:
         u = precision.unit_roundoff(dtype)
         fmt = metrics.dtype_metrics(A, unit.p, kappa, dtype, cond=base.get("cond_rel"))
         # Cost unit measured here, in this process: CPU seconds of one n x n GEMM in this dtype.
-        gemm = gemm_seconds(unit.n, dtype)
+        gemm = gemm_seconds(unit.n, dtype, device=grid.device)
         for spec in grid.solvers:
             row = dict(
                 base,
@@ -113,7 +115,7 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
                 options=json.dumps(spec.options, sort_keys=True),
                 unit_roundoff=u,
                 failure="",
-                device="cpu",
+                device=grid.device,
                 gemm_seconds=gemm,
                 **fmt,
             )
@@ -128,7 +130,9 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    res, cpu = timed(lambda cfg=cfg, kw=solve_kw: cfg.solve(A, unit.p, **kw))
+                    res, cpu = timed(
+                        lambda cfg=cfg, kw=solve_kw: cfg.solve(A_in, unit.p, **kw), device=grid.device
+                    )
             except MatrootsError as exc:
                 row.update(
                     failure=type(exc).__name__,
@@ -138,7 +142,7 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
                 )
                 rows.append(row)
                 continue
-            X = res.root.double().numpy()
+            X = res.root.double().cpu().numpy()
             stop = res.info.get("stop_reason")
             row.update(
                 converged=bool(res.converged),
@@ -257,6 +261,7 @@ def run_sweep(
     ``retry_crashed``: rerun the units an earlier run recorded as ``WorkerCrashed`` (default).
     """
     runner.check_scheduler(scheduler)
+    require_device(grid.device)  # before any folder or worker: a CUDA grid on a CPU-only machine
     out = Path(out_dir)
     prepare_out_dir(grid, out, resume=resume)
     log.info(

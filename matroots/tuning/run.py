@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from .. import atomic, provenance, sweep
+from .cost import require_device
 from .select import planned_cases, select
 from .spec import TuneSpec
 
@@ -108,6 +109,7 @@ def run_tune(
     from .summary import format_summary
 
     out = Path(out_dir)
+    require_device(spec.device)  # a CUDA table needs a GPU here: refuse before the first sweep starts
     for g in spec.sweeps:
         sweep.run_sweep(
             g,

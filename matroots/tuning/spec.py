@@ -94,14 +94,15 @@ class TuneSpec:
             raise InvalidArgumentError(f"kappa_bands must start at >= 1, got {self.kappa_bands[0]}")
         if not self.sweeps or not self.candidates:
             raise InvalidArgumentError("a tune config needs at least one [[sweeps]] and one [[candidates]]")
-        if self.device not in ("cpu",):
+        if self.device not in ("cpu", "cuda"):
             raise InvalidArgumentError(
-                f"device {self.device!r}: the sweep engine solves on the CPU only; use device = 'cpu'"
+                f"device {self.device!r}: a selection table is for device kind 'cpu' or 'cuda'"
             )
 
     def config_hash(self) -> str:
         """Hash of the whole tune config (recorded in the table's provenance)."""
-        blob = json.dumps(asdict(self) | {"raw": None}, sort_keys=True, default=str).encode()
+        d = asdict(self) | {"raw": None, "sweeps": [g.to_dict() for g in self.sweeps]}
+        blob = json.dumps(d, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -150,7 +151,7 @@ def from_dict(raw: dict[str, Any]) -> TuneSpec:
         if "solvers" in g:
             raise InvalidArgumentError("sweeps take their solvers from [[candidates]]; remove 'solvers'")
         g["name"] = f"{raw['name']}-{sw.get('name', i)}"
-        sweeps.append(gridmod.from_dict({**g, "solvers": solvers}))
+        sweeps.append(gridmod.from_dict({**g, "solvers": solvers, "device": str(raw.get("device", "cpu"))}))
     names = [s.name for s in sweeps]
     if len(set(names)) != len(names):
         raise InvalidArgumentError(f"sweep names must be distinct, got {names}")
