@@ -249,7 +249,7 @@ class FSDPSharding:
             "the status word of the Shampoo step (FSDPConfig.status_check)",
         )  # fmt: skip
         failed = [r for r, s in enumerate(out.tolist()) if s != 0.0 and r != self.rank]
-        if failed:
+        if failed and error is None:  # a failed rank re-raises its own error
             raise RemoteRankError(
                 f"rank(s) {failed} failed in the Shampoo step (see their log for the error); every rank "
                 "stops at the same step"

@@ -238,6 +238,26 @@ def _faults(rank: int, ws: int) -> dict:
         out["fail"] = f"remote: {err}"
     except shampoo.ShampooError as err:
         out["fail"] = f"own: {type(err).__name__}"
+    # 3. Placements the strategy cannot step (columns sharded) are refused with the reason.
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (ws,))
+    w = nn.Parameter(distribute_tensor(torch.ones(4, 6), mesh, [Shard(1)]))
+    w.grad = distribute_tensor(torch.ones(4, 6), mesh, [Shard(1)])
+    try:
+        shampoo.Shampoo([w], distributed=FSDPConfig(timeout=10)).step()
+        out["placement"] = "no error"
+    except ShardLayoutError as err:
+        out["placement"] = str(err)
+    # 4. status_check=False: no optimizer collective; the steps still equal status_check=True's.
+    runs = []
+    for check in (True, False):
+        model = _shard(_model())
+        opt = _opt(model.named_parameters(), "eigh", FSDPConfig(status_check=check, timeout=10))
+        _train(model, opt, X, Y)
+        runs.append(_full(model))
+    out["no_check_equal"] = all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
     # 2. Rank 1 crashes after its backward and hangs: rank 0's step ends with a clear error.
     model = _shard(_model())
     opt = _opt(model.named_parameters(), "eigh", FSDPConfig(timeout=3))
@@ -265,6 +285,8 @@ def test_fsdp_failing_and_hanging_rank_are_clear_errors():
     assert r1["hang"] == "crashed"
     assert r0["hang"].startswith("timeout:") and "within 3 s" in r0["hang"], r0
     assert r0["seconds"] < 15
+    assert "Shard(dim=1)" in r0["placement"] and "needs rows" in r0["placement"], r0["placement"]
+    assert r0["no_check_equal"] and r1["no_check_equal"]
 
 
 # ----------------------------------------------------------------------------------------------------
