@@ -39,6 +39,8 @@ column stays at 0.56-0.66.
 ``--fsdp`` (2026-12-02, load average 10-17, ``--steps 10 --warmup 10``): CPU-time ratio 0.51, block
 state 44.8 MB per rank. ``--memory --size 512``, 2 ranks: Shampoo state per rank 316.7 MB (one process),
 158.4 (DDP), 158.8 (FSDP2); parameters 52.8 (DDP) vs 26.4 MB (FSDP2); AdamW under FSDP2 52.8 MB.
+4 ranks (``--world-sizes 4``): 86.7 (FSDP2, 1.095 x 1/4), 78.8-79.6 (DDP); parameters 13.2 MB (FSDP2);
+AdamW under FSDP2 26.4 MB.
 """
 
 from __future__ import annotations
