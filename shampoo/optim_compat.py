@@ -99,12 +99,15 @@ def loaded_group(
     group: dict[str, Any], saved: dict[str, Any], gi: int
 ) -> tuple[dict[str, Any], GroupOptions]:
     """The param group ``group`` with the saved group's hyperparameters (config objects, dtypes and
-    ``params`` stay as configured now), and its options, validated by the rules the constructor
+    ``params`` and ``param_names`` stay as configured now), and its options, validated by the rules the constructor
     applies (:class:`~shampoo.config.GroupOptions`): a value the constructor refuses (``lr='abc'``,
     ``lr=nan``, ``precondition_frequency=0``, ``betas=(0.9,)``) is a StateDictError (a ValueError)
     with the constructor's message, before anything is loaded. ``group`` itself is not modified."""
     merged = dict(group)
-    merged.update({k: copy.deepcopy(v) for k, v in saved.items() if k not in CONFIG_KEYS and k != "params"})
+    # ``param_names`` stay this optimizer's: they are its state keys (a saved ``_orig_mod.`` name, or
+    # names loaded into an optimizer built without, would re-key its state)
+    kept = (*CONFIG_KEYS, "params", "param_names")
+    merged.update({k: copy.deepcopy(v) for k, v in saved.items() if k not in kept})
     try:
         return merged, GroupOptions.from_group(merged)
     except (ValueError, TypeError, IndexError, KeyError) as exc:

@@ -196,9 +196,13 @@ class Shampoo(torch.optim.Optimizer):
     Conformance with torch.optim (tests/test_optim_conformance.py): param groups, LR schedulers, the
     ``state_dict``/``load_state_dict`` pre and post hooks, ``copy.deepcopy`` and pickle, state dicts
     moved between optimizers built with and without names (and with the ``_orig_mod.`` prefix of a
-    ``torch.compile``d model). Differences: ``opt.state[p]`` is a typed
-    :class:`shampoo.state.ParamState` (not a dict of tensors; ``opt.state_dict()["state"][key]`` is
-    the flat mapping), complex parameters are refused (the Kronecker factors are real; keep such a
+    ``torch.compile``d model), ``param_names`` kept in the saved groups, entries of ``opt.state`` that
+    are not a parameter's (a hook's) saved and loaded as they are, ``opt.state`` holding the
+    parameters that have stepped or loaded. Differences: ``opt.state[p]`` is a typed
+    :class:`shampoo.state.ParamState`, also a read-only mapping of its saved entries (``len``,
+    iteration, ``["step"]``); the state dict's tensors are copies (torch's alias the live state),
+    loading keeps this optimizer's ``param_names`` (they key its state), a parameter repeated in a
+    group is refused (torch warns, then steps it twice), complex parameters are refused (the Kronecker factors are real; keep such a
     weight as a real tensor and ``torch.view_as_complex`` it in ``forward``), and parameters on the
     meta device are refused at the first step or state load (they hold no data).
     """
@@ -282,7 +286,14 @@ class Shampoo(torch.optim.Optimizer):
         if group["start_preconditioning_step"] is None:
             group["start_preconditioning_step"] = group["precondition_frequency"]
         check_impl_flags(**{k: group[k] for k in IMPL_FLAGS if k in group})
+        seen: dict[int, int] = {}
         for i, p in enumerate(group["params"]):
+            if id(p) in seen:
+                raise ValueError(
+                    f"parameter {i} of the group is parameter {seen[id(p)]} again: Shampoo keeps one state "
+                    "per parameter entry and would step it twice; pass each parameter once"
+                )
+            seen[id(p)] = i
             if p.is_sparse:
                 raise ValueError("Shampoo does not support sparse parameters")
             if p.is_complex():
@@ -317,29 +328,29 @@ class Shampoo(torch.optim.Optimizer):
     def _engine(self, gi: int, opts: GroupOptions) -> GroupEngine:
         eng = self._engines[gi]
         if eng is None:
-            meta = [i for i, p in enumerate(self.param_groups[gi]["params"]) if p.device.type == "meta"]
-            if meta:
-                raise ValueError(
-                    f"param group {gi}: parameters {meta[:5]} are on the meta device (no data); "
-                    "materialise the model (e.g. model.to_empty(device=...) and initialise it) before "
-                    "stepping Shampoo or loading its state"
-                )
-            first = sum(len(g["params"]) for g in self.param_groups[:gi])
-            group = self.param_groups[gi]
-            params, layouts = list(group["params"]), None
-            if self._fsdp is not None:  # the local shards, blocked as the whole parameters are
-                layouts = self._fsdp.layouts(params, first, opts)
-                params = self._fsdp.local(params)
-            eng = GroupEngine(params, self._param_keys()[gi], first, opts, self._owns, layouts)
-            for p, st in zip(group["params"], eng.states, strict=True):
-                self.state[p] = st
-            self._engines[gi] = eng
+            eng = self._engines[gi] = self._new_engine(gi, opts)
         elif eng.structure != opts.structure():
             raise ShampooError(
                 f"param group {gi}: blocking/state options changed after the state was created "
                 f"({eng.structure} -> {opts.structure()}); they are fixed once the optimizer has stepped"
             )
         return eng
+
+    def _new_engine(self, gi: int, opts: GroupOptions) -> GroupEngine:
+        """Group ``gi``'s engine with fresh state (not installed)."""
+        meta = [i for i, p in enumerate(self.param_groups[gi]["params"]) if p.device.type == "meta"]
+        if meta:
+            raise ValueError(
+                f"param group {gi}: parameters {meta[:5]} are on the meta device (no data); "
+                "materialise the model (e.g. model.to_empty(device=...) and initialise it) before "
+                "stepping Shampoo or loading its state"
+            )
+        first = sum(len(g["params"]) for g in self.param_groups[:gi])
+        params, layouts = list(self.param_groups[gi]["params"]), None
+        if self._fsdp is not None:  # the local shards, blocked as the whole parameters are
+            layouts = self._fsdp.layouts(params, first, opts)
+            params = self._fsdp.local(params)
+        return GroupEngine(params, self._param_keys()[gi], first, opts, self._owns, layouts)
 
     # -- step -----------------------------------------------------------------------------------------
 
@@ -374,6 +385,8 @@ class Shampoo(torch.optim.Optimizer):
         if not idx:
             return
         eng = self._engine(gi, opts)
+        for i in idx:  # as torch.optim: opt.state holds the parameters that have stepped (or loaded)
+            self.state[params[i]] = eng.states[i]
         grads = self._local([params[i].grad for i in idx])
         if any(g.is_sparse for g in grads):  # type: ignore[union-attr]
             raise ValueError("Shampoo does not support sparse gradients")
@@ -570,15 +583,18 @@ class Shampoo(torch.optim.Optimizer):
         for pre_hook in self._optimizer_state_dict_pre_hooks.values():
             pre_hook(self)
         keys = self._param_keys()
-        state: dict[str | int, Any] = {}
-        for eng in self._engines:
+        state: dict[Any, Any] = {}
+        for g, eng in zip(self.param_groups, self._engines, strict=True):
             if eng is not None:
-                for st in eng.states:
-                    state[st.key] = flatten(st)
+                for p, st in zip(g["params"], eng.states, strict=True):
+                    if self.state.get(p) is st:  # stepped or loaded, as opt.state says
+                        state[st.key] = flatten(st)
         if self._sharding is not None:  # collective: every rank's blocks, in the single-process form
             state = self._sharding.gather_state(state)
         elif self._fsdp is not None:  # this rank's blocks; DTensor momentum (torch.distributed.checkpoint)
             state = self._fsdp.export_state(state, self.param_groups, keys)
+        # entries of opt.state that are not a parameter's (a hook's), as they are, as torch.optim
+        state.update({k: v for k, v in self.state.items() if not isinstance(k, torch.Tensor)})
         groups = []
         for g, ks in zip(self.param_groups, keys, strict=True):
             # not "params" (replaced by their keys): a deepcopy of every parameter, and of a sharded
@@ -586,9 +602,9 @@ class Shampoo(torch.optim.Optimizer):
             packed = {
                 k: (config_to_dict(v) if k in CONFIG_KEYS else copy.deepcopy(v))
                 for k, v in g.items()
-                if k not in ("params", "param_names")
+                if k != "params"
             }
-            packed["params"] = list(ks)
+            packed["params"] = list(ks)  # param_names stay, as torch.optim keeps them
             groups.append(packed)
         out = {
             "state": state,
@@ -621,7 +637,10 @@ class Shampoo(torch.optim.Optimizer):
         saved_groups, saved = check_state_dict(state_dict, len(self.param_groups))
         keys = self._param_keys()
         shapes = [[tuple(p.shape) for p in g["params"]] for g in self.param_groups]
-        saved = match_keys(saved_groups, saved, keys, shapes)
+        # entries not keyed by a saved group's parameter are copied as they are, as torch.optim does
+        param_keys = {k for sg in saved_groups for k in sg["params"]}
+        extra = {k: v for k, v in saved.items() if k not in param_keys}
+        saved = match_keys(saved_groups, {k: v for k, v in saved.items() if k in param_keys}, keys, shapes)
         meta = state_dict.get("shampoo", {})
         step = meta.get("global_step", 0) if isinstance(meta, dict) else None
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
@@ -632,10 +651,20 @@ class Shampoo(torch.optim.Optimizer):
             for gi, (g, sg) in enumerate(zip(self.param_groups, saved_groups, strict=True))
         ]
         plans = []
+        engines = list(self._engines)
         for gi, (_, opts) in enumerate(merged):
+            group, eng = self.param_groups[gi], self._engines[gi]
+            if eng is not None and any(
+                p in self.state and k not in saved for p, k in zip(group["params"], keys[gi], strict=True)
+            ):
+                # a parameter with state here has none saved: it starts afresh, as in torch.optim
+                engines[gi] = eng = None
             if not any(k in saved for k in keys[gi]):
                 continue
-            eng = self._engine(gi, opts)
+            if eng is None:
+                eng = engines[gi] = self._new_engine(gi, opts)
+            elif eng.structure != opts.structure():
+                self._engine(gi, opts)  # raises: the structure is fixed once there is state
             for st in eng.states:
                 if st.key in saved:
                     try:
@@ -650,6 +679,14 @@ class Shampoo(torch.optim.Optimizer):
             g.update(m)
         for plan in plans:
             plan.apply()
+        self._engines = engines
+        self.state.clear()
+        for g, eng in zip(self.param_groups, self._engines, strict=True):
+            if eng is not None:
+                for p, st in zip(g["params"], eng.states, strict=True):
+                    if st.key in saved:
+                        self.state[p] = st
+        self.state.update(extra)
         self._global_step = step
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -100,6 +101,9 @@ class FactorState:
 
 # FactorState fields that are tensors or fixed by the layout (not flattened as bookkeeping).
 _FACTOR_FIXED = ("dim", "n", "root_p", "matrix", "root", "basis", "warm_skip", "warm_backoff")
+# Diagnostics only, never saved: wall-clock time differs between two runs of the same state, whose
+# state dicts must compare equal as torch.optim's do (an older state dict's value still loads).
+_FACTOR_UNSAVED = ("seconds",)
 # Saved only when nonzero (states without a pending backoff keep the format-1 entries exactly).
 _BACKOFF_FIELDS = ("warm_skip", "warm_backoff")
 
@@ -149,8 +153,13 @@ def declare(block: BlockState, name: str, tensor: torch.Tensor, *, minimum: floa
 
 
 @dataclass
-class ParamState:
-    """State of one parameter."""
+class ParamState(Mapping[str, Any]):
+    """State of one parameter.
+
+    Also a read-only mapping with the entries of its state-dict form (:func:`flatten`, without
+    copying the tensors), so ``len(opt.state[p])``, ``opt.state[p]["step"]`` and iteration work as
+    for a torch.optim optimizer's dict of tensors.
+    """
 
     key: str | int  # the parameter's name, or its position when the optimizer has no names
     layout: ParamLayout
@@ -159,41 +168,57 @@ class ParamState:
     skipped_steps: int = 0  # updates skipped because of non-finite gradients or updates
     momentum_buffer: torch.Tensor | None = None  # heavy-ball momentum of the search direction
 
+    def __getitem__(self, name: str) -> Any:
+        return flatten(self, clone=False)[name]
 
-def flatten(state: ParamState) -> dict[str, Any]:
-    """A flat dict of cloned tensors and plain values describing ``state`` (the owned blocks)."""
+    def __iter__(self) -> Iterator[str]:
+        return iter(flatten(self, clone=False))
+
+    def __len__(self) -> int:
+        return len(flatten(self, clone=False))
+
+
+def flatten(state: ParamState, *, clone: bool = True) -> dict[str, Any]:
+    """A flat dict of tensors and plain values describing ``state`` (the owned blocks); the tensors
+    are copies, or with ``clone=False`` the state's own (views: read, do not write)."""
     entries: dict[str, Any] = {
         "step": state.step,
         "skipped_steps": state.skipped_steps,
         "shape": tuple(state.layout.shape),
     }
     if state.momentum_buffer is not None:
-        entries["momentum_buffer"] = state.momentum_buffer.clone()
-    return join_blocks(entries, {b.spec.index: flatten_block(b) for b in state.blocks if b.owned})
+        entries["momentum_buffer"] = _copy(state.momentum_buffer, clone)
+    blocks = {b.spec.index: flatten_block(b, clone=clone) for b in state.blocks if b.owned}
+    return join_blocks(entries, blocks)
 
 
-def flatten_block(b: BlockState) -> dict[str, Any]:
-    """One block's entries (cloned tensors and bookkeeping), named within the block."""
+def _copy(t: torch.Tensor, clone: bool) -> torch.Tensor:
+    return t.clone() if clone else t
+
+
+def flatten_block(b: BlockState, *, clone: bool = True) -> dict[str, Any]:
+    """One block's entries (tensors, copied unless ``clone=False``, and bookkeeping), named within
+    the block."""
     out: dict[str, Any] = {"shape": tuple(b.spec.shape)}
     for name in ("first_moment", "graft_state", "diagonal"):
         t = getattr(b, name)
         if t is not None:
-            out[name] = t.clone()
+            out[name] = _copy(t, clone)
     for f in b.factors:
         fp = f"factors.{f.dim}."
-        out[fp + "matrix"] = mirror_upper_(f.matrix).clone()
+        out[fp + "matrix"] = _copy(mirror_upper_(f.matrix), clone)
         if f.root is not None:
-            out[fp + "root"] = f.root.clone()
+            out[fp + "root"] = _copy(f.root, clone)
         if f.basis is not None:
-            out[fp + "basis"] = f.basis.clone()
+            out[fp + "basis"] = _copy(f.basis, clone)
         for name in _BACKOFF_FIELDS:  # written only while a backoff is pending
             if getattr(f, name):
                 out[fp + name] = getattr(f, name)
         for fld in dataclasses.fields(FactorState):
-            if fld.name not in _FACTOR_FIXED:
+            if fld.name not in _FACTOR_FIXED and fld.name not in _FACTOR_UNSAVED:
                 out[fp + fld.name] = getattr(f, fld.name)
     for name, t in b.tensors.items():
-        out[name] = t.clone()
+        out[name] = _copy(t, clone)
     return out
 
 

@@ -291,3 +291,203 @@ def test_hyperparameters_have_one_definition() -> None:
     assert set(opt.defaults) == fields
     with pytest.raises(ValueError, match="maximize must be True or False"):
         shampoo.Shampoo([torch.nn.Parameter(torch.randn(3))], maximize="yes")
+
+
+# -- issue 23, item 6: the rest of torch.optim's state-dict and state behaviour ---------------------
+
+
+def _equal_entries(a: dict, b: dict) -> bool:
+    """Two flat state entries equal, tensors bitwise, NaN bookkeeping equal to NaN."""
+    if a.keys() != b.keys():
+        return False
+    for k, v in a.items():
+        w = b[k]
+        if isinstance(v, torch.Tensor):
+            if not torch.equal(v, w):
+                return False
+        elif v != w and not (v != v and w != w):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_state_dict_keeps_param_names_and_loads_back(kind: str) -> None:
+    """torch.optim keeps ``param_names`` in the saved groups of an optimizer built on
+    ``named_parameters()``; loading keeps the optimizer's names (Shampoo's state keys)."""
+    model = _model()
+    opt = _make(kind, model.named_parameters())
+    _train(model, opt, range(3))
+    sd = copy.deepcopy(opt.state_dict())
+    names = [n for n, _ in model.named_parameters()]
+    assert sd["param_groups"][0]["param_names"] == names
+    model2 = copy.deepcopy(model)
+    opt2 = _make(kind, model2.named_parameters())
+    opt2.load_state_dict(sd)
+    assert opt2.param_groups[0]["param_names"] == names
+    assert opt2.state_dict()["param_groups"][0]["param_names"] == names
+    _train(model, opt, range(3, 6))
+    _train(model2, opt2, range(3, 6))
+    _assert_bitwise(_params(model), _params(model2))
+
+
+@pytest.mark.parametrize("named", [True, False])
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_added_param_groups_keep_consistent_keys(kind: str, named: bool) -> None:
+    """A group added after steps: every saved group has the same keys, the state keys are the
+    parameters' (names, or global positions across groups, as torch's), and it reloads."""
+    model = _model()
+    ps = list(model.named_parameters()) if named else list(model.parameters())
+    opt = _make(kind, ps[:2])
+    _train(model, opt, range(2))
+    opt.add_param_group({"params": ps[2:], "lr": 5e-3})
+    _train(model, opt, range(2, 4))
+    sd = opt.state_dict()
+    g0, g1 = sd["param_groups"]
+    assert g0.keys() == g1.keys() and g1["lr"] == 5e-3
+    keys = [n for n, _ in model.named_parameters()] if named else [0, 1, 2, 3]
+    assert [*g0["params"], *g1["params"]] == (keys if kind == "shampoo" or not named else [0, 1, 2, 3])
+    assert sorted(map(str, sd["state"])) == sorted(map(str, g0["params"] + g1["params"]))
+    model2 = copy.deepcopy(model)
+    ps2 = list(model2.named_parameters()) if named else list(model2.parameters())
+    opt2 = _make(kind, ps2[:2])
+    opt2.add_param_group({"params": ps2[2:], "lr": 1.0})
+    opt2.load_state_dict(copy.deepcopy(sd))
+    assert opt2.param_groups[1]["lr"] == 5e-3
+    _train(model, opt, range(4, 7))
+    _train(model2, opt2, range(4, 7))
+    _assert_bitwise(_params(model), _params(model2))
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_a_repeated_parameter(kind: str) -> None:
+    """torch warns about a parameter repeated in a group (and steps it twice, one state); Shampoo
+    refuses it with a ValueError that names both positions."""
+    p, q = torch.nn.Parameter(torch.randn(3, 2)), torch.nn.Parameter(torch.randn(2))
+    if kind == "adamw":
+        with pytest.warns(UserWarning, match="duplicate parameters"):
+            _make(kind, [p, p, q])
+        return
+    with pytest.raises(ValueError, match="parameter 1 of the group is parameter 0 again"):
+        _make(kind, [p, p, q])
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_state_dict_hooks_as_torchs_own_test(kind: str) -> None:
+    """PyTorch's test_state_dict_pre_hook / post hook / load hooks: a key a state_dict pre hook puts
+    into ``opt.state`` is saved under ``state``; a post hook sees and edits it; a load pre hook's
+    returned dict is the one loaded; a load post hook sees the loaded options and may add state."""
+    model = _model()
+    opt = _make(kind, model.parameters())
+    _train(model, opt, range(2))
+    opt.register_state_dict_pre_hook(lambda o: o.state.__setitem__("test", 1))
+
+    def post(o, sd):
+        sd["ran_state_dict_pre_hook"] = sd["state"].pop("test", None) == 1
+        return sd
+
+    def load_pre(o, sd):
+        sd = copy.deepcopy(sd)
+        sd["param_groups"][0]["lr"] = 0.003
+        sd["state"]["user"] = "kept"
+        return sd
+
+    def load_post(o):
+        o.state["ran_load_post"] = o.param_groups[0]["lr"] == 0.003
+
+    opt.register_state_dict_post_hook(post)
+    sd = opt.state_dict()
+    assert sd["ran_state_dict_pre_hook"] is True and "test" not in sd["state"]
+    opt.register_load_state_dict_pre_hook(load_pre)
+    opt.register_load_state_dict_post_hook(load_post)
+    opt.load_state_dict(sd)
+    assert opt.state["user"] == "kept" and opt.state["ran_load_post"] is True
+    assert opt.state_dict()["state"]["user"] == "kept"  # non-parameter state round-trips
+    _train(model, opt, range(2, 4))  # and does not disturb the step
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_len_and_iteration_of_per_parameter_state(kind: str) -> None:
+    """``len(opt.state[p])``, iteration and ``opt.state[p][name]`` as for AdamW's dict: the
+    entries of the parameter's saved state."""
+    model = _model()
+    opt = _make(kind, model.named_parameters())
+    _train(model, opt, range(3))
+    flat = opt.state_dict()["state"]
+    for (name, p), key in zip(model.named_parameters(), range(4), strict=True):
+        st = opt.state[p]
+        saved = flat[name if kind == "shampoo" else key]
+        assert len(st) == len(saved) > 0 and list(st) == list(saved)
+        assert _equal_entries(dict(st.items()), saved)
+        assert "step" in st and int(st["step"]) == 3
+    assert all(len(v) > 0 for v in opt.state.values())
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_two_state_dicts_of_the_same_state_are_equal(kind: str) -> None:
+    """PyTorch's test_state_dict_deterministic: two runs of the same steps save equal state dicts
+    (Shampoo's wall-clock root ``seconds`` are diagnostics, not state)."""
+    runs = []
+    for _ in range(2):
+        model = _model()
+        opt = _make(kind, model.named_parameters())
+        _train(model, opt, range(5))  # crosses the root rounds at steps 2 and 4
+        runs.append(opt)
+    a, b = (o.state_dict() for o in runs)
+    assert a["param_groups"] == b["param_groups"]
+    assert a["state"].keys() == b["state"].keys()
+    assert all(_equal_entries(a["state"][k], b["state"][k]) for k in a["state"])
+    if kind == "shampoo":
+        assert not any(name.endswith("seconds") for entry in a["state"].values() for name in entry)
+        assert all(f.seconds > 0 for d in runs[0].diagnostics() for f in d.factors)
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_zero_grad_closure_and_frozen_parameters(kind: str) -> None:
+    """zero_grad(set_to_none=False) zeros, zero_grad() drops the gradients; step(closure) returns
+    the closure's loss; a parameter with requires_grad=False gets no state and does not move."""
+    model = _model()
+    params = list(model.parameters())
+    params[0].requires_grad_(False)
+    w0 = params[0].detach().clone()
+    opt = _make(kind, params)
+    x, y = _batch(0)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    loss = opt.step(closure)
+    assert isinstance(loss, torch.Tensor) and loss.ndim == 0
+    _train(model, opt, range(1, 4))
+    assert torch.equal(params[0], w0) and params[0] not in opt.state and len(opt.state) == 3
+    assert len(opt.state_dict()["state"]) == 3
+    opt.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in params[1:])
+    opt.zero_grad()
+    assert all(p.grad is None for p in params)
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_load_casts_state_to_the_parameters_dtype(kind: str) -> None:
+    """torch.optim casts a loaded floating state to its parameter's dtype: fp64 state into an
+    fp32 model loads and trains, the state in fp32."""
+    model = _model().double()
+    opt = _make(kind, model.parameters())
+    for k in range(3):
+        x, y = _batch(k)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x.double()), y.double()).backward()
+        opt.step()
+    model32 = _model()
+    opt32 = _make(kind, model32.parameters())
+    opt32.load_state_dict(opt.state_dict())
+    _train(model32, opt32, range(3, 5))
+    dtypes = {
+        v.dtype
+        for entry in opt32.state_dict()["state"].values()
+        for name, v in entry.items()
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and name != "step"
+    }
+    assert dtypes == {torch.float32}

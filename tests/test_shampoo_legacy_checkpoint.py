@@ -115,7 +115,9 @@ def test_v1_checkpoint_loads_and_resumes_as_the_old_code_did() -> None:
 
 
 def test_v1_checkpoint_round_trips_unchanged() -> None:
-    """Loading the old state dict and saving it again gives the same entries (same format)."""
+    """Loading the old state dict and saving it again gives the same entries (same format), but the
+    factors' wall-clock ``seconds``, which moved to the diagnostics (issue 23: two state dicts of the
+    same state compare equal)."""
     saved = torch.load(FIXTURE, weights_only=True)
     model = _model()
     model.load_state_dict(saved["model"])
@@ -124,8 +126,11 @@ def test_v1_checkpoint_round_trips_unchanged() -> None:
     old, new = saved["optimizer"]["state"], opt.state_dict()["state"]
     assert old.keys() == new.keys()
     for key in old:
-        assert old[key].keys() == new[key].keys(), key
+        kept = {name for name in old[key] if not name.endswith(".seconds")}
+        assert kept == new[key].keys(), key
         for name, v in old[key].items():
+            if name not in kept:
+                continue
             w = new[key][name]
             if isinstance(v, torch.Tensor):
                 assert torch.equal(v, w), (key, name)
