@@ -28,13 +28,71 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
+from typing import Any
 
 import torch
 
-from .config import ExponentOverride
+
+@dataclass(frozen=True, kw_only=True)
+class ExponentOverride:
+    """Per-dimension inverse exponents e (the factor of that dimension is raised to -e).
+
+    Keyed by the order of the *original* parameter, as in Meta's distributed_shampoo::
+
+        ExponentOverride.from_mapping({2: {1: 0.0}, 4: 0.25, 1: 0.5})
+
+    means: for 2-D parameters do not precondition dim 1 (e = 0), precondition every dim of 4-D
+    parameters with exponent 1/4, and 1-D parameters (with ``vector_policy="shampoo"``) with 1/2.
+    Unlisted dims use the default e = 1/(2 k), k the order of the block after merging small dims
+    (Gupta et al. 2018: L^{-1/4} G R^{-1/4} for matrices). Dims with an override are never merged.
+    """
+
+    entries: tuple[tuple[int, float | tuple[tuple[int, float], ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        seen: set[int] = set()
+        for order, val in self.entries:
+            if not isinstance(order, int) or order < 0 or order in seen:
+                raise ValueError(f"exponent_override: bad or repeated tensor order {order!r}")
+            seen.add(order)
+            vals = [val] if not isinstance(val, tuple) else [v for _, v in val]
+            if isinstance(val, tuple):
+                for d, _ in val:
+                    if not isinstance(d, int) or not 0 <= d < max(order, 1):
+                        raise ValueError(f"exponent_override: dim {d!r} out of range for order {order}")
+            for v in vals:
+                if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                    raise ValueError(f"exponent_override: exponents must be finite and >= 0, got {v!r}")
+
+    @classmethod
+    def from_mapping(cls, value: Mapping[int, Any] | ExponentOverride | None) -> ExponentOverride:
+        if value is None:
+            return cls()
+        if isinstance(value, ExponentOverride):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"exponent_override must be a mapping order -> exponent(s), got {value!r}")
+        items: list[tuple[int, Any]] = []
+        for order, val in sorted(value.items()):
+            if isinstance(val, Mapping):
+                items.append((order, tuple(sorted((int(d), float(e)) for d, e in val.items()))))
+            else:
+                items.append((order, float(val)))
+        return cls(entries=tuple(items))
+
+    def for_order(self, order: int) -> tuple[float | None, ...]:
+        """Override per dim of a tensor of this order (None = default)."""
+        for o, val in self.entries:
+            if o == order:
+                if isinstance(val, tuple):
+                    d = dict(val)
+                    return tuple(d.get(i) for i in range(order))
+                return (val,) * order
+        return (None,) * order
 
 
 class BlockKind(StrEnum):

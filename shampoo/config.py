@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -23,118 +23,21 @@ import matroots
 from matroots import precision
 from matroots import psd as _psd
 from matroots.solvers import CoupledNewtonConfig, EighConfig, SolverConfig
+from matroots.solvers.auto import AutoConfig
 
-# ----------------------------------------------------------------------------------------------------
-# Grafting (Agarwal et al. 2020, "Disentangling adaptive gradient methods from learning rates"):
-# the Shampoo direction of each block is rescaled to the norm of the grafting method's direction.
-
-
-@dataclass(frozen=True, kw_only=True)
-class GraftingConfig:
-    """Base of the grafting configs; ``kind`` names the method."""
-
-    kind: ClassVar[str] = ""
-
-    def transform(self) -> Any:
-        """The per-block grafting transform of this method (:mod:`shampoo.grafting`)."""
-        raise NotImplementedError(f"{type(self).__name__} does not define its grafting transform")
-
-
-@dataclass(frozen=True, kw_only=True)
-class NoGrafting(GraftingConfig):
-    """No grafting: the Shampoo direction is used unscaled; before preconditioning starts, plain SGD."""
-
-    kind: ClassVar[str] = "none"
-
-    def transform(self) -> Any:
-        from .grafting import NoGraft
-
-        return NoGraft()
-
-
-@dataclass(frozen=True, kw_only=True)
-class SGDGrafting(GraftingConfig):
-    """Graft to the norm of the (momentum-filtered) gradient."""
-
-    kind: ClassVar[str] = "sgd"
-
-    def transform(self) -> Any:
-        from .grafting import SGDGraft
-
-        return SGDGraft()
-
-
-@dataclass(frozen=True, kw_only=True)
-class AdaGradGrafting(GraftingConfig):
-    """Graft to AdaGrad, g / (sqrt(sum g^2) + eps) (Duchi et al. 2011; torch.optim.Adagrad's eps)."""
-
-    kind: ClassVar[str] = "adagrad"
-    eps: float = 1e-10
-
-    def __post_init__(self) -> None:
-        _check_eps(self.eps, "AdaGradGrafting.eps")
-
-    def transform(self) -> Any:
-        from .grafting import AdaGradGraft
-
-        return AdaGradGraft(eps=self.eps)
-
-
-@dataclass(frozen=True, kw_only=True)
-class RMSpropGrafting(GraftingConfig):
-    """Graft to RMSprop, g / (sqrt(v) + eps), v = beta2 v + (1 - beta2) g^2, no bias correction
-    (torch.optim.RMSprop with ``alpha=beta2``)."""
-
-    kind: ClassVar[str] = "rmsprop"
-    beta2: float = 0.99
-    eps: float = 1e-8
-
-    def __post_init__(self) -> None:
-        _check_beta(self.beta2, "RMSpropGrafting.beta2", allow_one=False)
-        _check_eps(self.eps, "RMSpropGrafting.eps")
-
-    def transform(self) -> Any:
-        from .grafting import RMSpropGraft
-
-        return RMSpropGraft(eps=self.eps, beta2=self.beta2)
-
-
-@dataclass(frozen=True, kw_only=True)
-class AdamGrafting(GraftingConfig):
-    """Graft to Adam, m_hat / (sqrt(v / (1 - beta2^t)) + eps) (Kingma & Ba 2015; torch.optim.Adam).
-
-    The bias correction of v follows the group's ``use_bias_correction``.
-    """
-
-    kind: ClassVar[str] = "adam"
-    beta2: float = 0.999
-    eps: float = 1e-8
-
-    def __post_init__(self) -> None:
-        _check_beta(self.beta2, "AdamGrafting.beta2", allow_one=False)
-        _check_eps(self.eps, "AdamGrafting.eps")
-
-    def transform(self) -> Any:
-        from .grafting import AdamGraft
-
-        return AdamGraft(eps=self.eps, beta2=self.beta2)
-
-
-GRAFTINGS: dict[str, type[GraftingConfig]] = {
-    c.kind: c for c in (NoGrafting, SGDGrafting, AdaGradGrafting, RMSpropGrafting, AdamGrafting)
-}
-
-
-def resolve_grafting(value: str | GraftingConfig | None) -> GraftingConfig:
-    """A grafting config from a name ("none", "sgd", "adagrad", "rmsprop", "adam") or a config."""
-    if value is None:
-        return NoGrafting()
-    if isinstance(value, GraftingConfig):
-        return value
-    if isinstance(value, str) and value.lower() in GRAFTINGS:
-        return GRAFTINGS[value.lower()]()
-    raise ValueError(f"grafting must be one of {sorted(GRAFTINGS)} or a GraftingConfig, got {value!r}")
-
+from .blocking import ExponentOverride
+from .checks import check_beta, check_eps
+from .grafting import (
+    GRAFTINGS,
+    AdaGradGrafting,
+    AdamGrafting,
+    GraftingConfig,
+    NoGrafting,
+    RMSpropGrafting,
+    SGDGrafting,
+    resolve_grafting,
+)
+from .transforms.soap import preconditioner_named
 
 # ----------------------------------------------------------------------------------------------------
 # Root solvers
@@ -167,8 +70,6 @@ def default_root_solver(name: str, device: torch.device | None = None) -> Solver
     """
     key = name.lower()
     if key == "auto":
-        from matroots.solvers.auto import AutoConfig
-
         # warn=False: a factor whose target the table cannot promise is normal (rank-deficient factors);
         # it gets the most accurate candidate and the diagnostics say which.
         on_cpu = device is None or device.type in ("cpu", "meta")
@@ -188,11 +89,6 @@ def resolve_root_solver(value: str | SolverConfig, device: torch.device | None =
     if isinstance(value, str):
         return default_root_solver(value, device)
     raise ValueError(f"root_solver must be a matroots solver name or config, got {value!r}")
-
-
-def supports_warm_start(cfg: SolverConfig) -> bool:
-    """Whether the solver warm-starts from a previous root (declared by its config's capabilities)."""
-    return cfg.capabilities.warm_start == "root"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,68 +124,6 @@ class FailurePolicy:
         m = self.max_consecutive_primary_failures
         if m is not None and (not isinstance(m, int) or m < 1):
             raise ValueError(f"max_consecutive_primary_failures must be None or an int >= 1, got {m!r}")
-
-
-# ----------------------------------------------------------------------------------------------------
-# Exponent override
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExponentOverride:
-    """Per-dimension inverse exponents e (the factor of that dimension is raised to -e).
-
-    Keyed by the order of the *original* parameter, as in Meta's distributed_shampoo::
-
-        ExponentOverride.from_mapping({2: {1: 0.0}, 4: 0.25, 1: 0.5})
-
-    means: for 2-D parameters do not precondition dim 1 (e = 0), precondition every dim of 4-D
-    parameters with exponent 1/4, and 1-D parameters (with ``vector_policy="shampoo"``) with 1/2.
-    Unlisted dims use the default e = 1/(2 k), k the order of the block after merging small dims
-    (Gupta et al. 2018: L^{-1/4} G R^{-1/4} for matrices). Dims with an override are never merged.
-    """
-
-    entries: tuple[tuple[int, float | tuple[tuple[int, float], ...]], ...] = ()
-
-    def __post_init__(self) -> None:
-        seen: set[int] = set()
-        for order, val in self.entries:
-            if not isinstance(order, int) or order < 0 or order in seen:
-                raise ValueError(f"exponent_override: bad or repeated tensor order {order!r}")
-            seen.add(order)
-            vals = [val] if not isinstance(val, tuple) else [v for _, v in val]
-            if isinstance(val, tuple):
-                for d, _ in val:
-                    if not isinstance(d, int) or not 0 <= d < max(order, 1):
-                        raise ValueError(f"exponent_override: dim {d!r} out of range for order {order}")
-            for v in vals:
-                if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
-                    raise ValueError(f"exponent_override: exponents must be finite and >= 0, got {v!r}")
-
-    @classmethod
-    def from_mapping(cls, value: Mapping[int, Any] | ExponentOverride | None) -> ExponentOverride:
-        if value is None:
-            return cls()
-        if isinstance(value, ExponentOverride):
-            return value
-        if not isinstance(value, Mapping):
-            raise ValueError(f"exponent_override must be a mapping order -> exponent(s), got {value!r}")
-        items: list[tuple[int, Any]] = []
-        for order, val in sorted(value.items()):
-            if isinstance(val, Mapping):
-                items.append((order, tuple(sorted((int(d), float(e)) for d, e in val.items()))))
-            else:
-                items.append((order, float(val)))
-        return cls(entries=tuple(items))
-
-    def for_order(self, order: int) -> tuple[float | None, ...]:
-        """Override per dim of a tensor of this order (None = default)."""
-        for o, val in self.entries:
-            if o == order:
-                if isinstance(val, tuple):
-                    d = dict(val)
-                    return tuple(d.get(i) for i in range(order))
-                return (val,) * order
-        return (None,) * order
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -348,23 +182,12 @@ CONFIG_KEYS = (
 STATISTICS_DTYPES = (torch.bfloat16,)
 
 
-def _check_beta(b: float, name: str, *, allow_one: bool) -> None:
-    hi_ok = b <= 1.0 if allow_one else b < 1.0
-    if not (isinstance(b, int | float) and b >= 0.0 and hi_ok):
-        raise ValueError(f"{name} must be in [0, {'1]' if allow_one else '1)'}, got {b!r}")
-
-
 def _number(value: Any, what: str) -> float:
     """``value`` (a real number or a one-element tensor) as a float; ValueError ``what`` otherwise."""
     ok = isinstance(value, int | float) or (isinstance(value, torch.Tensor) and value.numel() == 1)
     if isinstance(value, bool) or not ok or (isinstance(value, torch.Tensor) and value.is_complex()):
         raise ValueError(f"{what}, got {value!r}")
     return float(value)
-
-
-def _check_eps(e: float, name: str) -> None:
-    if not (isinstance(e, int | float) and math.isfinite(e) and e >= 0.0):
-        raise ValueError(f"{name} must be a finite number >= 0, got {e!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -456,12 +279,12 @@ class GroupOptions:
             raise ValueError(f"lr must be a finite number >= 0, got {self.lr!r}")
         if len(self.betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), got {self.betas!r}")
-        _check_beta(self.betas[0], "betas[0] (gradient EMA)", allow_one=False)
-        _check_beta(self.betas[1], "betas[1] (factor EMA; 1.0 = sum)", allow_one=True)
+        check_beta(self.betas[0], "betas[0] (gradient EMA)", allow_one=False)
+        check_beta(self.betas[1], "betas[1] (factor EMA; 1.0 = sum)", allow_one=True)
         if self.betas[1] == 0.0:
             raise ValueError("betas[1] must be > 0 (0 would keep only the last gradient's statistics)")
-        _check_eps(self.eps, "eps")
-        _check_eps(self.diagonal_eps, "diagonal_eps")
+        check_eps(self.eps, "eps")
+        check_eps(self.diagonal_eps, "diagonal_eps")
         if self.eps_mode not in EPS_MODES:
             raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {self.eps_mode!r}")
         if self.psd is not None and self.psd not in PSD_POLICIES:
@@ -469,13 +292,13 @@ class GroupOptions:
                 f"psd must be one of {PSD_POLICIES} (see matroots.psd) or None (the root solver "
                 f"config's own policy), got {self.psd!r}"
             )
-        _check_eps(self.weight_decay, "weight_decay")
+        check_eps(self.weight_decay, "weight_decay")
         flags = ("decoupled_weight_decay", "nesterov", "use_bias_correction", "merge_dims")
         flags += ("warm_start", "maximize")
         for name in flags:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        _check_beta(self.momentum, "momentum", allow_one=False)
+        check_beta(self.momentum, "momentum", allow_one=False)
         if self.nesterov and self.momentum <= 0:
             raise ValueError("nesterov=True needs momentum > 0 (heavy-ball momentum on the search direction)")
         if not isinstance(self.max_preconditioner_dim, int) or self.max_preconditioner_dim < 1:
@@ -576,8 +399,6 @@ def normalise_group(group: dict[str, Any], device: torch.device | None) -> None:
     group["grafting"] = resolve_grafting(group["grafting"])
     group["root_solver"] = resolve_root_solver(group["root_solver"], device)
     if isinstance(group.get("preconditioner"), str):  # a name ("soap"): its transform
-        from .transforms.soap import preconditioner_named
-
         group["preconditioner"] = preconditioner_named(group["preconditioner"])
     group["exponent_override"] = ExponentOverride.from_mapping(group["exponent_override"])
     group["factor_dtype"] = precision.as_dtype(group["factor_dtype"])
@@ -623,6 +444,7 @@ def config_to_dict(value: Any) -> Any:
 
 __all__ = [
     "CONFIG_KEYS",
+    "GRAFTINGS",
     "STRUCTURAL_KEYS",
     "VECTOR_POLICIES",
     "AdaGradGrafting",
@@ -640,5 +462,4 @@ __all__ = [
     "normalise_group",
     "resolve_grafting",
     "resolve_root_solver",
-    "supports_warm_start",
 ]

@@ -54,6 +54,7 @@ from .comm import (
     RemoteRankError,
     check_all_ranks,
 )
+from .config import GroupOptions
 from .engine import GroupPlan, PlannedBlock, layout_group
 from .state import merge_shards
 
@@ -240,8 +241,6 @@ def assign_blocks(
 def layout_groups(param_groups: Sequence[dict[str, Any]]) -> list[BlockSpec]:
     """Every block of every parameter of ``param_groups``, laid out by the engine's own
     :func:`~shampoo.engine.layout_group` (param_index is the parameter's global position)."""
-    from .config import GroupOptions
-
     specs: list[BlockSpec] = []
     index = 0
     for group in param_groups:

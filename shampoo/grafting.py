@@ -2,7 +2,8 @@
 adaptive gradient methods from learning rates"): the preconditioned direction of each block is
 rescaled to the norm of the grafting method's direction (:meth:`_Graft.graft`).
 
-Each grafting config of :mod:`shampoo.config` builds its transform (``config.transform()``). Every
+Each grafting config (:class:`GraftingConfig`, below its transform) builds its transform
+(``config.transform()``). Every
 transform works on a stack of same-shape blocks (b, *block_shape), so a whole bucket is one
 elementwise kernel. ``grad`` is the (weight-decayed) gradient, ``m_hat`` the bias-corrected gradient
 EMA that the optimizer preconditions (equal to ``grad`` when beta1 = 0; the transforms take the
@@ -23,7 +24,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from .transforms.base import Stack, StepContext, block_norms, reuse_buffer
+from .checks import check_beta, check_eps
+from .transforms.base import Grafting, Stack, StepContext, block_norms, reuse_buffer
 
 if TYPE_CHECKING:
     from .state import BlockState
@@ -221,8 +223,120 @@ class AdamGraft(RMSpropGraft):
         return torch.div(m, denom, out=denom), scale
 
 
+@dataclass(frozen=True, kw_only=True)
+class GraftingConfig:
+    """Base of the grafting configs; ``kind`` names the method."""
+
+    kind: ClassVar[str] = ""
+
+    def transform(self) -> Grafting:
+        """The per-block grafting transform of this method."""
+        raise NotImplementedError(f"{type(self).__name__} does not define its grafting transform")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoGrafting(GraftingConfig):
+    """No grafting: the Shampoo direction is used unscaled; before preconditioning starts, plain SGD."""
+
+    kind: ClassVar[str] = "none"
+
+    def transform(self) -> Grafting:
+        return NoGraft()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SGDGrafting(GraftingConfig):
+    """Graft to the norm of the (momentum-filtered) gradient."""
+
+    kind: ClassVar[str] = "sgd"
+
+    def transform(self) -> Grafting:
+        return SGDGraft()
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdaGradGrafting(GraftingConfig):
+    """Graft to AdaGrad, g / (sqrt(sum g^2) + eps) (Duchi et al. 2011; torch.optim.Adagrad's eps)."""
+
+    kind: ClassVar[str] = "adagrad"
+    eps: float = 1e-10
+
+    def __post_init__(self) -> None:
+        check_eps(self.eps, "AdaGradGrafting.eps")
+
+    def transform(self) -> Grafting:
+        return AdaGradGraft(eps=self.eps)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RMSpropGrafting(GraftingConfig):
+    """Graft to RMSprop, g / (sqrt(v) + eps), v = beta2 v + (1 - beta2) g^2, no bias correction
+    (torch.optim.RMSprop with ``alpha=beta2``)."""
+
+    kind: ClassVar[str] = "rmsprop"
+    beta2: float = 0.99
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        check_beta(self.beta2, "RMSpropGrafting.beta2", allow_one=False)
+        check_eps(self.eps, "RMSpropGrafting.eps")
+
+    def transform(self) -> Grafting:
+        return RMSpropGraft(eps=self.eps, beta2=self.beta2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdamGrafting(GraftingConfig):
+    """Graft to Adam, m_hat / (sqrt(v / (1 - beta2^t)) + eps) (Kingma & Ba 2015; torch.optim.Adam).
+
+    The bias correction of v follows the group's ``use_bias_correction``.
+    """
+
+    kind: ClassVar[str] = "adam"
+    beta2: float = 0.999
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        check_beta(self.beta2, "AdamGrafting.beta2", allow_one=False)
+        check_eps(self.eps, "AdamGrafting.eps")
+
+    def transform(self) -> Grafting:
+        return AdamGraft(eps=self.eps, beta2=self.beta2)
+
+
+GRAFTINGS: dict[str, type[GraftingConfig]] = {
+    c.kind: c for c in (NoGrafting, SGDGrafting, AdaGradGrafting, RMSpropGrafting, AdamGrafting)
+}
+
+
+def resolve_grafting(value: str | GraftingConfig | None) -> GraftingConfig:
+    """A grafting config from a name ("none", "sgd", "adagrad", "rmsprop", "adam") or a config."""
+    if value is None:
+        return NoGrafting()
+    if isinstance(value, GraftingConfig):
+        return value
+    if isinstance(value, str) and value.lower() in GRAFTINGS:
+        return GRAFTINGS[value.lower()]()
+    raise ValueError(f"grafting must be one of {sorted(GRAFTINGS)} or a GraftingConfig, got {value!r}")
+
+
 # graft() is graft_with_norms()'s scale in these classes: the pipeline may call graft_with_norms()
 # instead. A subclass that overrides graft() alone lacks the mark, and its graft() is called.
 _Graft.graft.from_norms = True  # type: ignore[attr-defined]
 
-__all__ = ["AdaGradGraft", "AdamGraft", "GraftState", "NoGraft", "RMSpropGraft", "SGDGraft"]
+__all__ = [
+    "GRAFTINGS",
+    "AdaGradGraft",
+    "AdaGradGrafting",
+    "AdamGraft",
+    "AdamGrafting",
+    "GraftState",
+    "GraftingConfig",
+    "NoGraft",
+    "NoGrafting",
+    "RMSpropGraft",
+    "RMSpropGrafting",
+    "SGDGraft",
+    "SGDGrafting",
+    "resolve_grafting",
+]

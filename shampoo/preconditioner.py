@@ -18,12 +18,12 @@ from .state import BlockState, mirror_upper_
 from .transforms import (
     Diagonal,
     FirstMoment,
-    Kronecker,
     Pipeline,
     Preconditioner,
     Stack,
     StepContext,
     block_norms,
+    kronecker_for,
     matricize,
     per_block,
     precondition,
@@ -50,17 +50,6 @@ def pipeline_for(kind: BlockKind, opts: GroupOptions) -> Pipeline:
         first_moment=FirstMoment(opts.beta1, opts.use_bias_correction) if opts.beta1 > 0 else None,
         preconditioner=pre,
         grafting=opts.grafting.transform(),
-    )
-
-
-def kronecker_for(opts: GroupOptions) -> Kronecker:
-    """The Kronecker transform of a group: beta2 and the statistics options (statistics_frequency,
-    statistics_dtype; see :class:`shampoo.config.GroupOptions`)."""
-    return Kronecker(
-        beta2=opts.beta2,
-        statistics_frequency=opts.statistics_frequency,
-        start=opts.start_preconditioning_step,
-        statistics_dtype=opts.statistics_dtype,
     )
 
 

@@ -44,9 +44,10 @@ from matroots.result import info_per_element
 from matroots.solvers import AutoConfig, SolverConfig
 from matroots.spectral import power_lambda_max
 
-from .config import DiagnosticsConfig, FailurePolicy, GroupOptions, supports_warm_start
+from .config import DiagnosticsConfig, FailurePolicy, GroupOptions
 from .errors import FactorResetWarning, RootComputationError, RootFailureWarning
 from .state import FactorState, mirror_upper_
+from .transforms.base import RootJob
 
 log = logging.getLogger("shampoo")
 
@@ -56,27 +57,6 @@ NUMERICAL_ERRORS = (MatrootsNumericalError, torch.linalg.LinAlgError)
 #: construction (mirrored upper triangle, non-finite statistics reset), so the solves declare them
 #: ``trusted`` (:class:`matroots.SolveOptions`). False re-validates them (tests compare both paths).
 TRUST_FACTORS = True
-
-
-@dataclass
-class RootJob:
-    """Due factors of one stack: plain (b, n, n) storage, the rows due, and their bookkeeping.
-
-    ``factors`` holds the statistics (upper triangle; mirrored into each solve's input), ``roots`` the
-    current inverse roots (written in place for the rows that get a usable root), ``records`` the
-    :class:`FactorState` of every row. ``label(row)`` names a factor in messages.
-    """
-
-    factors: torch.Tensor  # (b, n, n)
-    roots: torch.Tensor  # (b, n, n)
-    records: list[FactorState]  # one per row of ``factors``
-    p: Fraction  # the inverse root: factors^{-1/p}
-    positions: list[int]  # rows due
-    steps: list[int]  # each due row's parameter step (for bias correction and bookkeeping)
-    label: Callable[[int], str]
-    # each due row's count of statistics updates, the t of its bias correction 1 - beta2^t (None: its
-    # step; differs under statistics_frequency > 1, see shampoo.transforms.kronecker)
-    updates: list[int] | None = None
 
 
 @dataclass
@@ -254,6 +234,11 @@ def solve_batch(
         bases.reshape(b, *A.shape[-2:]) if isinstance(bases, torch.Tensor) else None,
         warm_l if len(warm_l) == b else [],
     )  # fmt: skip
+
+
+def supports_warm_start(cfg: SolverConfig) -> bool:
+    """Whether the solver warm-starts from a previous root (declared by its config's capabilities)."""
+    return cfg.capabilities.warm_start == "root"
 
 
 def uses_eigenbasis(cfg: SolverConfig) -> bool:
@@ -690,4 +675,12 @@ def _check_limits(
     )
 
 
-__all__ = ["RootJob", "RoundReport", "SolveOutcome", "compute_roots", "solve_batch"]
+__all__ = [
+    "RootJob",
+    "RoundReport",
+    "SolveOutcome",
+    "compute_roots",
+    "solve_batch",
+    "supports_warm_start",
+    "uses_eigenbasis",
+]

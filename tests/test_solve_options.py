@@ -194,8 +194,7 @@ def test_declared_capabilities_match_behaviour(name: str) -> None:
 
 
 def test_shampoo_reads_declared_warm_start() -> None:
-    from shampoo.config import supports_warm_start
-    from shampoo.roots import uses_eigenbasis
+    from shampoo.roots import supports_warm_start, uses_eigenbasis
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class RenamedNewton(matroots.CoupledNewtonConfig):

@@ -6,13 +6,15 @@ from .base import (
     Pipeline,
     PipelineState,
     Preconditioner,
+    RootJob,
     Stack,
     StepContext,
+    StepOptions,
     block_norms,
     per_block,
 )
 from .diagonal import Diagonal, DiagonalState
-from .kronecker import Kronecker, KroneckerState, matricize, precondition
+from .kronecker import Kronecker, KroneckerState, kronecker_for, matricize, precondition
 from .moments import FirstMoment, FirstMomentState
 from .soap import SOAP, SOAPState, preconditioner_named, rotate
 
@@ -28,10 +30,13 @@ __all__ = [
     "Pipeline",
     "PipelineState",
     "Preconditioner",
+    "RootJob",
     "SOAPState",
     "Stack",
     "StepContext",
+    "StepOptions",
     "block_norms",
+    "kronecker_for",
     "matricize",
     "per_block",
     "precondition",

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from ..state import FactorState
+
 if TYPE_CHECKING:
-    from ..config import GroupOptions
-    from ..roots import RootJob
     from ..state import BlockState
 
 
@@ -49,11 +50,48 @@ class Stack:
         return torch.zeros((self.size, *self.shape), dtype=self.dtype, device=self.device)
 
 
+@dataclass
+class RootJob:
+    """Due factors of one stack: plain (b, n, n) storage, the rows due, and their bookkeeping.
+
+    ``factors`` holds the statistics (upper triangle; mirrored into each solve's input), ``roots`` the
+    current inverse roots (written in place for the rows that get a usable root), ``records`` the
+    :class:`~shampoo.state.FactorState` of every row. ``label(row)`` names a factor in messages.
+    """
+
+    factors: torch.Tensor  # (b, n, n)
+    roots: torch.Tensor  # (b, n, n)
+    records: list[FactorState]  # one per row of ``factors``
+    p: Fraction  # the inverse root: factors^{-1/p}
+    positions: list[int]  # rows due
+    steps: list[int]  # each due row's parameter step (for bias correction and bookkeeping)
+    label: Callable[[int], str]
+    # each due row's count of statistics updates, the t of its bias correction 1 - beta2^t (None: its
+    # step; differs under statistics_frequency > 1, see shampoo.transforms.kronecker)
+    updates: list[int] | None = None
+
+
+class StepOptions(Protocol):
+    """What a transform reads of its param group's options (:class:`shampoo.config.GroupOptions`
+    has them all; the transforms depend on this much, not on the config module)."""
+
+    @property
+    def beta2(self) -> float: ...
+
+    use_bias_correction: bool
+    eps: float
+    eps_mode: str
+    psd: str | None
+    factor_dtype: torch.dtype
+    root_dtype: torch.dtype
+    failure: Any
+
+
 @dataclass(frozen=True)
 class StepContext:
     """One step of the selected blocks of a stack: rows ``sel`` (None: all), their parameter steps."""
 
-    opts: GroupOptions
+    opts: StepOptions
     steps: list[int]
     sel: torch.Tensor | None
     device: torch.device
@@ -255,8 +293,10 @@ __all__ = [
     "Pipeline",
     "PipelineState",
     "Preconditioner",
+    "RootJob",
     "Stack",
     "StepContext",
+    "StepOptions",
     "block_norms",
     "col",
     "per_block",

@@ -14,10 +14,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .base import Stack, StepContext, col
+from .base import RootJob, Stack, StepContext, col
 
 if TYPE_CHECKING:
-    from ..roots import RootJob
     from ..state import BlockState
 
 

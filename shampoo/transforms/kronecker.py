@@ -36,13 +36,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from ..roots import RootJob
 from ..state import FactorState
-from .base import Stack, StepContext, reuse_buffer
+from .base import RootJob, Stack, StepContext, StepOptions, reuse_buffer
 
 if TYPE_CHECKING:
     from ..state import BlockState
@@ -228,9 +227,30 @@ class Kronecker:
         return []  # non-finite statistics are reset by shampoo.roots at the next root round
 
 
+class KroneckerOptions(StepOptions, Protocol):
+    """The group options :func:`kronecker_for` reads (:class:`shampoo.config.GroupOptions`)."""
+
+    statistics_frequency: int
+    start_preconditioning_step: int
+    statistics_dtype: torch.dtype | None
+
+
+def kronecker_for(opts: KroneckerOptions) -> Kronecker:
+    """The Kronecker transform of a group: beta2 and the statistics options (statistics_frequency,
+    statistics_dtype; see :class:`shampoo.config.GroupOptions`)."""
+    return Kronecker(
+        beta2=opts.beta2,
+        statistics_frequency=opts.statistics_frequency,
+        start=opts.start_preconditioning_step,
+        statistics_dtype=opts.statistics_dtype,
+    )
+
+
 __all__ = [
     "Kronecker",
+    "KroneckerOptions",
     "KroneckerState",
+    "kronecker_for",
     "matricize",
     "precondition",
     "statistics_due",

@@ -104,14 +104,14 @@ import torch
 from matroots import MatrootsNumericalError, arguments
 from matroots.errors import InvalidArgumentError
 from matroots.solvers.eigh import eigh_checked
+from matroots.solvers.eigh_warm import EighWarmConfig
 
 from ..errors import FactorResetWarning, RootComputationError
 from ..state import FactorState, declare, mirror_upper_
-from .base import Stack, StepContext, col
-from .kronecker import Kronecker, KroneckerState
+from .base import RootJob, Stack, StepContext, col
+from .kronecker import Kronecker, KroneckerState, kronecker_for
 
 if TYPE_CHECKING:
-    from ..roots import RootJob
     from ..state import BlockState
 
 log = logging.getLogger("shampoo")
@@ -479,8 +479,6 @@ def _eigh_warm(
 ) -> tuple[torch.Tensor, torch.Tensor, list[str], list[int]] | None:
     """matroots' eigh_warm on the batch A from the bases Q (None: cold): (ascending eigenvectors, ok,
     verdicts, refinement steps), or None when it raised a numerical error (the caller falls back)."""
-    from matroots.solvers.eigh_warm import EighWarmConfig
-
     pp: int | Fraction = int(p) if p.denominator == 1 else p
     try:
         res = EighWarmConfig().solve(
@@ -503,10 +501,7 @@ def _eigh_warm(
 
 def _statistics_transform(ctx: StepContext) -> Kronecker:
     """The group's Kronecker transform (its beta2 and statistics options), whose update SOAP reuses."""
-    from .. import preconditioner
-
-    make = getattr(preconditioner, "kronecker_for", None)
-    return make(ctx.opts) if make is not None else Kronecker(beta2=ctx.opts.beta2)
+    return kronecker_for(ctx.opts)  # type: ignore[arg-type]  # GroupOptions has the statistics options
 
 
 def preconditioner_named(name: str) -> SOAP:
