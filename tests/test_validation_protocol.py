@@ -208,3 +208,15 @@ def test_validate_full_is_the_protocol_at_full_scale() -> None:
     assert set(tune.values()) == {8}
     labels = {label for _, label in tune}
     assert labels == {"adamw", "shampoo-eigh", "shampoo-auto", "soap-tuned", "heavyball_soap", "meta_shampoo"}
+
+
+def test_an_absent_peer_package_is_a_typed_error_naming_the_install() -> None:
+    from matroots.validation import peers
+
+    def missing(name: str) -> None:
+        raise ImportError(f"No module named {name!r}")
+
+    for name in peers.PEERS:
+        with pytest.raises(peers.PeerUnavailableError, match="not installed") as exc:
+            peers.load(name, importer=missing)
+        assert peers.PEERS[name].install.split()[0] in str(exc.value)

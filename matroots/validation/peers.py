@@ -39,6 +39,8 @@ def _heavyball_soap(
     mod: Any, cls: Any, model: torch.nn.Module, lr: float, o: dict[str, Any], freq: int
 ) -> Any:
     mod.utils.compile_mode = None  # eager, like every other optimizer of the harness
+    if hasattr(mod.utils, "compile_mode_recommended_to_none"):
+        mod.utils.compile_mode_recommended_to_none = None
     betas = tuple(o.get("betas", (0.9, 0.999)))
     return cls(model.parameters(), lr=lr, betas=betas, shampoo_beta=betas[1], eps=1e-8,
                weight_decay=o.get("weight_decay", 0.0), precondition_frequency=freq,
