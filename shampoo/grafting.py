@@ -86,7 +86,7 @@ class _Graft:
         d_scale: torch.Tensor | float,
     ) -> torch.Tensor | float:
         """The per-block scale that gives the preconditioned direction ``pre`` the norm of s d."""
-        return self.graft_with_norms(pre, pre_scale, d, d_scale)[0]
+        return self._scale_and_norms(pre, pre_scale, d, d_scale)[0]
 
     def graft_with_norms(
         self,
@@ -98,13 +98,32 @@ class _Graft:
         """(scale, ||pre_j||, ||d_j||): :meth:`graft`'s scale and the block norms it was computed
         from (None where a method computes none: without :attr:`rescales`, ``pre_scale`` itself). A
         finite norm proves every entry of its block finite, which lets the optimizer skip a separate
-        finiteness pass over the directions."""
+        finiteness pass over the directions. A subclass that overrides :meth:`graft` alone gets its
+        own scale and no norms."""
+        if type(self).graft is not _Graft.graft:
+            return self.graft(pre, pre_scale, d, d_scale), None, None
+        return self._scale_and_norms(pre, pre_scale, d, d_scale)
+
+    def _scale_and_norms(
+        self,
+        pre: torch.Tensor,
+        pre_scale: torch.Tensor | float,
+        d: torch.Tensor,
+        d_scale: torch.Tensor | float,
+    ) -> tuple[torch.Tensor | float, torch.Tensor | None, torch.Tensor | None]:
         if not self.rescales:
             return pre_scale, None, None
         gn = block_norms(d)
         gs = gn * d_scale if isinstance(d_scale, torch.Tensor) or d_scale != 1.0 else gn
         pn = block_norms(pre)
         return torch.where(pn > 0, gs / pn, torch.zeros_like(pn)), pn, gn
+
+    def fused_update(
+        self, state: GraftState | None, m: torch.Tensor, G: torch.Tensor, ctx: StepContext, beta1: float
+    ) -> bool:
+        """Update the first moment ``m`` with this method's own state in one pass; False (nothing
+        done, the default) where the method has no such pass (Adam grafting has: :class:`AdamGraft`)."""
+        return False
 
     def accumulators(self, state: GraftState | None) -> list[torch.Tensor]:
         return [state.v] if state is not None else []
@@ -319,10 +338,6 @@ def resolve_grafting(value: str | GraftingConfig | None) -> GraftingConfig:
         return GRAFTINGS[value.lower()]()
     raise ValueError(f"grafting must be one of {sorted(GRAFTINGS)} or a GraftingConfig, got {value!r}")
 
-
-# graft() is graft_with_norms()'s scale in these classes: the pipeline may call graft_with_norms()
-# instead. A subclass that overrides graft() alone lacks the mark, and its graft() is called.
-_Graft.graft.from_norms = True  # type: ignore[attr-defined]
 
 __all__ = [
     "GRAFTINGS",

@@ -138,6 +138,12 @@ class Grafting(Protocol):
     def update(self, state: Any, G: torch.Tensor, ctx: StepContext) -> None: ...
     def direction(self, state: Any, m: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, Any]: ...
     def graft(self, pre: torch.Tensor, pre_scale: Any, d: torch.Tensor, d_scale: Any) -> Any: ...
+    def graft_with_norms(
+        self, pre: torch.Tensor, pre_scale: Any, d: torch.Tensor, d_scale: Any
+    ) -> tuple[Any, torch.Tensor | None, torch.Tensor | None]: ...
+    def fused_update(
+        self, state: Any, m: torch.Tensor, G: torch.Tensor, ctx: StepContext, beta1: float
+    ) -> bool: ...
     def accumulators(self, state: Any) -> list[torch.Tensor]: ...
 
 
@@ -176,10 +182,9 @@ class Pipeline:
     def update(self, state: PipelineState, G: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Fold G into every statistic; returns m, the gradient EMA (G itself when beta1 = 0). The
         bias correction 1/(1 - beta1^t) of m is folded into the output scale by :meth:`direction`."""
-        fused = False
-        fuse = getattr(self.grafting, "fused_update", None)  # Adam grafting: both moments in one pass
-        if fuse is not None and self.first_moment is not None:
-            fused = fuse(state.grafting, state.first_moment.m, G, ctx, self.first_moment.beta1)
+        fused = self.first_moment is not None and self.grafting.fused_update(
+            state.grafting, state.first_moment.m, G, ctx, self.first_moment.beta1
+        )  # Adam grafting: both moments in one pass
         if not fused:
             self.grafting.update(state.grafting, G, ctx)
         if self.preconditioner is not None:
@@ -216,11 +221,7 @@ class Pipeline:
         if self.preconditioner is None or not any(use):
             return d, _div(d_scale, bc1), None
         pre, pre_scale = self.preconditioner.direction(state.preconditioner, m, ctx)
-        with_norms = getattr(self.grafting, "graft_with_norms", None)
-        if with_norms is not None and getattr(type(self.grafting).graft, "from_norms", False):
-            pre_scale, pn, gn = with_norms(pre, pre_scale, d, d_scale)
-        else:  # a grafting transform with its own graft (the Protocol's): no norms to reuse
-            pre_scale, pn, gn = self.grafting.graft(pre, pre_scale, d, d_scale), None, None
+        pre_scale, pn, gn = self.grafting.graft_with_norms(pre, pre_scale, d, d_scale)
         if all(use):
             return pre, _div(pre_scale, bc1), pn
         mask = torch.tensor(use, device=ctx.device)
