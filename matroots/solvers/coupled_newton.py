@@ -109,7 +109,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -144,6 +144,7 @@ from .newton_core import (
 )
 from .newton_schulz import newton_schulz_inverse
 from .registry import register
+from .spd_start import domain_test, flag_undetermined, lanczos_lambda_max, shifted_estimate
 
 SCALINGS = ("auto", "frobenius", "power", "optimal", "dynamic")
 WARM_LMIN_FACTOR = 4.0
@@ -232,7 +233,7 @@ class CoupledNewtonConfig(SolverConfig):
         if sym and (relative or (Z is None and scaling in ("optimal", "dynamic"))):
             # a relative eps needs lambda_max itself: Lanczos is extended until its top Ritz value is
             # certified to 1e-12 (residual bound), so the shift is eigh's to ~1e-12 relative
-            est = _lanczos_lambda_max(A, self.lanczos_steps, 1e-12 if relative else None)
+            est = lanczos_lambda_max(A, self.lanczos_steps, 1e-12 if relative else None)
             matmuls += est.matvecs / n
         if not sym:
             eigs, kappas = self._general_spectrum(A, info)
@@ -255,7 +256,7 @@ class CoupledNewtonConfig(SolverConfig):
                 )
         info["eps_abs"] = shift / prob.prescale
         if est is not None:
-            est = _shifted(est, shift)
+            est = shifted_estimate(est, shift)
         if eigs is not None:
             eigs = eigs + shift.numpy()[:, None]
             self._refuse_negative_real(A, eigs, kappas, shift, prob)
@@ -382,7 +383,7 @@ class CoupledNewtonConfig(SolverConfig):
         if sym and "divergence" in out.reason:
             self._diagnose_divergence(A, shift, out, prob)
         if sym and inverse:
-            self._refuse_numerically_singular(A, shift, est, out, prob)
+            matmuls += self._domain(A, shift, est, out, prob, info)
         if eigs is not None:
             self._check_principal(eigs, p, cp, out, info)
             self._check_root_sector(out, p, info)
@@ -601,36 +602,35 @@ class CoupledNewtonConfig(SolverConfig):
                 "rank_policy='clamp' or 'pseudo_inverse'"
             )
 
-    @staticmethod
-    def _refuse_numerically_singular(
-        A: torch.Tensor, shift: torch.Tensor, est: SpectrumEstimate | None, out: NewtonOutcome, prob: Problem
-    ) -> None:
-        """NotPositiveDefiniteError for a converged inverse root of a matrix that is not positive definite
-        within float64 rounding (a Cholesky factorisation of A + shift I in float64 fails).
+    def _domain(
+        self,
+        A: torch.Tensor,
+        shift: torch.Tensor,
+        est: SpectrumEstimate | None,
+        out: NewtonOutcome,
+        prob: Problem,
+        info: dict,
+    ) -> float:
+        """Symmetric input, inverse root: the shared domain test (:func:`~matroots.solvers.spd_start.domain_test`)
+        on the converged elements; a matrix that is not positive definite raises, one whose lambda_min is
+        below u lambda_max is flagged ``"not_determined"``. Returns the matrix products spent.
 
-        An eigenvalue at rounding level (an exactly singular PSD matrix, rounded: +-1e-17 ||A||) does not
-        always make the iteration diverge: a positive one is resolved in log(1/m_0)/(p log(1+1/p)) steps,
-        57 for p = 1, within max_iter, and the "converged" inverse is then an arbitrary 1e17-sized matrix
-        (issue 22, class 2). Tested only where the smallest Ritz value (an upper bound of lambda_min)
-        does not already exclude it, lambda_min <= 100 n u_64 lambda_max (or without Lanczos estimates),
-        so a well-conditioned solve pays nothing.
+        An eigenvalue at rounding level (an exactly singular PSD matrix, rounded, plus eps = 1e-16) does
+        not make the iteration diverge: it is resolved in log(1/m_0)/(p log(1+1/p)) steps, within
+        max_iter, and the "converged" inverse is then an arbitrary matrix of that size (issue 22, class 2).
         """
-        n = A.shape[-1]
-        cand = out.converged.clone()
-        if est is not None:
-            cand &= est.lmin <= 100.0 * n * 2.0**-53 * est.lmax.abs()
-        idx = cand.nonzero().flatten().tolist()
-        if not idx:
-            return
-        _, fail = torch.linalg.cholesky_ex(_materialise(A[idx], shift[idx], torch.float64))
-        if bool((fail > 0).any()):
-            bad = [i for i, f in zip(idx, fail.tolist(), strict=True) if f > 0]
-            raise NotPositiveDefiniteError(
-                f"coupled_newton: the (regularised, rounded) matrix is singular or indefinite within float64 "
-                f"rounding (batch elements {bad}: Cholesky fails; dtype {precision.info(prob.dtype).name}), "
-                "so its inverse root does not exist or is not determined; increase eps, or use "
-                "method='eigh' with rank_policy='clamp' or 'pseudo_inverse'"
-            )
+        rows = out.converged.clone()
+        if not bool(rows.any()):
+            return 0.0
+        b = A.shape[0]
+        spent = float(rows.sum()) / b / 6.0  # one Cholesky (n^3/3 flops) per tested element
+        # lambda_max: the Lanczos upper bound, else (frobenius / power scaling) ||A + shift I||_F >=
+        # lambda_max, which at worst makes the margin sqrt(n) u lambda_max
+        lmax = est.lmax_upper * (1 + 1e-6) if est is not None else _shifted_fro(A, shift)
+        undetermined = domain_test(self.name, prob, A, shift, lmax, rows)
+        flag_undetermined(undetermined, out.converged, out.reason, info, prob, lmax)
+        info["domain_matmuls"] = spent
+        return spent
 
     @staticmethod
     def _warm_root(warm_start: object, A: torch.Tensor, p: int, prob: Problem, inverse: bool) -> torch.Tensor:
@@ -668,7 +668,7 @@ class CoupledNewtonConfig(SolverConfig):
         lambda_min): a guess, checked by :meth:`_warm_lower_end_holds`. Forward roots start with
         c^p = lambda_max / beta_p (M_0's spectrum in (0, beta_p], see newton_core).
         """
-        est = _shifted(lanczos_extremes(A, self.lanczos_steps), shift)
+        est = shifted_estimate(lanczos_extremes(A, self.lanczos_steps), shift)
         zest = lanczos_extremes(Z, self.lanczos_steps)
         lmax = (est.lmax_upper * (1 + 1e-6)).numpy()
         ritz_min = np.clip(est.lmin.numpy(), 0.0, None)
@@ -696,67 +696,6 @@ class CoupledNewtonConfig(SolverConfig):
         d -= torch.as_tensor(WARM_LMIN_FACTOR * np.asarray(lmin, dtype=float), dtype=torch.float64)[:, None]
         _, fail = torch.linalg.cholesky_ex(Ad)
         return fail > 0
-
-
-def _lanczos_lambda_max(A: torch.Tensor, steps: int, rtol: float | None) -> SpectrumEstimate:
-    """Lanczos extremes of A; with ``rtol``, the elements whose top Ritz value's residual bound is above
-    rtol |lambda_max| are rerun with 4x the steps (up to n, where the Ritz values are the eigenvalues)
-    until it is not.
-
-    The residual |beta_k s_k| bounds the distance of the top Ritz value to an eigenvalue; 24 steps on an
-    arithmetic spectrum (randsvd mode 4, n = 512) leave it 2e-3 below lambda_max. Only the uncertified
-    elements are rerun, so every element of a batch gets the estimate (and the cost) of its solve alone
-    (up to the BLAS's batch rounding, :func:`matroots.spectral._matvec`); ``ritz``/``weights`` rows of elements that
-    stopped earlier are padded with NaN/0, and ``matvecs`` is the mean over the batch.
-    """
-    n = A.shape[-1]
-    est = lanczos_extremes(A, steps)
-    if rtol is None:
-        return est
-    b = A.shape[0]
-    lmin, lmax, upper = est.lmin.clone(), est.lmax.clone(), est.lmax_upper.clone()
-    ritz, weights = list(est.ritz.unbind(0)), list(est.weights.unbind(0))
-    used = [est.matvecs] * b
-    todo = list(range(b))
-    while steps < n:
-        ok = ((upper[todo] - lmax[todo]).abs() <= rtol * lmax[todo].abs()).tolist()
-        todo = [i for i, good in zip(todo, ok, strict=True) if not good]
-        if not todo:
-            break
-        steps = min(n, 4 * steps)
-        sub = lanczos_extremes(A[todo], steps)
-        for j, i in enumerate(todo):
-            lmin[i], lmax[i], upper[i] = sub.lmin[j], sub.lmax[j], sub.lmax_upper[j]
-            ritz[i], weights[i] = sub.ritz[j], sub.weights[j]
-            used[i] += sub.matvecs
-    k = max(r.shape[0] for r in ritz)
-    ritz_pad = torch.full((b, k), math.nan, dtype=est.ritz.dtype)
-    weights_pad = torch.zeros((b, k), dtype=est.weights.dtype)
-    for i in range(b):
-        ritz_pad[i, : ritz[i].shape[0]] = ritz[i]
-        weights_pad[i, : weights[i].shape[0]] = weights[i]
-    return SpectrumEstimate(
-        lmin=lmin,
-        lmax=lmax,
-        lmax_upper=upper,
-        matvecs=sum(used) / b,
-        ritz=ritz_pad,
-        weights=weights_pad,
-    )
-
-
-def _shifted(est: SpectrumEstimate, shift: torch.Tensor) -> SpectrumEstimate:
-    """The estimate for A + shift I from that of A (every Ritz value moves by the shift)."""
-    if not bool((shift != 0).any()):
-        return est
-    s = shift.to(est.lmax.dtype)
-    return replace(
-        est,
-        lmin=est.lmin + s,
-        lmax=est.lmax + s,
-        lmax_upper=est.lmax_upper + s,
-        ritz=None if est.ritz is None else est.ritz + s[:, None],
-    )
 
 
 def _shifted_fro(A: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:

@@ -61,7 +61,13 @@ from .coupled_loop import check_resolvable, default_tol, run_coupled
 from .newton_core import _start_matrix
 from .newton_schulz_sign import scalar_powers, symmetrise, unscale
 from .registry import register
-from .spd_start import SpdIterationConfig, not_positive_definite, require_positive_root, spd_start
+from .spd_start import (
+    SpdIterationConfig,
+    flag_undetermined,
+    not_positive_definite,
+    require_positive_root,
+    spd_start,
+)
 
 SCALINGS = ("auto", "centred", "lambda_max")
 
@@ -142,6 +148,7 @@ class HalleyConfig(SpdIterationConfig):
         if "divergence" in out.reason:
             not_positive_definite(self.name, prob, st.A, st.shift)
         require_positive_root(self.name, prob, out.state[0], out.converged, p)
+        flag_undetermined(st.undetermined, out.converged, out.reason, info, prob, st.lmax)
         root = symmetrise(unscale(out.state[0], scalar_powers(cp, -1.0 / p)))
         info.update(scaling=scaling, c_power=cp / prob.prescale, tol=tol, stop_reason=out.reason)
         if cdt not in (torch.float32, torch.float64):

@@ -51,7 +51,7 @@ from .base import Capabilities, RawResult
 from .coupled_loop import LoopOutcome, check_resolvable, default_tol, run_coupled
 from .newton_core import _start_matrix
 from .registry import register
-from .spd_start import SpdIterationConfig, not_positive_definite, spd_start
+from .spd_start import SpdIterationConfig, flag_undetermined, not_positive_definite, spd_start
 
 MAX_STAGES = 10
 """p = 2^k is accepted up to k = 10 (p = 1024): each stage halves the log-spread of the spectrum."""
@@ -230,6 +230,8 @@ class NewtonSchulzSignConfig(SpdIterationConfig):
             comp.stage_iterations,
             comp.history,
         )
+        if inverse:
+            flag_undetermined(st.undetermined, conv, reason, info, prob, st.lmax)
         factor = scalar_powers(c, (-1.0 if inverse else 1.0) / p)
         root = symmetrise(unscale(X, factor))
         info.update(stop_reason=reason, stage_iterations=stage_iters)

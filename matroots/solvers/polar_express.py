@@ -80,7 +80,13 @@ from .newton_schulz_sign import (
     unscale,
 )
 from .registry import register
-from .spd_start import SpdIterationConfig, not_positive_definite, require_positive_root, spd_start
+from .spd_start import (
+    SpdIterationConfig,
+    flag_undetermined,
+    not_positive_definite,
+    require_positive_root,
+    spd_start,
+)
 
 MAX_P = 16
 """Largest p: the basis x^{1 + jp} becomes too ill-conditioned for the float64 Remez beyond it."""
@@ -249,6 +255,8 @@ class PolarExpressConfig(SpdIterationConfig):
         if "divergence" in reason:
             not_positive_definite(self.name, prob, st.A, st.shift)
         require_positive_root(self.name, prob, X, conv, p)
+        if inverse:
+            flag_undetermined(st.undetermined, conv, reason, info, prob, st.lmax)
         root = symmetrise(unscale(X, scalar_powers(c, (-1.0 if inverse else 1.0) / p)))
         info["stop_reason"] = reason
         if sixteen:
