@@ -6,6 +6,7 @@ exceptions instead of losing them, times out a hung round, and leaves no thread 
 from __future__ import annotations
 
 import gc
+import itertools
 import subprocess
 import sys
 import threading
@@ -55,7 +56,7 @@ def test_install_exactly_delay_steps_later_one_in_flight(frequency: int, delay: 
     # at most one in flight: each submission after the first happens at or after the previous install
     for prev_install, nxt in zip(installs, submits[1:], strict=False):
         assert nxt >= prev_install[0]
-    gaps = {b - a for a, b in zip(submits, submits[1:], strict=False)}
+    gaps = {b - a for a, b in itertools.pairwise(submits)}
     assert max(gaps) <= max(frequency, delay) and min(gaps) >= min(frequency, max(delay, 1))
 
 
@@ -111,7 +112,7 @@ def test_hung_round_times_out_and_can_be_collected_later() -> None:
     with RootExecutor(timeout=0.2) as ex:
         ticket = ex.submit("L", lambda: release.wait(30) and "late")
         t0 = time.monotonic()
-        with pytest.raises(RootRoundTimeoutError, match="still running after 0.2 s"):
+        with pytest.raises(RootRoundTimeoutError, match=r"still running after 0\.2 s"):
             ex.result(ticket)
         assert time.monotonic() - t0 < 5
         release.set()
