@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 import numpy as np  # noqa: E402
 from bench_eigh_warm import factor_sequence, reference  # noqa: E402
 
-from matroots import precision  # noqa: E402
+from matroots.core import precision  # noqa: E402
 from matroots.solvers import EighConfig, EighWarmConfig  # noqa: E402
 from matroots.solvers import eigh_warm as eigh_warm_module  # noqa: E402
 
@@ -97,7 +97,7 @@ def error_in_cold_units(cfg, prob, inverse: bool, root: torch.Tensor) -> list[fl
 def record_shampoo(task_name: str, steps: int, start: int, every: int) -> list[dict]:
     """The eigh_warm solves (Problem, inverse) of a Shampoo(root_solver="eigh_warm") run from ``start``."""
     import shampoo
-    from matroots.validation.tasks import get_task
+    from matroots.study.validation.tasks import get_task
 
     calls: list[dict] = []
     step = [0]

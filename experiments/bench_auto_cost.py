@@ -7,7 +7,7 @@ accuracy test), p = 2, fp64 at target 1e-8 and fp32 at 1e-2: for every case wher
 chose a configuration, every candidate of the shipped table (``matroots/data/selection_cpu.json``
 provenance) is solved and timed, the ones that converge within the target of the mpmath reference are
 kept, and the ratio cost(chosen) / min cost(meeting) is printed. Costs are GEMM-equivalents, process
-CPU seconds of the solve / one n x n GEMM (:mod:`matroots.tuning.cost`), one torch thread.
+CPU seconds of the solve / one n x n GEMM (:mod:`matroots.study.tuning.cost`), one torch thread.
 
 A ratio > 1 is the price of a per-band promise: the table picks per (n, kappa) band the candidate that
 meets the target on every tuning matrix of the band, which may be dearer than the one that happens to
@@ -33,10 +33,11 @@ import numpy as np
 import torch
 
 import matroots
-from matroots import matrices, reference
-from matroots.metrics import relative_forward_error
 from matroots.solvers.auto import AutoConfig
-from matroots.tuning import cost, table
+from matroots.study import matrices
+from matroots.study.tuning import cost, table
+from matroots.truth import reference
+from matroots.truth.metrics import relative_forward_error
 
 HELD_OUT = ("randsvd5", "correlation", "near_repeated", "randsvd4")  # as tests/test_auto.py
 KAPPAS = (30.0, 3e3, 3e5)

@@ -35,9 +35,9 @@ import torch
 from torch import nn
 
 import shampoo
-from matroots import matrices
 from matroots.solvers.auto import AutoConfig
-from matroots.tuning.table import load_table
+from matroots.study import matrices
+from matroots.study.tuning.table import load_table
 
 
 def _chosen(auto: AutoConfig, A: torch.Tensor, **kw: object) -> tuple[object, dict]:

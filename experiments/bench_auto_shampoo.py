@@ -33,7 +33,7 @@ import torch
 import shampoo
 from matroots import EighConfig
 from matroots.solvers.auto import AutoConfig
-from matroots.validation.tasks import get_task
+from matroots.study.validation.tasks import get_task
 
 
 def train(task_name: str, solver: object, steps: int, frequency: int, seed: int = 0) -> dict:

@@ -147,7 +147,7 @@ def kernel_floor(A: torch.Tensor, method: str, opts: dict, res_l: list) -> tuple
     timed in its batched form (24 Lanczos steps, cheaper than per matrix). Batched kernels cost the
     same per matrix (the step line below), so a batch cannot beat loop / floor.
     """
-    from matroots.spectral import lanczos_extremes
+    from matroots.core.spectral import lanczos_extremes
 
     n = A.shape[-1]
     if method == "eigh":

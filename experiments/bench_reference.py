@@ -1,4 +1,4 @@
-"""Benchmark of matroots.reference: time of one reference A^{-1/p} per size and backend.
+"""Benchmark of matroots.truth.reference: time of one reference A^{-1/p} per size and backend.
 
     python experiments/bench_reference.py                 # n in 32 64 128 256, both backends
     python experiments/bench_reference.py --quick         # n in 32 64 (CI-sized)
@@ -21,7 +21,8 @@ import time
 
 import numpy as np
 
-from matroots import matrices, reference
+from matroots.study import matrices
+from matroots.truth import reference
 
 
 def time_one(A: np.ndarray, p: int, backend: str, repeats: int) -> tuple[float, reference.Reference]:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 import shampoo
-from matroots.validation.tasks import get_task
+from matroots.study.validation.tasks import get_task
 
 
 def configs(frequency: int, lr: float) -> dict[str, Callable[[torch.nn.Module], torch.optim.Optimizer]]:

@@ -7,7 +7,7 @@ imports are relative), e.g. made with::
     mkdir -p /tmp/old && git archive <commit> shampoo | tar -x -C /tmp/old && mv /tmp/old/shampoo /tmp/old/shampoo_old
 
 Workloads: ``w1`` (the W1 encoder of experiments/bench_step.py: blocks 256, Adam grafting, eigh,
-precondition_frequency 10) and ``bytes_lm`` (matroots.validation.tasks' byte-level LM with the
+precondition_frequency 10) and ``bytes_lm`` (matroots.study.validation.tasks' byte-level LM with the
 validation defaults: blocks 256, Adam grafting). Every configuration trains its own copy of the
 model from the same weights on the same batches; configurations run in chunks of ``--chunk`` steps
 (a multiple of the frequency, so each chunk holds the same root rounds), in the order ABC CBA ...
@@ -57,7 +57,7 @@ def _w1(seed: int):  # type: ignore[no-untyped-def]
 
 
 def _bytes_lm(seed: int):  # type: ignore[no-untyped-def]
-    from matroots.validation.tasks import get_task
+    from matroots.study.validation.tasks import get_task
 
     task = get_task("bytes_lm")
     init = task.build_model(seed).state_dict()

@@ -2,19 +2,19 @@
 
 Trains each task with Shampoo (eigh roots, fp32 factors, the README defaults otherwise) and writes the
 factor statistics at an early (rank-deficient), a mid and a late step with ``Shampoo.dump_factors``
-(the .npz layout of :mod:`matroots.matrices`). Tasks (all offline, nothing downloaded):
+(the .npz layout of :mod:`matroots.study.matrices`). Tasks (all offline, nothing downloaded):
 
 * ``digits``: an MLP 64-64-32-10 on scikit-learn's bundled 8x8 digits
-  (:class:`matroots.validation.tasks.DigitsTask`);
+  (:class:`matroots.study.validation.tasks.DigitsTask`);
 * ``bytes_lm``: a small byte-level transformer LM on the Python standard library's own sources
-  (:class:`matroots.validation.tasks.ByteLMTask`, d_model 32, 2 heads, ff 64, 1 layer, seq 32);
+  (:class:`matroots.study.validation.tasks.ByteLMTask`, d_model 32, 2 heads, ff 64, 1 layer, seq 32);
 * ``wide1``: an MLP 64-32-1 regressing the digit's value from the digits images: a 1-wide output
   layer, whose factors stay rank deficient.
 
 ``--curate DIR`` writes the shipped set instead: per task and stage, the factors of order
 <= ``--max-n``, one file per (task, stage), each factor's meta extended by task, stage, factor_dtype and
 the command that made it (provenance), plus ``PROVENANCE.json``. Loaded by
-``matroots.matrices.generate("shampoo", n, ...)``.
+``matroots.study.matrices.generate("shampoo", n, ...)``.
 
     python experiments/dump_factors.py --out runs/factors                  # raw dumps, all factors
     python experiments/dump_factors.py --curate matroots/data/shampoo_factors
@@ -38,8 +38,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import shampoo
-from matroots.matrices import load_shampoo_factors, save_shampoo_factors
-from matroots.validation.tasks import get_task
+from matroots.study.matrices import load_shampoo_factors, save_shampoo_factors
+from matroots.study.validation.tasks import get_task
 
 log = logging.getLogger("dump_factors")
 

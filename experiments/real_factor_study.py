@@ -3,7 +3,7 @@
 For each factor of ``matroots/data/shampoo_factors`` (fp32 statistics of real training runs, see
 ``experiments/dump_factors.py``), each solver and each working dtype, the inverse root A^{-1/p} is
 computed as Shampoo computes it (``psd="shift"``, ``eps=1e-12`` absolute) and compared with a
-high-precision reference (``matroots.reference``) of the matrix actually solved: the factor rounded to
+high-precision reference (``matroots.truth.reference``) of the matrix actually solved: the factor rounded to
 the working format, plus the psd shift added in that format, plus eps. Reported per (solver, dtype):
 failure rate (raised a numerical error, or converged=False, or a non-finite root), median / max
 relative forward error, median / max of the error over the SPD bound (kappa/p) u of the matrix solved,
@@ -27,8 +27,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import matroots
-from matroots import MatrootsNumericalError, reference
-from matroots.matrices import SHAMPOO_DATA, load_shampoo_factors
+from matroots import MatrootsNumericalError
+from matroots.study.matrices import SHAMPOO_DATA, load_shampoo_factors
+from matroots.truth import reference
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
@@ -75,7 +76,7 @@ def study(p: int, eps: float, solvers: list[str]) -> list[dict]:
                 kappa = float(lam[-1] / lam[0]) if lam[0] > 0 else float("inf")
                 ref = reference.inverse_root(M, p, eps=eps)
                 err = float(np.linalg.norm(X - ref.root) / np.linalg.norm(ref.root))
-                bound = kappa / p * matroots.precision.unit_roundoff(dtype)
+                bound = kappa / p * matroots.core.precision.unit_roundoff(dtype)
                 rows.append(
                     {
                         **row,

@@ -1,9 +1,9 @@
 """Robustness table: per solver, how every call ends over a fixed-seed fuzz run.
 
-Each case is drawn by :func:`matroots.robustness.random_case` (random shape, batch, working dtype,
+Each case is drawn by :func:`matroots.study.robustness.random_case` (random shape, batch, working dtype,
 input layout, scale 1e-300..1e300, spectra incl. zero/negative/clustered/non-symmetric, eps, p,
-forward/inverse) and solved by every registered solver (:func:`matroots.robustness.solver_names`, so
-a new solver joins without a change here); :func:`matroots.robustness.classify` sorts the outcome
+forward/inverse) and solved by every registered solver (:func:`matroots.study.robustness.solver_names`, so
+a new solver joins without a change here); :func:`matroots.study.robustness.classify` sorts the outcome
 into typed refusals (input / numerical), flagged non-convergence, correct (within
 C n (1 + cond(f, A)) u of the mpmath root of the matrix actually solved) and silent wrong, plus crashes
 (exceptions outside MatrootsError) and writes into the caller's tensor.
@@ -11,8 +11,8 @@ C n (1 + cond(f, A)) u of the mpmath root of the matrix actually solved) and sil
     .venv/bin/python experiments/robustness.py --cases 2000 --seed 0 [--out runs/robustness.csv]
     .venv/bin/python experiments/robustness.py --warm --cases 1000 --seed 1
 
-``--warm``: the warm-start fuzz (:func:`matroots.robustness.random_warm_case`,
-:func:`~matroots.robustness.classify_warm`): for every solver that declares a warm start, the previous
+``--warm``: the warm-start fuzz (:func:`matroots.study.robustness.random_warm_case`,
+:func:`~matroots.study.robustness.classify_warm`): for every solver that declares a warm start, the previous
 matrix (another conditioning, rank or scale) is solved, the current case warm-started from that
 result and judged like a cold one; ``no_previous`` counts cases whose previous solve was refused.
 
@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from matroots import robustness
+from matroots.study import robustness
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +122,7 @@ def _branch(out: robustness.Outcome) -> str:
 
 
 def table(df: pd.DataFrame) -> pd.DataFrame:
-    """Counts per method and outcome (columns in :data:`matroots.robustness.OUTCOMES` order)."""
+    """Counts per method and outcome (columns in :data:`matroots.study.robustness.OUTCOMES` order)."""
     cols = list(robustness.OUTCOMES)
     if (df.outcome == robustness.NO_PREVIOUS).any():
         cols.insert(0, robustness.NO_PREVIOUS)

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import shampoo
 import shampoo.distributed
-from matroots import atomic
+from matroots.study import atomic
 
 log = logging.getLogger("train")
 
@@ -144,7 +144,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--psd",
         choices=["shift", "meta", "none", "config"],
         default="shift",
-        help="rank-deficiency policy of the factors (matroots.psd); 'meta' = DistributedShampoo's rule",
+        help="rank-deficiency policy of the factors (matroots.core.psd); 'meta' = DistributedShampoo's rule",
     )
     p.add_argument("--dump-factors-every", type=int, default=0, help="dump Kronecker factors every N steps")
     p.add_argument(
@@ -374,7 +374,7 @@ def shutdown_distributed() -> None:
 
 def cli(argv: list[str] | None = None) -> int:
     """``main`` with the project's error contract: a user mistake or a full disk is one line, exit 2."""
-    from matroots.errors import MatrootsError
+    from matroots.core.errors import MatrootsError
 
     try:
         main(argv)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from matroots import grid, runner, sweep, sweep_estimate
+from matroots.study import grid, runner, sweep, sweep_estimate
 
 
 def _measure(

@@ -7,9 +7,10 @@
 True
 """
 
-from . import precision, solvers
+from . import solvers
 from .api import inverse_root, resolve_method, root
-from .errors import (
+from .core import precision
+from .core.errors import (
     ConvergenceError,
     ConvergenceWarning,
     EigensolverError,
@@ -27,42 +28,41 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedExponentError,
 )
-from .options import SolveOptions
-from .result import RootResult
+from .core.options import SolveOptions
+from .core.result import RootResult
 from .solvers import CoupledNewtonConfig, EighConfig, SchurNewtonConfig, SolverConfig
 from .solvers.base import Capabilities
 
 __version__ = "0.1.0"
 
 # Submodules reachable as attributes after `import matroots` (matroots.metrics, matroots.reference, ...),
-# imported on first use so that `import matroots` stays cheap (PEP 562).
-_LAZY_SUBMODULES = frozenset(
-    {
-        "conditioning",
-        "grid",
-        "matrices",
-        "metrics",
-        "plots",
-        "reference",
-        "regularize",
-        "report",
-        "runner",
-        "spectral",
-        "sweep",
-    }
-)
+# imported on first use so that `import matroots` stays cheap (PEP 562). Each lives in its layer's folder
+# (docs/design.md §2); the attribute is its public name.
+_LAZY_SUBMODULES = {
+    "conditioning": "core.conditioning",
+    "regularize": "core.regularize",
+    "spectral": "core.spectral",
+    "metrics": "truth.metrics",
+    "reference": "truth.reference",
+    "grid": "study.grid",
+    "matrices": "study.matrices",
+    "plots": "study.plots",
+    "report": "study.report",
+    "runner": "study.runner",
+    "sweep": "study.sweep",
+}
 
 
 def __getattr__(name: str):
     if name in _LAZY_SUBMODULES:
         import importlib
 
-        return importlib.import_module(f".{name}", __name__)
+        return importlib.import_module(f".{_LAZY_SUBMODULES[name]}", __name__)
     raise AttributeError(f"module 'matroots' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _LAZY_SUBMODULES)
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
 
 
 __all__ = [

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .errors import InvalidArgumentError
-from .options import SolveOptions
-from .result import RootResult
+from .core.errors import InvalidArgumentError
+from .core.options import SolveOptions
+from .core.result import RootResult
 from .solvers import registry
 from .solvers.base import SolverConfig
 
@@ -59,7 +59,7 @@ def inverse_root(
             error; default from the dtype) and reports the choice in ``info["auto"]``
             (:mod:`matroots.solvers.auto`).
         eps, eps_mode: regularisation A + eps_abs I, eps_abs = eps ("absolute") or eps * lambda_max
-            ("relative"); see :mod:`matroots.regularize`.
+            ("relative"); see :mod:`matroots.core.regularize`.
         dtype: working precision (float64, float32, bfloat16, float16 or a name such as "bf16"); the
             input is rounded to it. Default: the input's dtype.
         compute_dtype: precision of the arithmetic when it differs from ``dtype`` (mixed precision).

@@ -31,7 +31,11 @@ if TYPE_CHECKING:
     import pandas as pd
 
 #: Modules defining ``register(subparsers)`` for further subcommands (see the module docstring).
-COMMAND_MODULES: tuple[str, ...] = ("matroots.tuning.cli", "matroots.validation.cli", "matroots.shipped")
+COMMAND_MODULES: tuple[str, ...] = (
+    "matroots.study.tuning.cli",
+    "matroots.study.validation.cli",
+    "matroots.study.shipped",
+)
 
 DTYPE_CHOICES = ("fp64", "fp32", "bf16", "fp16")
 
@@ -225,8 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from . import grid, sweep, sweep_estimate
-    from .runner import check_scheduler
+    from .study import grid, sweep, sweep_estimate
+    from .study.runner import check_scheduler
 
     spec = grid.load_config(args.config)
     sweep_estimate.check_memory(spec)  # before check_families, which builds one matrix of each n
@@ -253,14 +257,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _is_validation_run(run_dir: Path) -> bool:
     """A ``matroots validate`` run folder: report and plot hand it to the validation report."""
-    from .validation.run import is_validation_run
+    from .study.validation.run import is_validation_run
 
     return is_validation_run(run_dir)
 
 
 def _rows(run_dir: Path, *, need_metrics: bool = True) -> pd.DataFrame:
     """The run's rows; a one-line UsageError when there are none (or no forward-error metrics)."""
-    from . import sweep
+    from .study import sweep
 
     if not run_dir.is_dir():
         raise UsageError(f"no run folder {run_dir}; run `matroots sweep CONFIG --out {run_dir}` first")
@@ -284,10 +288,10 @@ def _rows(run_dir: Path, *, need_metrics: bool = True) -> pd.DataFrame:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from . import atomic, report
+    from .study import atomic, report
 
     if _is_validation_run(args.run_dir):
-        from .validation.cli import report_run
+        from .study.validation.cli import report_run
 
         return report_run(Path(args.run_dir))
     df = _rows(args.run_dir)
@@ -302,10 +306,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from . import plots
+    from .study import plots
 
     if _is_validation_run(args.run_dir):
-        from .validation.cli import report_run
+        from .study.validation.cli import report_run
 
         return report_run(Path(args.run_dir))
     df = _rows(args.run_dir)
@@ -331,7 +335,8 @@ def _load_npy(path: Path) -> np.ndarray:
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
-    from . import api, metrics
+    from . import api
+    from .truth import metrics
 
     A = _load_npy(args.file)
     p = int(args.p) if float(args.p).is_integer() else args.p
@@ -432,8 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
-    from .errors import MatrootsError
-    from .runner import CorruptPartError
+    from .core.errors import MatrootsError
+    from .study.runner import CorruptPartError
 
     func = getattr(args, "func", None) or COMMANDS[args.command]
     prog = f"matroots {args.command}"

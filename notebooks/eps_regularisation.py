@@ -41,7 +41,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import display
 
-from matroots import grid, matrices, plots, sweep
+from matroots.study import grid, matrices, plots, sweep
 
 SIZE = os.environ.get("MATROOTS_NB_SIZE", SIZE)
 root = Path.cwd()

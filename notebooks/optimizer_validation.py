@@ -46,9 +46,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 
-from matroots.validation import config, figures, report, ship, summary
-from matroots.validation import run as vrun
-from matroots.validation.protocol_report import format_protocol_report
+from matroots.study.validation import config, figures, report, ship, summary
+from matroots.study.validation import run as vrun
+from matroots.study.validation.protocol_report import format_protocol_report
 
 ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
 RUN = Path(os.environ.get("MATROOTS_VALIDATION_RUN", ROOT / "runs" / "validate_demo"))

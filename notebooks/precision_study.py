@@ -43,7 +43,8 @@ import pandas as pd
 import torch
 from IPython.display import display
 
-from matroots import grid, plots, precision, sweep
+from matroots.core import precision
+from matroots.study import grid, plots, sweep
 
 SIZE = os.environ.get("MATROOTS_NB_SIZE", SIZE)
 root = Path.cwd()

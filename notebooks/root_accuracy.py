@@ -44,7 +44,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import display
 
-from matroots import grid, plots, report, sweep
+from matroots.study import grid, plots, report, sweep
 
 SIZE = os.environ.get("MATROOTS_NB_SIZE", SIZE)
 root = Path.cwd()

@@ -6,7 +6,7 @@
     make figures                                # the same as the first line; `make figures FULL=1`
 
 The full set is drawn from the shipped results (``results/<name>/``, written by ``matroots ship``
-and checked against the repository's config of the same name by :func:`matroots.shipped.load`);
+and checked against the repository's config of the same name by :func:`matroots.study.shipped.load`);
 with ``--recompute`` (and for the small default) each config's sweep is run (or resumed) into
 ``runs/<name>``. The figures are written to
 ``paper_figs/out/<small|full>/`` with an ``index.md`` saying what each shows. Validation runs (folders
@@ -38,7 +38,7 @@ log = logging.getLogger("paper_figs")
 
 
 def _plots():
-    from matroots import plots
+    from matroots.study import plots
 
     return plots
 
@@ -102,7 +102,7 @@ VALIDATION_FIGURES = {
 def _validation_runs(runs_dir: Path) -> list[Path]:
     if not runs_dir.exists():
         return []
-    from matroots.validation import run as vrun
+    from matroots.study.validation import run as vrun
 
     return [d for d in sorted(runs_dir.iterdir()) if d.is_dir() and vrun.is_validation_run(d)]
 
@@ -132,8 +132,8 @@ def build(
     that many rows per config (a fixed random sample: for a quick check of the figure code only).
     Figures that need validation runs are skipped (with a note in ``index.md``) when there are none.
     """
-    from matroots import grid, plots, sweep
-    from matroots import shipped as shipped_results
+    from matroots.study import grid, plots, sweep
+    from matroots.study import shipped as shipped_results
 
     out, runs = Path(out_dir), Path(runs_dir)
     frames, sources = [], []
@@ -166,7 +166,7 @@ def build(
             index.append(f"* `{name}.png` / `.pdf`: {caption}.")
         vruns = _validation_runs(runs)
         if vruns:
-            from matroots.validation import figures as vfig
+            from matroots.study.validation import figures as vfig
 
             t = _validation_tables(vruns[-1])
             if len(t["curves"]) and len(t["summary"]):

@@ -5,7 +5,7 @@
     python paper_figs/findings.py --check    # exit 1 when docs/findings.md differs from the results
 
 Each finding is one function of the shipped rows (``results/<name>/``, read with
-:func:`matroots.shipped.load`, which checks them against their provenance and the repository's config)
+:func:`matroots.study.shipped.load`, which checks them against their provenance and the repository's config)
 returning markdown: its table(s), a computed one-line reading, the coverage of the rows it used
 (units done / total from the provenance: a partial study says so) and the figure and command it goes
 with. docs/findings.md holds the hand-written prose; between ``<!-- finding:NAME BEGIN -->`` and
@@ -14,7 +14,7 @@ in a block is typed by hand and ``--check`` (run by tests/test_findings.py) fail
 the data disagree.
 
 Conventions shared by every table: kappa is the measured condition number of A binned to decades
-(:func:`matroots.figure_style.kappa_bin`, as in the figures); a failed solve (its ``failure`` field set)
+(:func:`matroots.study.figure_style.kappa_bin`, as in the figures); a failed solve (its ``failure`` field set)
 counts as an infinite error in every median, so a median is finite only where at least half the cases
 solved; "err" is the relative forward error in the Frobenius norm.
 """
@@ -57,14 +57,14 @@ BANDS = ((1.0, 1e4), (1e4, 1e8), (1e8, 1e12), (1e12, math.inf))
 
 
 def _style():
-    from matroots import figure_style
+    from matroots.study import figure_style
 
     return figure_style
 
 
 def load(name: str, results: Path = RESULTS) -> tuple[pd.DataFrame, dict]:
     """The shipped rows of study ``name`` and their provenance (checked against the repo's config)."""
-    from matroots import shipped
+    from matroots.study import shipped
 
     where = results / name
     rows = shipped.load(where, repo_root=ROOT)
@@ -99,7 +99,7 @@ def is_refusal(df: pd.DataFrame) -> pd.Series:
     e.g. ``UnsupportedExponentError`` for newton_schulz at p = 3, ``NotSymmetricError`` for the SPD
     methods on a non-symmetric matrix). Those cases say nothing about accuracy or precision, so the
     precision study's tables leave them out (and count them); numerical failures stay in."""
-    from matroots import errors
+    from matroots.core import errors
 
     def refusal(name: str) -> bool:
         cls = getattr(errors, name, None) if name else None

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from matroots.errors import InvalidArgumentError
+from matroots.core.errors import InvalidArgumentError
 
 from .errors import RootRoundTimeoutError, ShampooError
 

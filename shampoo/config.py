@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 import matroots
-from matroots import precision
-from matroots import psd as _psd
+from matroots.core import precision
+from matroots.core import psd as _psd
 from matroots.solvers import CoupledNewtonConfig, EighConfig, SolverConfig
 from matroots.solvers.auto import AutoConfig
 
@@ -56,7 +56,7 @@ def default_root_solver(name: str, device: torch.device | None = None) -> Solver
     * ``"eigh"``: ``EighConfig()``. Factor statistics are PSD and often rank deficient (early steps,
       small batches); rounded to fp32 their smallest eigenvalues come out slightly negative. That is
       handled for every solver alike by the optimizer's ``psd`` option (default ``"shift"``, see
-      :mod:`matroots.psd`), passed to each solve; eigh needs no clamp of its own.
+      :mod:`matroots.core.psd`), passed to each solve; eigh needs no clamp of its own.
     * ``"auto"``: ``matroots.solvers.AutoConfig``: per factor, the configuration the measured
       selection table of the factor's device names for its (root dtype, n, estimated kappa, p) at
       :data:`AUTO_TARGET` (relative forward error of the root; :mod:`matroots.solvers.auto`). kappa
@@ -289,7 +289,7 @@ class GroupOptions:
             raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {self.eps_mode!r}")
         if self.psd is not None and self.psd not in PSD_POLICIES:
             raise ValueError(
-                f"psd must be one of {PSD_POLICIES} (see matroots.psd) or None (the root solver "
+                f"psd must be one of {PSD_POLICIES} (see matroots.core.psd) or None (the root solver "
                 f"config's own policy), got {self.psd!r}"
             )
         check_eps(self.weight_decay, "weight_decay")

@@ -1,7 +1,7 @@
 """Per-block root diagnostics, and dumps of the factor matrices for the accuracy studies.
 
-Factor dumps use the layout documented in :mod:`matroots.factor_dump` (version 1, read by
-``matroots.factor_dump.load_shampoo_factors``): ``<dump_dir>/factors_step{step:07d}.npz`` with float64
+Factor dumps use the layout documented in :mod:`matroots.core.factor_dump` (version 1, read by
+``matroots.core.factor_dump.load_shampoo_factors``): ``<dump_dir>/factors_step{step:07d}.npz`` with float64
 ``factor_k`` arrays (the raw statistics, before bias correction and eps) and a ``meta`` array of JSON
 strings with param, block, dim, step (the optimizer's global step), beta2, eps, plus n, root_p,
 eps_mode, param_step (the parameter's own step count), statistics_updates (u: the factor updates so
@@ -24,7 +24,7 @@ class FactorDiagnostics:
 
     ``kappa`` is the condition number of the matrix actually solved, A + (psd_shift + eps_abs) I
     (finite for shifted rank-deficient factors); ``psd_shift`` / ``psd_floor`` are what the
-    rank-deficiency policy applied (:mod:`matroots.psd`), ``eps_abs`` the absolute eps shift, and
+    rank-deficiency policy applied (:mod:`matroots.core.psd`), ``eps_abs`` the absolute eps shift, and
     ``regularisation`` their sum. ``factor_resets`` counts resets of non-finite statistics.
     """
 
@@ -132,9 +132,9 @@ def dump_factors(
     """Write the factors to ``directory/factors_step{global_step:07d}.npz`` (see the module docstring).
 
     ``entries``: (param key, block index, factor, extra meta) per factor; the file is written
-    atomically by :func:`matroots.factor_dump.save_shampoo_factors`.
+    atomically by :func:`matroots.core.factor_dump.save_shampoo_factors`.
     """
-    from matroots.factor_dump import save_shampoo_factors
+    from matroots.core.factor_dump import save_shampoo_factors
 
     out = Path(directory) / f"factors_step{global_step:07d}.npz"
     factors = []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from matroots.errors import InvalidArgumentError
+from matroots.core.errors import InvalidArgumentError
 
 
 class ShampooError(RuntimeError):

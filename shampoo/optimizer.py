@@ -129,7 +129,7 @@ class Shampoo(torch.optim.Optimizer):
         eps: regularisation of the factors, A + eps I (``eps_mode`` "absolute", or "relative":
             eps lambda_max(A)), passed to the root solver, on top of the ``psd`` shift.
         psd: rank-deficiency policy of the factors, the same for every root solver and the fallback
-            (:mod:`matroots.psd`): ``"shift"`` (default) shifts a factor whose smallest eigenvalue is
+            (:mod:`matroots.core.psd`): ``"shift"`` (default) shifts a factor whose smallest eigenvalue is
             below the floor f = n u ||A||_F by a certified amount (Cholesky test; eigh: its own
             eigenvalues) so that it is >= f, then adds eps; ``"meta"`` reproduces Meta's
             DistributedShampoo (shift by -lambda_min when lambda_min < 0, then eps; no floor); ``"none"`` adds only eps (SPD methods then fail on singular factors and

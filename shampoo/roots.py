@@ -3,7 +3,7 @@
 Due factors of equal size n and root p (across stacks) are concatenated into (b, n, n) batches of at
 most :data:`ROUND_CHUNK_BYTES` each (consecutive chunks of the due rows, in order), each solved by one
 matroots call, with the group's ``eps`` and rank-deficiency policy ``psd``
-(:mod:`matroots.psd`; the same for the primary solver and the fallback) and ``quiet=True`` (a
+(:mod:`matroots.core.psd`; the same for the primary solver and the fallback) and ``quiet=True`` (a
 non-convergence is reported once, here, not also by the solver). Before the call the stored factors
 are read as bitwise symmetric matrices (the upper triangle, the statistic, mirrored; see
 :func:`shampoo.state.mirror_upper_`), and a factor whose statistics became
@@ -40,9 +40,9 @@ from fractions import Fraction
 import torch
 
 from matroots import MatrootsNumericalError
-from matroots.result import info_per_element
+from matroots.core.result import info_per_element
+from matroots.core.spectral import power_lambda_max
 from matroots.solvers import AutoConfig, SolverConfig
-from matroots.spectral import power_lambda_max
 
 from .config import DiagnosticsConfig, FailurePolicy, GroupOptions
 from .errors import FactorResetWarning, RootComputationError, RootFailureWarning
@@ -137,7 +137,7 @@ def _solved_kappa(info: dict, b: int) -> list[float] | None:
 
 
 def _per_element(value: object, b: int) -> list[float]:
-    """An info value as b floats, NaN where the solver reported none (see matroots.result)."""
+    """An info value as b floats, NaN where the solver reported none (see matroots.core.result)."""
     return info_per_element(value, b, missing=math.nan)
 
 
@@ -169,7 +169,7 @@ def solve_batch(
     """One batched matroots call, never raising for numerical failures.
 
     The solver is called with ``quiet=True`` (its non-convergence is handled and reported here, once)
-    and the group's rank-deficiency policy ``opts.psd`` (:mod:`matroots.psd`; None: the config's own).
+    and the group's rank-deficiency policy ``opts.psd`` (:mod:`matroots.core.psd`; None: the config's own).
     A root is usable only when the solver says it converged *and* it is finite. ``kappa_hint``: each
     factor's kappa of the previous round (NaN: unknown), passed to ``method="auto"`` (which then
     needs no estimate of its own, see :mod:`matroots.solvers.auto`); ignored for other solvers.

@@ -61,7 +61,7 @@ class FactorState:
     converged: bool = False
     seconds: float = 0.0
     kappa: float = math.nan  # condition number of the matrix actually solved (after psd shift and eps)
-    psd_shift: float = math.nan  # absolute shift of the rank-deficiency policy (matroots.psd)
+    psd_shift: float = math.nan  # absolute shift of the rank-deficiency policy (matroots.core.psd)
     psd_floor: float = math.nan  # its eigenvalue floor f (NaN: no floor)
     eps_abs: float = math.nan  # the absolute eps shift the solver applied
     regularisation: float = math.nan  # psd_shift + eps_abs: the whole shift of the matrix solved

@@ -4,9 +4,9 @@ Bound (the solver contract, docs/design.md §3): a root flagged converged has re
 
     ||X - X_ref||_F / ||X_ref||_F <= C (cond(f, A) + 1) u sqrt(n),   C = 10,
 
-against the high-precision reference (matroots.reference: python-flint or mpmath) of the matrix actually
+against the high-precision reference (matroots.truth.reference: python-flint or mpmath) of the matrix actually
 solved (the input rounded to the working format, plus eps_abs I), where cond(f, A) is the relative
-condition number of the root asked for (matroots.conditioning.cond_root, Frobenius norms). The
+condition number of the root asked for (matroots.core.conditioning.cond_root, Frobenius norms). The
 sqrt(n) is the rounding of the n x n output itself (as in tests/_refs.py).
 """
 
@@ -19,7 +19,9 @@ import numpy as np
 import torch
 
 import matroots
-from matroots import conditioning, matrices, reference
+from matroots.core import conditioning
+from matroots.study import matrices
+from matroots.truth import reference
 
 C = 10.0
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
@@ -51,7 +53,7 @@ def check_accurate_or_reported(
     X = res.root.double().numpy()
     err = float(np.linalg.norm(X - ref) / np.linalg.norm(ref))
     cond = conditioning.cond_root(M, p, inverse=inverse, eps=eps_abs)
-    u = matroots.precision.unit_roundoff(dtype)
+    u = matroots.core.precision.unit_roundoff(dtype)
     bound = C * (cond + 1.0) * u * math.sqrt(A.shape[0])
     assert err <= bound, f"{method} p={p} {dtype}: error {err:.3e} > bound {bound:.3e} (cond {cond:.3e})"
     return "converged"

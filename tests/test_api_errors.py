@@ -90,7 +90,7 @@ def test_nonsymmetric_input_to_eigh_reports_defect_and_tol():
     msg = str(info.value)
     defect = float(torch.linalg.matrix_norm(A - A.T) / torch.linalg.matrix_norm(A))
     assert f"{defect:.3e}" in msg  # the measured defect
-    tol = matroots.inputs.default_symmetry_tol(A)
+    tol = matroots.core.inputs.default_symmetry_tol(A)
     assert f"{tol:.3e}" in msg  # and the tolerance used
     assert "schur_newton" in msg  # what to do instead
 

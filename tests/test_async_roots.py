@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from matroots.errors import InvalidArgumentError
+from matroots.core.errors import InvalidArgumentError
 from shampoo.async_roots import RootExecutor, RootSchedule
 from shampoo.errors import RootRoundTimeoutError, ShampooError
 

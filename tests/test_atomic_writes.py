@@ -23,7 +23,8 @@ import pytest
 import torch
 from _tiny_sweep import TINY, drop_timing
 
-from matroots import atomic, cli, grid, runner, sweep
+from matroots import cli
+from matroots.study import atomic, grid, runner, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = ["unit", "dtype", "solver"]

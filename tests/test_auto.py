@@ -15,11 +15,12 @@ import pytest
 import torch
 
 import matroots
-from matroots import matrices, reference
-from matroots.metrics import relative_forward_error
 from matroots.solvers.auto import AutoConfig, TargetWarning, default_target
-from matroots.tuning import table
-from matroots.tuning.select import TABLE_COLUMNS
+from matroots.study import matrices
+from matroots.study.tuning import table
+from matroots.study.tuning.select import TABLE_COLUMNS
+from matroots.truth import reference
+from matroots.truth.metrics import relative_forward_error
 from shampoo.state import mirror_upper_
 
 

@@ -12,8 +12,8 @@ import torch
 
 import shampoo
 from matroots.solvers.auto import AutoConfig
-from matroots.tuning.select import TABLE_COLUMNS
-from matroots.validation.tasks import get_task
+from matroots.study.tuning.select import TABLE_COLUMNS
+from matroots.study.validation.tasks import get_task
 
 
 def _train(task_name: str, root_solver, steps: int = 40, seed: int = 0):
@@ -91,7 +91,7 @@ def test_shampoo_auto_parses_the_table_once_and_estimates_kappa_once_per_factor(
     a factor's kappa is estimated once per round at most: auto estimates it only in the first round
     (later rounds pass the previous round's kappa from the diagnostics as ``kappa_hint``), and the
     diagnostics estimate it only where the chosen solver reports no spectrum."""
-    from matroots.tuning import estimate, table
+    from matroots.study.tuning import estimate, table
 
     table._load_cached.cache_clear()
     table._RECENT.clear()

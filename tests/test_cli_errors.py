@@ -119,7 +119,7 @@ def test_missing_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_reused_out_without_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from matroots import grid, sweep
+    from matroots.study import grid, sweep
 
     cfg = _config(tmp_path, TINY)
     out = tmp_path / "run"
@@ -129,7 +129,7 @@ def test_reused_out_without_resume(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_out_holds_other_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from matroots import grid, sweep
+    from matroots.study import grid, sweep
 
     out = tmp_path / "run"
     sweep.run_sweep(grid.load_config(_config(tmp_path, TINY)), out, workers=1, progress=False)
@@ -186,7 +186,7 @@ def test_malformed_scheduler_address(
 def test_dry_run_of_a_grid_too_large_for_memory_refuses_with_the_size(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from matroots import sweep_estimate
+    from matroots.study import sweep_estimate
 
     monkeypatch.setattr(sweep_estimate, "_memory_bytes", lambda: 16 * 2**30)  # a 16 GiB machine
     cfg = _config(tmp_path, TINY.replace("n = [6]", "n = [6, 100000]"))

@@ -1,6 +1,6 @@
 """cond_root against finite differences of an independent root, at extreme scales (issue 22, class 3).
 
-The yardstick of the accuracy contract, :func:`matroots.conditioning.cond_root`, is checked against
+The yardstick of the accuracy contract, :func:`matroots.core.conditioning.cond_root`, is checked against
 the Kronecker form of the Fréchet derivative built column by column from central differences of
 mpmath's ``powm`` (sqrtm for p = 2, expm(r logm) otherwise: no eigenvectors, no Schur form) at 40
 digits, on normal, non-normal, nearly defective and exactly defective matrices. The relative
@@ -24,7 +24,7 @@ import mpmath
 import numpy as np
 import pytest
 
-from matroots import conditioning
+from matroots.core import conditioning
 
 U = 2.0**-53
 DPS = 40

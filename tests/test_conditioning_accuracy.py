@@ -1,7 +1,7 @@
 """Conditioning-aware accuracy: every converged root is within C sqrt(n) (cond(f, A) + 1) u of the truth.
 
 cond(f, A) is the relative condition number of the root actually asked for (forward A^{1/p} or inverse
-A^{-1/p}), :func:`matroots.conditioning.cond_root`, of the matrix actually solved (the input rounded to
+A^{-1/p}), :func:`matroots.core.conditioning.cond_root`, of the matrix actually solved (the input rounded to
 the working format). It replaces the old (1 + kappa/p) rule, which is the SPD inverse-root special case
 and hides forward-root failures: for A^{1/p} the condition number is only ~kappa^{1-1/p}/p (hilb(10),
 p = 2: 2e6 against kappa/p = 8e12), and coupled_newton's forward root used to be 1e5 times worse than it.
@@ -10,7 +10,7 @@ The bound, stated once:
 
     ||X - X_ref||_F / ||X_ref||_F <= C * sqrt(n) * (cond(f, fl(A)) + 1) * u,      C = 5,
 
-with X_ref the high-precision reference (:mod:`matroots.reference`, flint/mpmath) of fl(A), the input
+with X_ref the high-precision reference (:mod:`matroots.truth.reference`, flint/mpmath) of fl(A), the input
 rounded to the working format, and u that format's unit roundoff; the "+ 1" is the rounding of the
 output itself. Measured worst case over the default grid: 8.6 u (cond + 1) at n = 10-12, i.e. C sqrt(n)
 = 16-17 leaves a factor 2. Each case may instead be reported: converged=False with a ConvergenceWarning,
@@ -35,7 +35,9 @@ import scipy.linalg
 import torch
 
 import matroots
-from matroots import conditioning, matrices, metrics, reference
+from matroots.core import conditioning
+from matroots.study import matrices
+from matroots.truth import metrics, reference
 
 C = 5.0
 PS = (2, 3, 4, 5, 8)

@@ -2,7 +2,7 @@
 class 6).
 
 An element of a batch runs its solo iteration up to perturbations of size u in its start: the batch is
-pre-scaled by one power of two for all elements (matroots.inputs), so c = (c^p)^{1/p} and the final
+pre-scaled by one power of two for all elements (matroots.core.inputs), so c = (c^p)^{1/p} and the final
 unscaling by a fractional power of two round differently; batched BLAS products and Lanczos projections
 may round a stack element by its alignment (docs/design.md, "Across CPUs"). The iteration propagates
 such a perturbation like any other rounding error, i.e. up to the root's condition number, so at kappa
@@ -12,7 +12,7 @@ such a perturbation like any other rounding error, i.e. up to the root's conditi
     ||X_batch - X_solo||_F / ||X_ref||_F <= ||X_batch - X_ref||_F / ||X_ref||_F + ||X_solo - X_ref||_F / ||X_ref||_F
                                          <= 2 B,    B = C_FWD sqrt(n) (1 + cond(A^{-1/p})) u,
 
-with X_ref from matroots.reference and cond from its eigenvalues (tests/test_coupled_newton_warm.py).
+with X_ref from matroots.truth.reference and cond from its eigenvalues (tests/test_coupled_newton_warm.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from _refs import spd_matrix
 from test_coupled_newton_warm import C_FWD, cond_power
 
 import matroots
-from matroots import reference
+from matroots.truth import reference
 
 KAPPAS = (1e13, 1e2, 1e6, 1e9, 10.0)  # the issue's kappa-1e13 element batched with others
 

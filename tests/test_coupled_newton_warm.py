@@ -1,7 +1,7 @@
 """coupled_newton warm starts are judged on the result: a previous root of another matrix never makes a
 converged answer worse than the cold solve's bound (issue 22, class 1), and a bad warm start is refused.
 
-Yardstick: the forward error against :mod:`matroots.reference` (flint/mpmath, from the exact matrix
+Yardstick: the forward error against :mod:`matroots.truth.reference` (flint/mpmath, from the exact matrix
 solved: the input rounded to the working format and symmetrised), relative to the condition number of
 the root asked for, cond(f, A) = max |f[lambda_i, lambda_j]| ||A||_F / ||f(A)||_F (Higham, *Functions of
 Matrices*, 2008, Cor. 3.16), computed here from the reference's eigenvalues:
@@ -24,7 +24,7 @@ import torch
 from _refs import haar_orthogonal
 
 import matroots
-from matroots import reference
+from matroots.truth import reference
 
 C_FWD = 10.0
 UNIT = {torch.float32: 2.0**-24, torch.float64: 2.0**-53}
@@ -193,7 +193,7 @@ def test_warm_start_fuzz_has_no_silent_wrong_answer():
             warnings.simplefilter("ignore", matroots.ConvergenceWarning)
             try:  # a previous matrix not positive definite in the format has no root to start from
                 prev = fn(torch.tensor(A0, dtype=c["dtype"]), c["p"], method="coupled_newton")
-            except matroots.errors.MatrootsNumericalError:
+            except matroots.core.errors.MatrootsNumericalError:
                 continue
             warm = fn(A1t, c["p"], method="coupled_newton", warm_start=prev)
         checked += 1

@@ -14,7 +14,7 @@ from _dist import run_ranks
 from torch import nn
 
 import shampoo
-from matroots.matrices import load_shampoo_factors
+from matroots.study.matrices import load_shampoo_factors
 
 K1, K2 = 4, 3  # steps before and after the checkpoint
 

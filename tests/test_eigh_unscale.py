@@ -1,6 +1,6 @@
 """eigh returns the root of a prescaled fp32 problem in the caller's units by scaling its n root
 eigenvalues (matroots.solvers.eigh.root_eigenvalue_sqrt) instead of the n^2 entries of the root
-(matroots.inputs.rescale_root), and proves its fp32 roots finite instead of testing them.
+(matroots.core.inputs.rescale_root), and proves its fp32 roots finite instead of testing them.
 
 Checked against float64 numpy references on rank-deficient fp32 factors built by baddbmm and read with
 the upper triangle mirrored, as Shampoo builds them (magnitude 1e-5: every such batch is prescaled), against the rescaling path it replaces,

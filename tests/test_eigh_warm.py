@@ -1,7 +1,7 @@
 """eigh_warm: warm-started eigensolver. Accuracy against independent references on slowly perturbed
 SPD sequences and on real Shampoo factor sequences, honest flags, fallbacks, a cold call that is eigh.
 
-References: ``matroots.reference`` (flint/mpmath, high precision) for the synthetic SPD sequences;
+References: ``matroots.truth.reference`` (flint/mpmath, high precision) for the synthetic SPD sequences;
 for the rank-deficient Shampoo factors, whose root is defined by eigh's clamp policy, a float64
 eigendecomposition of the same fp32 matrix with the same threshold (the clamped function is not a
 plain power, which the high-precision reference does not evaluate).
@@ -18,8 +18,8 @@ import torch
 from _refs import U, fwd_bound, haar_orthogonal, rel_err
 
 import matroots
-from matroots import reference
-from matroots.errors import ConvergenceWarning, InvalidArgumentError, MatrootsError
+from matroots.core.errors import ConvergenceWarning, InvalidArgumentError, MatrootsError
+from matroots.truth import reference
 from shampoo.state import mirror_upper_
 
 DT = {"fp64": torch.float64, "fp32": torch.float32}
@@ -349,7 +349,7 @@ def test_shipped_shampoo_factors_mid_to_late(tmp_path):
     where the basis is too far, and every root is within the cold bound."""
     from pathlib import Path
 
-    from matroots.matrices import load_shampoo_factors
+    from matroots.study.matrices import load_shampoo_factors
 
     data = Path(matroots.__file__).parent / "data" / "shampoo_factors"
     by_key: dict[tuple, dict[str, np.ndarray]] = {}

@@ -38,7 +38,7 @@ def test_make_figures_writes_every_figure(tmp_path: Path, monkeypatch: pytest.Mo
     import matplotlib.image as mimg
     import matplotlib.pyplot as plt
 
-    from matroots import figure_style, plots
+    from matroots.study import figure_style, plots
 
     fonts: dict[str, float] = {}
     real_save = plots.save
@@ -73,7 +73,7 @@ def test_figures_are_reproducible_and_mark_failures(tmp_path: Path, monkeypatch:
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from matroots import grid, plots, sweep
+    from matroots.study import grid, plots, sweep
 
     monkeypatch.setenv("MATROOTS_CACHE_DIR", str(tmp_path / "cache"))
     cfg = tmp_path / "tiny.toml"
@@ -101,7 +101,7 @@ def test_importing_plots_does_not_force_a_backend() -> None:
     import sys
 
     code = (
-        "import matplotlib; matplotlib.use('svg'); import matroots.plots; "
+        "import matplotlib; matplotlib.use('svg'); import matroots.study.plots; "
         "assert matplotlib.get_backend() == 'svg', matplotlib.get_backend()"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

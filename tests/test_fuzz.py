@@ -6,7 +6,7 @@ scale 1e-300 .. 1e300; SPD, clustered, rank-deficient, indefinite, diagonal, fp3
 nearly symmetric, or non-symmetric with real, complex or negative eigenvalues; eps none, absolute
 (scaled to the matrix or a fixed 1e-4 .. 1 in the user's units) or relative; p in {1, 2, 3, 4, 5, 8} or
 rational; forward or inverse) and runs eigh, coupled_newton and schur_newton on it.
-:func:`matroots.robustness.classify` judges each call: a typed refusal or ``converged=False`` is fine; a
+:func:`matroots.study.robustness.classify` judges each call: a typed refusal or ``converged=False`` is fine; a
 root flagged converged must lie within C n (1 + cond(f, A)) u (C = 10) of the mpmath root of the
 matrix actually solved (the input rounded to the working format, after the reported power-of-two
 prescale, plus the reported shift ``info["eps_abs"]``), where cond(f, A) is the relative condition
@@ -31,7 +31,7 @@ import torch
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from matroots import robustness
+from matroots.study import robustness
 
 _LONG = int(os.environ.get("MATROOTS_FUZZ_EXAMPLES", "0"))
 settings.register_profile(
@@ -117,7 +117,7 @@ def test_the_fuzz_covers_every_registered_solver(monkeypatch):
     later joins the fuzz unchanged, judged against its declared capabilities (here an eigh that
     declares integer p only: a rational p is outside them, and its typed refusal is what is owed)."""
     from matroots import solvers
-    from matroots.errors import UnsupportedExponentError
+    from matroots.core.errors import UnsupportedExponentError
     from matroots.solvers import registry
 
     assert robustness.solver_names() == tuple(solvers.available())
@@ -250,5 +250,5 @@ def test_coupled_newton_warm_start_at_an_out_of_range_scale_is_a_typed_refusal()
     with pytest.raises(matroots.FormatRangeError):
         matroots.root(A0 * 1e-134, 2, method="coupled_newton", dtype="fp16")
     prev = matroots.root(A0, 2, method="coupled_newton", dtype="fp16")
-    with pytest.raises(matroots.errors.MatrootsError):
+    with pytest.raises(matroots.core.errors.MatrootsError):
         matroots.root(A0 * 1e-134, 2, method="coupled_newton", dtype="fp16", warm_start=prev)

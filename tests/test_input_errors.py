@@ -32,7 +32,7 @@ from matroots import (
     NotSymmetricError,
     UnsupportedDtypeError,
 )
-from matroots.inputs import symmetry_defect
+from matroots.core.inputs import symmetry_defect
 
 METHODS = ("eigh", "coupled_newton", "schur_newton")
 NEWTON = ("coupled_newton", "schur_newton")
@@ -296,7 +296,7 @@ def test_large_transposed_spd_view(method):
 
 
 def test_batched_large_symmetric_part_does_not_touch_the_input():
-    from matroots.inputs import symmetric_part
+    from matroots.core.inputs import symmetric_part
 
     rng = np.random.default_rng(1)
     M = torch.from_numpy(rng.standard_normal((2, 300, 300)))

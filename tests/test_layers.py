@@ -11,14 +11,14 @@ def test_shampoo_dumps_factors_without_importing_the_study_layer(tmp_path) -> No
     code = textwrap.dedent(
         f"""
         import sys, torch, shampoo
-        from matroots.factor_dump import load_shampoo_factors
+        from matroots.core.factor_dump import load_shampoo_factors
         w = torch.nn.Parameter(torch.randn(4, 3))
         opt = shampoo.Shampoo([w], precondition_frequency=1)
         w.grad = torch.randn(4, 3)
         opt.step()
         path = opt.dump_factors({str(tmp_path)!r})
         assert len(load_shampoo_factors(path)) >= 1
-        study = sorted(m for m in sys.modules if m in ("matroots.matrices", "matroots.sweep", "matroots.report"))
+        study = sorted(m for m in sys.modules if m in ("matroots.study.matrices", "matroots.study.sweep", "matroots.study.report"))
         print(study)
         """
     )
@@ -27,8 +27,8 @@ def test_shampoo_dumps_factors_without_importing_the_study_layer(tmp_path) -> No
 
 
 def test_matrices_reexports_the_dump_format() -> None:
-    import matroots.factor_dump as fd
-    import matroots.matrices as mm
+    import matroots.core.factor_dump as fd
+    import matroots.study.matrices as mm
 
     assert mm.save_shampoo_factors is fd.save_shampoo_factors
     assert mm.load_shampoo_factors is fd.load_shampoo_factors

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from _matmul_roots import DTYPES, check_accurate_or_reported, family_matrix
 
-import matroots
+from matroots.study import matrices
 
 METHODS = ("newton_schulz", "polar_express", "halley")
 
@@ -33,7 +33,7 @@ def test_real_shampoo_factors(method: str, dtype: str) -> None:
     solved = 0
     for task, n in (("digits", 64), ("bytes_lm", 32), ("wide1", 32)):
         for stage in ("early", "mid", "late"):
-            A, _ = matroots.matrices.generate("shampoo", n, task=task, stage=stage, index=0)
+            A, _ = matrices.generate("shampoo", n, task=task, stage=stage, index=0)
             A = A + 1e-6 * np.abs(A).max() * np.eye(n)  # a relative regularisation, as Shampoo applies
             solved += check_accurate_or_reported(method, A, 4, DTYPES[dtype]) == "converged"
     assert solved >= 8, (method, dtype, solved)

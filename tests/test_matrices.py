@@ -1,4 +1,4 @@
-"""Tests of matroots.matrices: spectra (checked with the high-precision eigensolver), symmetry,
+"""Tests of matroots.study.matrices: spectra (checked with the high-precision eigensolver), symmetry,
 reproducibility, and the Shampoo factor .npz layout."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from matroots import matrices, reference
+from matroots.study import matrices
+from matroots.truth import reference
 
 U = 2.0**-53
 RANDOM = [

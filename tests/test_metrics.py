@@ -1,4 +1,4 @@
-"""Tests of matroots.metrics against values known in closed form (diagonal matrices, scalars)."""
+"""Tests of matroots.truth.metrics against values known in closed form (diagonal matrices, scalars)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from matroots import metrics, reference
-from matroots.errors import UnsupportedDtypeError, UnsupportedExponentError
+from matroots.core.errors import UnsupportedDtypeError, UnsupportedExponentError
+from matroots.truth import metrics, reference
 
 U = 2.0**-53
 
@@ -229,7 +229,7 @@ def test_metric_parts_on_a_diagonal_closed_form() -> None:
 
 
 def test_info_per_element_broadcasts_checks_length_and_fills_missing():
-    from matroots.result import info_per_element
+    from matroots.core.result import info_per_element
 
     assert info_per_element(None, 3) == [0.0, 0.0, 0.0]
     assert (

@@ -11,7 +11,7 @@ differs from mm in the last bit; bf16 through oneDNN on AVX-512 EPYC: two of six
 they ask for equal iteration counts and roots within the 16-bit rounding floor of the iteration.
 
 The matrices are scaled by exact powers of two so that max|A| lies in [1, 2): the API pre-scales a
-whole batch by one power of two when its magnitude leaves [1/4, 4] (matroots.inputs), and undoing a
+whole batch by one power of two when its magnitude leaves [1/4, 4] (matroots.core.inputs), and undoing a
 fractional power of that factor rounds, which would make an element differ from its solve alone for a
 reason that has nothing to do with batching.
 """

@@ -19,8 +19,11 @@ import torch
 from _refs import spd_matrix
 
 import matroots
-from matroots import cli, conditioning, matrices, metrics, reference
+from matroots import cli
+from matroots.core import conditioning
 from matroots.solvers.schur_newton import choose_k1
+from matroots.study import matrices
+from matroots.truth import metrics, reference
 
 C = 5.0
 U = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
@@ -311,7 +314,7 @@ def test_shift_that_nearly_cancels_the_matrix_is_exact():
 def test_bf16_run_that_leaves_the_principal_branch_is_flagged():
     """bf16, eigenvalues at arguments up to 1.9 rad, p = 3 forward: the iteration settled on another cube
     root (error 1.06, Y^3 = A to 2%), which neither the scalar model nor the backward error can see."""
-    from matroots import robustness
+    from matroots.study import robustness
 
     case = robustness.Case(
         kind="nonsym_complex", n=6, batch=(), log10_kappa=0.0, log10_scale=0.0, dtype="bf16",

@@ -1,7 +1,7 @@
 """newton_schulz: the coupled Newton-Schulz sign-function iteration for A^{+-1/2^k} (SPD).
 
 Accuracy bound and reference: tests/_matmul_roots.py (C (cond(f, A) + 1) u sqrt(n) against
-matroots.reference of the matrix actually solved).
+matroots.truth.reference of the matrix actually solved).
 """
 
 from __future__ import annotations

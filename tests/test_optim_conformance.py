@@ -265,7 +265,7 @@ def test_implementation_flags(kind: str, flag: str, value, supported_by_shampoo:
     [("precondition_frequncy", "precondition_frequency"), ("root_sovler", "root_solver"), ("beta", "betas")],
 )
 def test_a_mistyped_keyword_is_a_typed_one_line_error_with_the_closest_option(typo: str, meant: str) -> None:
-    from matroots.errors import InvalidArgumentError
+    from matroots.core.errors import InvalidArgumentError
 
     with pytest.raises(shampoo.UnknownOptionError) as info:
         shampoo.Shampoo([torch.nn.Parameter(torch.randn(3))], **{typo: 1})

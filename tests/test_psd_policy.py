@@ -1,9 +1,9 @@
-"""The rank-deficiency policies of matroots.psd: one definition, the same matrix for every solver.
+"""The rank-deficiency policies of matroots.core.psd: one definition, the same matrix for every solver.
 
 Inputs are built the way Shampoo builds them (rank-deficient fp32 factors accumulated by ``baddbmm``,
 read with the upper triangle mirrored, :func:`shampoo.state.mirror_upper_`: exactly symmetric on every
 CPU, whether or not its GEMM rounds the two triangles alike);
-accuracy is judged against high-precision references (matroots.reference) of the matrix actually solved
+accuracy is judged against high-precision references (matroots.truth.reference) of the matrix actually solved
 and against the condition number of that matrix, never against the code under test.
 """
 
@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import matroots
-from matroots import psd, reference
-from matroots.errors import ConvergenceWarning, InvalidArgumentError, NotPositiveDefiniteError
+from matroots.core import psd
+from matroots.core.errors import ConvergenceWarning, InvalidArgumentError, NotPositiveDefiniteError
+from matroots.truth import reference
 from shampoo.state import mirror_upper_
 
 SOLVERS = [s for s in matroots.solvers.available() if s != "auto"]
@@ -69,7 +70,7 @@ def test_shift_makes_every_solver_solve_the_same_spd_matrix(solver: str, dtype: 
     assert kappa <= 2.0 / (48 * U32)
     ref = reference.inverse_root(M, 4, eps=1e-12)
     err = float(np.linalg.norm(res.root.double().numpy() - ref.root) / np.linalg.norm(ref.root))
-    u = matroots.precision.unit_roundoff(dtype)
+    u = matroots.core.precision.unit_roundoff(dtype)
     assert err <= 48 * (kappa / 4) * u, (solver, err, kappa)
 
 
@@ -134,7 +135,7 @@ def test_fp16_shift_is_reported_in_the_users_units() -> None:
     A = baddbmm_factor(16, 1) * 3e4  # fp16 inputs are pre-scaled by a power of two inside matroots
     res = matroots.EighConfig().solve(A, 2, eps=0.0, dtype=torch.float16, psd="shift")
     f = float(res.info["psd_floor"][0])
-    u16 = matroots.precision.unit_roundoff(torch.float16)
+    u16 = matroots.core.precision.unit_roundoff(torch.float16)
     assert f == pytest.approx(16 * u16 * float(torch.linalg.matrix_norm(A.double())), rel=1e-3)
     assert f <= float(res.info["psd_shift"][0]) <= 4 * f
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from matroots import report
+from matroots.study import report
 
 ROOT = Path(__file__).resolve().parents[1]
 

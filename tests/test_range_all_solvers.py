@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import matroots
-from matroots.errors import FormatRangeError
+from matroots.core.errors import FormatRangeError
 from matroots.solvers import registry
 
 FORWARD = [m for m in registry.available() if registry.get(m).capabilities.forward_root]

@@ -1,6 +1,6 @@
 """The shipped real Shampoo factors (family "shampoo") and every solver on them.
 
-Accuracy is judged against a high-precision reference (matroots.reference) of the matrix actually
+Accuracy is judged against a high-precision reference (matroots.truth.reference) of the matrix actually
 solved (the factor in the working format plus the psd shift, plus eps) and against the SPD
 conditioning bound (kappa/p) u of that matrix, with a dimension constant n; a solver may instead report
 a failure (a typed numerical error, or converged=False), never return a wrong root as converged.
@@ -15,7 +15,9 @@ import pytest
 import torch
 
 import matroots
-from matroots import MatrootsNumericalError, matrices, reference
+from matroots import MatrootsNumericalError
+from matroots.study import matrices
+from matroots.truth import reference
 
 SOLVERS = [s for s in matroots.solvers.available() if s != "auto"]
 # one factor per (task, stage): early (rank-deficient), mid, late of each real task
@@ -67,7 +69,7 @@ def _solved(A: np.ndarray, dtype: torch.dtype, shift: float) -> np.ndarray:
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_every_solver_on_real_factors_is_accurate_or_reports_failure(solver: str, dtype: torch.dtype) -> None:
     cfg = matroots.resolve_method(solver)
-    u = matroots.precision.unit_roundoff(dtype)
+    u = matroots.core.precision.unit_roundoff(dtype)
     solved = 0
     for task, stage, n in PICKS:
         A, meta = matrices.generate("shampoo", n, task=task, stage=stage, index=0)
@@ -91,7 +93,7 @@ def test_every_solver_on_real_factors_is_accurate_or_reports_failure(solver: str
 
 
 def test_unreadable_dump_is_a_value_error_naming_the_file(tmp_path) -> None:
-    from matroots.factor_dump import load_shampoo_factors
+    from matroots.core.factor_dump import load_shampoo_factors
 
     bad = tmp_path / "broken.npz"
     bad.write_bytes(b"PK\x03\x04 this is not a zip archive")

@@ -1,4 +1,4 @@
-"""Tests of matroots.reference against independent closed forms, across backends and precisions.
+"""Tests of matroots.truth.reference against independent closed forms, across backends and precisions.
 
 Closed forms are evaluated with mpmath scalars (never with the code under test): diagonal matrices,
 c I, tridiag(-1, 2, -1) with its analytic eigenvectors, 2x2 rotation-scaling blocks, and matrices
@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from matroots import matrices, reference
-from matroots.errors import (
+from matroots.core.errors import (
     EmptyMatrixError,
     InvalidArgumentError,
     NegativeRealEigenvalueError,
@@ -29,6 +28,8 @@ from matroots.errors import (
     NotSymmetricError,
     UnsupportedExponentError,
 )
+from matroots.study import matrices
+from matroots.truth import reference
 
 U = 2.0**-53
 BACKENDS = ["flint", "mpmath"] if reference.flint_available() else ["mpmath"]
@@ -407,7 +408,7 @@ def test_corrupted_entry_is_recomputed(tmp_path, caplog, damage):
     else:
         data = bytearray(b"not an npz file")
     path.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="matroots.reference"):
+    with caplog.at_level(logging.WARNING, logger="matroots.truth.reference"):
         again = reference.inverse_root(A, 2)
     assert not again.cached
     assert "corrupted" in caplog.text
@@ -424,7 +425,7 @@ def test_tampered_payload_fails_checksum(tmp_path, caplog):
     payload["root"] = payload["root"] * 2  # a valid npz with a wrong root
     with open(path, "wb") as fh:
         np.savez(fh, **payload)
-    with caplog.at_level(logging.WARNING, logger="matroots.reference"):
+    with caplog.at_level(logging.WARNING, logger="matroots.truth.reference"):
         again = reference.inverse_root(A, 2)
     assert not again.cached and np.array_equal(again.root, first.root)
 
@@ -454,7 +455,7 @@ def test_unwritable_cache_still_computes(tmp_path, monkeypatch, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     monkeypatch.setenv("MATROOTS_CACHE_DIR", str(blocker))  # a file, not a folder
-    with caplog.at_level(logging.WARNING, logger="matroots.reference"):
+    with caplog.at_level(logging.WARNING, logger="matroots.truth.reference"):
         ref = reference.inverse_root(np.diag([4.0]), 2)
     assert ref.root[0, 0] == 0.5
 

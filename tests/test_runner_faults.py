@@ -25,10 +25,10 @@ import pytest
 from _tiny_sweep import TINY, drop_timing
 from _tiny_validation import tiny_config
 
-from matroots import grid, runner, sweep
-from matroots.tuning import run as tune_run
-from matroots.tuning import spec as tune_spec
-from matroots.validation import config as vconfig
+from matroots.study import grid, runner, sweep
+from matroots.study.tuning import run as tune_run
+from matroots.study.tuning import spec as tune_spec
+from matroots.study.validation import config as vconfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import shampoo
-from matroots.matrices import load_shampoo_factors
+from matroots.study.matrices import load_shampoo_factors
 
 
 def _model(seed: int = 0) -> torch.nn.Module:

@@ -17,8 +17,8 @@ from torch import nn
 
 import matroots
 import shampoo
-from matroots.errors import NotSymmetricError
-from matroots.result import RootResult
+from matroots.core.errors import NotSymmetricError
+from matroots.core.result import RootResult
 from matroots.solvers import CoupledNewtonConfig, SolverConfig
 
 

@@ -20,7 +20,7 @@ from _dist import run_ranks
 from torch import nn
 
 import shampoo
-from matroots.errors import InvalidArgumentError
+from matroots.core.errors import InvalidArgumentError
 from shampoo.distributed import state_bytes
 
 BASES = ("eigh_warm", "eigh", "qr")
@@ -362,7 +362,7 @@ def test_two_ranks_equal_a_single_process_and_resume_from_the_merged_state() -> 
 
 
 def test_digits_mlp_trains_and_is_comparable_to_shampoo() -> None:
-    from matroots.validation.tasks import get_task
+    from matroots.study.validation.tasks import get_task
 
     task = get_task("digits")
     finals = {}

@@ -28,9 +28,10 @@ from torch import nn
 import matroots
 import shampoo
 import shampoo.roots as roots_mod
-from matroots import SolveOptions, psd
-from matroots.errors import NonFiniteInputError, NotSymmetricError
-from matroots.inputs import check_root_range, max_abs, prepare, rescale_root, scale_by_power_of_two
+from matroots import SolveOptions
+from matroots.core import psd
+from matroots.core.errors import NonFiniteInputError, NotSymmetricError
+from matroots.core.inputs import check_root_range, max_abs, prepare, rescale_root, scale_by_power_of_two
 from matroots.solvers import available
 from matroots.solvers.base import RawResult, SolverConfig
 
@@ -113,7 +114,7 @@ def _strip_timing(state: dict) -> dict:
 @pytest.fixture
 def symmetry_tests(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the input symmetry tests of the solvers (``symmetric_part``, schur_newton's and auto's)."""
-    import matroots.inputs as inputs_mod
+    import matroots.core.inputs as inputs_mod
     from matroots.solvers import auto as auto_mod
     from matroots.solvers import schur_newton as schur_mod
 

@@ -1,4 +1,4 @@
-"""Shipped results (matroots.shipped, `matroots ship`, `make figures FULL=1`): the compact set holds the
+"""Shipped results (matroots.study.shipped, `matroots ship`, `make figures FULL=1`): the compact set holds the
 run's rows for the listed columns unchanged, its provenance names the run's commit and config hash, it
 refuses a tampered file, a changed config and an unfinished run, and the full figure set is drawn from
 the results shipped in the repository without recomputing anything."""
@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 from _tiny_sweep import TINY
 
-from matroots import grid, shipped, sweep
+from matroots.study import grid, shipped, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 

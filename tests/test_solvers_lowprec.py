@@ -100,7 +100,9 @@ def test_rounding_to_indefinite_is_reported(method):
 
 def test_default_tolerance_scales_with_format():
     n = 64
-    tols = [matroots.precision.default_tol(dt, n) for dt in (torch.float64, torch.float32, torch.bfloat16)]
+    tols = [
+        matroots.core.precision.default_tol(dt, n) for dt in (torch.float64, torch.float32, torch.bfloat16)
+    ]
     assert tols[0] < tols[1] < tols[2]
     assert tols[1] == pytest.approx(4 * math.sqrt(n) * 2.0**-24)
     assert np.isfinite(tols).all()

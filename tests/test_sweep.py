@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from _tiny_sweep import TINY, drop_timing
 
-from matroots import grid, report, sweep
+from matroots.study import grid, report, sweep
 
 
 @pytest.fixture

@@ -17,10 +17,10 @@ import pytest
 import torch
 from _tiny_sweep import TINY
 
-from matroots import grid, sweep
-from matroots.grid import ConfigError
-from matroots.tuning import cost
-from matroots.tuning import spec as tune_spec
+from matroots.study import grid, sweep
+from matroots.study.grid import ConfigError
+from matroots.study.tuning import cost
+from matroots.study.tuning import spec as tune_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,7 +119,8 @@ def test_a_tensor_input_gives_the_bits_of_the_array(method: str) -> None:
     computation the array gave (the same kernels on the same bits, so bitwise by construction)."""
     import numpy as np
 
-    from matroots import api, matrices
+    from matroots import api
+    from matroots.study import matrices
 
     A, _ = matrices.generate("randsvd", 24, 1e4, np.random.default_rng(0))
     cfg = api.resolve_method(method)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from _tiny_sweep import TINY
 
-from matroots import grid, sweep, sweep_estimate
+from matroots.study import grid, sweep, sweep_estimate
 
 
 def test_per_family_and_per_n_overrides() -> None:

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from _tiny_sweep import TINY, drop_timing
 
-from matroots import grid, runner, sweep
+from matroots.study import grid, runner, sweep
 
 KEY = ["unit", "dtype", "solver"]
 

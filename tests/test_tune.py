@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from matroots import report
-from matroots.tuning import run, select, spec, table
+from matroots.study import report
+from matroots.study.tuning import run, select, spec, table
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "experiments" / "configs"

@@ -14,9 +14,9 @@ import scipy.linalg
 import torch
 from _tiny_validation import TINY_SIZES, tiny_config
 
-from matroots.errors import InvalidArgumentError
-from matroots.validation import config, corpus, get_task, run, summary, training
-from matroots.validation.tasks import TASKS
+from matroots.core.errors import InvalidArgumentError
+from matroots.study.validation import config, corpus, get_task, run, summary, training
+from matroots.study.validation.tasks import TASKS
 
 TASK_NAMES = sorted(TASKS)
 
@@ -296,7 +296,7 @@ def test_summary_definitions_on_hand_made_curves() -> None:
 def test_validate_cli_report_and_dry_run(
     two_step_run: dict[str, pd.DataFrame], tmp_path: Path, capsys
 ) -> None:
-    from matroots.validation.cli import main
+    from matroots.study.validation.cli import main
 
     run_dir = Path(two_step_run["runs"]["unit"].iloc[0]).parent  # placeholder to keep the fixture
     del run_dir

@@ -17,8 +17,8 @@ def _shipped_set(dest: Path) -> None:
     import hashlib
     import json
 
-    from matroots.validation import config
-    from matroots.validation.protocol_report import protocol_summary
+    from matroots.study.validation import config
+    from matroots.study.validation.protocol_report import protocol_summary
 
     runs, curves = synthetic_protocol_tables()
     tables = {"curves": curves[curves["phase"] == "final"].drop(columns="phase"), "runs": runs,

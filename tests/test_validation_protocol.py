@@ -15,9 +15,9 @@ import pytest
 from _tiny_validation import synthetic_protocol_tables as _runs_and_curves
 from _tiny_validation import tiny_protocol
 
-from matroots.errors import InvalidArgumentError
-from matroots.validation import config, protocol, protocol_report
-from matroots.validation.tasks import get_task
+from matroots.core.errors import InvalidArgumentError
+from matroots.study.validation import config, protocol, protocol_report
+from matroots.study.validation.tasks import get_task
 
 
 def _grid(text: str) -> config.ValidationGrid:
@@ -211,7 +211,7 @@ def test_validate_full_is_the_protocol_at_full_scale() -> None:
 
 
 def test_an_absent_peer_package_is_a_typed_error_naming_the_install() -> None:
-    from matroots.validation import peers
+    from matroots.study.validation import peers
 
     def missing(name: str) -> None:
         raise ImportError(f"No module named {name!r}")

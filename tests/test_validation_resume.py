@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 from _tiny_validation import tiny_config, tiny_protocol
 
-from matroots import runner
-from matroots.validation import config, peers, run
+from matroots.study import runner
+from matroots.study.validation import config, peers, run
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = set(run.TIMING_COLUMNS) | {"versions", "machine"}
@@ -34,7 +34,16 @@ def test_sigkill_mid_grid_then_resume_equals_uninterrupted(tmp_path: Path) -> No
     assert total == 8
 
     killed = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "matroots.validation", str(cfg), "--out", str(killed), "--workers", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "matroots.study.validation",
+        str(cfg),
+        "--out",
+        str(killed),
+        "--workers",
+        "2",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [*cmd, "--no-progress"], cwd=ROOT, env=env, start_new_session=True,
@@ -85,7 +94,16 @@ def test_protocol_run_killed_mid_tuning_then_resumed_equals_uninterrupted(tmp_pa
     first = len(grid.units())
     total = first + grid.final_unit_count()
     killed = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "matroots.validation", str(cfg), "--out", str(killed), "--workers", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "matroots.study.validation",
+        str(cfg),
+        "--out",
+        str(killed),
+        "--workers",
+        "2",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [*cmd, "--no-progress"], cwd=ROOT, env=env, start_new_session=True,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from matroots.shipped import ShippedResultsError
-from matroots.validation import config, figures, report, ship
-from matroots.validation import run as vrun
+from matroots.study.shipped import ShippedResultsError
+from matroots.study.validation import config, figures, report, ship
+from matroots.study.validation import run as vrun
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "experiments/configs/validate_tiny.toml"

@@ -1,18 +1,18 @@
 """``method="auto"``: the solver a measured selection table names for the problem at hand.
 
-For each matrix of the batch: get kappa(A + eps I) (:mod:`matroots.tuning.estimate`: exact from one
+For each matrix of the batch: get kappa(A + eps I) (:mod:`matroots.study.tuning.estimate`: exact from one
 float64 ``eigvalsh`` for small problems, else power iteration for lambda_max and Cholesky inverse
 iteration for lambda_min, or the previous root when a warm start is given; or ``kappa_hint``, which
 Shampoo passes from the previous round), multiply an inexact one by ``kappa_safety`` (such estimates
 err low), look up the cell (device kind, working dtype, n band, kappa band, p) of the selection table
-at the loosest tuned target that is <= ``target`` (:class:`matroots.tuning.table.SelectionTable`), and
+at the loosest tuned target that is <= ``target`` (:class:`matroots.study.tuning.table.SelectionTable`), and
 solve the elements that chose the same configuration together, as one batch. The table's answers
 are memoised per question on the table object, so a repeated call costs the estimate and the solve.
 
 * ``status="chosen"``: the cell's cheapest configuration that met the target on every tuning case.
 * ``status="unattainable"``: no candidate met the target in that cell; the cell's ``best_effort``,
   the most accurate candidate measured that solves the matrix given
-  (:func:`matroots.tuning.select.best_effort`), is used.
+  (:func:`matroots.study.tuning.select.best_effort`), is used.
 * ``status="outside"``: the problem is outside the table (dtype, p, n or kappa not tuned, kappa not
   finite, target tighter than every tuned target, non-symmetric input, no table for the device): the
   documented safe choice is used: ``fallback`` if given, else ``EighConfig()`` (LAPACK
@@ -22,7 +22,7 @@ are memoised per question on the table object, so a repeated call costs the esti
 Each group reports the error to expect (``expected_error``): the cell's measured worst error (chosen;
 unattainable: the best effort's), else cond(f, A) u of the working format (outside the table, or after
 a re-solve with the safe choice), with cond from kappa for symmetric input (|q| kappa for the inverse
-root, q = -1/p) and :func:`matroots.conditioning.cond_root` for general input. A :class:`TargetWarning`
+root, q = -1/p) and :func:`matroots.core.conditioning.cond_root` for general input. A :class:`TargetWarning`
 says when the table cannot promise the target (unattainable) or the expected error exceeds it
 (unless ``warn=False``).
 
@@ -55,11 +55,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import arguments, precision
-from ..errors import InvalidArgumentError, MatrootsNumericalError
-from ..inputs import check_shape, parse_exponent, to_tensor
-from ..psd import check_policy
-from ..result import RootResult
+from ..core import arguments, precision
+from ..core.errors import InvalidArgumentError, MatrootsNumericalError
+from ..core.inputs import check_shape, parse_exponent, to_tensor
+from ..core.psd import check_policy
+from ..core.result import RootResult
 from . import registry
 from .base import Capabilities, SolverConfig
 
@@ -116,7 +116,7 @@ def _table_field(value: object) -> str | None:
         raise InvalidArgumentError(
             f"table must be None or the path of a selection table CSV, got {value!r} of type {type(value).__name__}"
         )
-    from ..tuning.table import load_table
+    from ..study.tuning.table import load_table
 
     path = os.fspath(value)
     try:
@@ -161,7 +161,7 @@ def _fallback_field(value: object) -> SolverConfig | None:
 @functools.lru_cache(maxsize=256)
 def _config_from(label: str, method: str, options_json: str) -> tuple[SolverConfig, dict[str, Any]]:
     """The (frozen) config and solve options of a table row; memoised, callers do not mutate them."""
-    from ..tuning.select import options_of
+    from ..study.tuning.select import options_of
 
     opts = options_of(options_json)
     cfg_opts = {k: v for k, v in opts.items() if k not in SOLVE_OPTIONS}
@@ -259,7 +259,7 @@ class AutoConfig(SolverConfig):
         table: path of a selection table CSV; None means the shipped table of the input's device kind.
         device: device kind to look up ("cpu", "cuda"); None means the input tensor's.
         kappa_safety: factor applied to the kappa estimate before the lookup (estimates err low).
-        power_iters, inverse_iters: effort of the kappa estimate (:mod:`matroots.tuning.estimate`).
+        power_iters, inverse_iters: effort of the kappa estimate (:mod:`matroots.study.tuning.estimate`).
         fallback: the safe choice outside the table; None means eigh (symmetric) / schur_newton.
         warn: warn (TargetWarning) when the target cannot be promised (see the module docstring).
     """
@@ -276,7 +276,7 @@ class AutoConfig(SolverConfig):
     fallback: SolverConfig | None = None
     warn: bool = True
 
-    def __post_init__(self) -> None:  # typed InvalidArgumentError for every field (matroots.arguments)
+    def __post_init__(self) -> None:  # typed InvalidArgumentError for every field (matroots.core.arguments)
         arguments.store(
             self,
             target=arguments.real(
@@ -306,7 +306,7 @@ class AutoConfig(SolverConfig):
         self, *, device: str, dtype: Any, n: int, kappa: float, p: Any, target: float, symmetric: bool = True
     ) -> Decision:
         """The decision for one matrix (no solving): table lookup, or the safe choice and why."""
-        from ..tuning.table import load_table
+        from ..study.tuning.table import load_table
 
         try:
             table, why = load_table(self.table, device=device), ""
@@ -472,7 +472,7 @@ class AutoConfig(SolverConfig):
         """The table's answers for (device, dtype, n, p, target, symmetry), memoised on the table
         object per configuration (a Shampoo run asks the same questions every round; a changed table
         file is a new table object, so nothing stale is reused)."""
-        from ..tuning.table import load_table
+        from ..study.tuning.table import load_table
 
         try:
             table = load_table(self.table, device=device)
@@ -507,9 +507,9 @@ class AutoConfig(SolverConfig):
         frac: Any,
         kwargs: dict[str, Any],
     ) -> _Estimate:
-        """kappa(A + eps I) per element: the hint, else :func:`matroots.tuning.estimate.estimate_kappa`
+        """kappa(A + eps I) per element: the hint, else :func:`matroots.study.tuning.estimate.estimate_kappa`
         (exact at small sizes; from the previous root when a warm start is given)."""
-        from ..tuning.estimate import estimate_kappa
+        from ..study.tuning.estimate import estimate_kappa
 
         if hint is not None:
             return _Estimate(hint, "kappa_hint", 0.0, False)
@@ -517,7 +517,7 @@ class AutoConfig(SolverConfig):
         prev = self._previous_root(warm_start, b, n)
         floor = None
         if (kwargs.get("psd") or self.psd) == "shift":
-            from ..psd import floor_level
+            from ..core.psd import floor_level
 
             floor = floor_level(flat.detach().to(wdtype), source)
         ke = estimate_kappa(
@@ -557,10 +557,10 @@ class AutoConfig(SolverConfig):
         if sym:
             k = max((x if not math.isnan(x) else math.inf) for x in kappa)
             return _cond_spd(k, q) * u, f"cond(f, A) u, cond from kappa ~{k:.3g} (SPD)"
-        from ..conditioning import cond_root
+        from ..core.conditioning import cond_root
 
         cond = cond_root(flat.detach().to(torch.float64), p, inverse=inverse)
-        return cond * u, "cond(f, A) u (matroots.conditioning.cond_root of the general input)"
+        return cond * u, "cond(f, A) u (matroots.core.conditioning.cond_root of the general input)"
 
     @staticmethod
     def _symmetric(flat: torch.Tensor, source: torch.dtype) -> bool:

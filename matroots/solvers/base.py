@@ -10,12 +10,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from .. import precision
-from .. import psd as psd_policy
-from ..errors import ConvergenceError, ConvergenceWarning, FormatRangeError, InvalidArgumentError
-from ..inputs import Problem, all_finite, check_root_range, prepare, rescale_root
-from ..options import SolveOptions
-from ..result import RootResult
+from ..core import precision
+from ..core import psd as psd_policy
+from ..core.errors import ConvergenceError, ConvergenceWarning, FormatRangeError, InvalidArgumentError
+from ..core.inputs import Problem, all_finite, check_root_range, prepare, rescale_root
+from ..core.options import SolveOptions
+from ..core.result import RootResult
 
 log = logging.getLogger("matroots")
 
@@ -74,9 +74,9 @@ class SolverConfig:
     """Base of the frozen solver configs. Subclasses set ``name`` and implement ``_run``.
 
     Args:
-        psd: rank-deficiency policy, one of :data:`matroots.psd.PSD_POLICIES` ("none", "shift",
+        psd: rank-deficiency policy, one of :data:`matroots.core.psd.PSD_POLICIES` ("none", "shift",
             "meta"): which nearby matrix is solved when the input is only positive semidefinite.
-            The same definition for every method (:mod:`matroots.psd`); ``solve(psd=...)`` overrides it.
+            The same definition for every method (:mod:`matroots.core.psd`); ``solve(psd=...)`` overrides it.
     """
 
     name: ClassVar[str] = ""
@@ -93,7 +93,7 @@ class SolverConfig:
 
         ``options`` (a :class:`matroots.SolveOptions`) and/or its fields as keywords (``eps=``,
         ``dtype=``, ``tol=``, ``inverse=``, ``warm_start=``, ``psd=``, ``quiet=``, ...; keywords override
-        ``options``). ``psd`` overrides the config's rank-deficiency policy (:mod:`matroots.psd`).
+        ``options``). ``psd`` overrides the config's rank-deficiency policy (:mod:`matroots.core.psd`).
         ``quiet=True`` reports non-convergence only in the result (``converged``, ``info``) and a DEBUG
         log line, no ConvergenceWarning: for callers that handle the failure themselves (Shampoo).
         """

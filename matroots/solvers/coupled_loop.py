@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import precision
-from ..errors import UnsupportedExponentError
+from ..core import precision
+from ..core.errors import UnsupportedExponentError
 from .newton_checks import check_resolvable_exponent
 
 State = tuple[torch.Tensor, ...]

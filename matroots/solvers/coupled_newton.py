@@ -41,7 +41,7 @@ Regularisation: M_0 = (A + eps_abs I)/c^p is formed before rounding to the compu
 shift nor c has to fit it (fp16). A relative eps is eps times lambda_max of the rounded matrix: the top
 Lanczos Ritz value (symmetric; extended until its residual bound certifies it to 1e-12 relative, so it
 is eigh's lambda_max to rounding; the same run serves the scaling) or the largest LAPACK eigenvalue
-modulus (general input), see :mod:`matroots.regularize`; ``info["eps_abs"]`` is the shift applied (user
+modulus (general input), see :mod:`matroots.core.regularize`; ``info["eps_abs"]`` is the shift applied (user
 units, per element). p so large that 4 p sqrt(n) u >= 1 is refused (UnsupportedExponentError): the
 residual M_k - I can then not be resolved and X_0 itself would pass the stopping test.
 
@@ -114,19 +114,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import arguments, precision
-from ..conditioning import eigenvalue_conditions
-from ..errors import (
+from ..core import arguments, precision
+from ..core.conditioning import eigenvalue_conditions
+from ..core.errors import (
     FormatRangeError,
     InvalidArgumentError,
     NonFiniteInputError,
     NotPositiveDefiniteError,
     NotSymmetricError,
 )
-from ..inputs import Problem, symmetric_input
-from ..regularize import working_shift
-from ..result import RootResult
-from ..spectral import SpectrumEstimate, lanczos_extremes, power_lambda_max
+from ..core.inputs import Problem, symmetric_input
+from ..core.regularize import working_shift
+from ..core.result import RootResult
+from ..core.spectral import SpectrumEstimate, lanczos_extremes, power_lambda_max
 from .base import Capabilities, RawResult, SolverConfig
 from .newton_core import (
     NewtonOutcome,
@@ -175,7 +175,7 @@ class CoupledNewtonConfig(SolverConfig):
     stagnation_accept: float = 16.0
     symmetry_tol: float | None = None
 
-    def __post_init__(self) -> None:  # typed InvalidArgumentError for every field (matroots.arguments)
+    def __post_init__(self) -> None:  # typed InvalidArgumentError for every field (matroots.core.arguments)
         arguments.store(
             self,
             scaling=arguments.choice("scaling", self.scaling, SCALINGS),

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import arguments, precision
-from .. import psd as psd_policy
-from ..errors import EigensolverError, FormatRangeError, InvalidArgumentError, NotPositiveDefiniteError
-from ..inputs import Problem, all_finite, require_symmetric, symmetric_input
-from ..regularize import working_shift
+from ..core import arguments, precision
+from ..core import psd as psd_policy
+from ..core.errors import EigensolverError, FormatRangeError, InvalidArgumentError, NotPositiveDefiniteError
+from ..core.inputs import Problem, all_finite, require_symmetric, symmetric_input
+from ..core.regularize import working_shift
 from .base import Capabilities, RawResult, SolverConfig
 from .eigh_autograd import SpectralRoot
 from .registry import register
@@ -46,7 +46,7 @@ class EighConfig(SolverConfig):
 
     name = "eigh"
     # the psd "meta" and "shift" shifts go on the computed eigenvalues (as Meta's does; "shift" is
-    # decided on them, no Cholesky test: see matroots.psd)
+    # decided on them, no Cholesky test: see matroots.core.psd)
     psd_on_eigenvalues = frozenset({"meta", "shift"})
     range_on_eigenvalues = True  # _check_root_spectrum, and _finalise's check of a root it rescales
     capabilities = Capabilities(differentiable=True)
@@ -200,7 +200,7 @@ class EighConfig(SolverConfig):
             X = SpectralRoot.apply(prob.grad_source, W, Q, wr, e, prob.prescale, eps_rel, meta_active)
             info["autograd"] = "Daleckii-Krein derivative of the eigenvalue function (eigh_autograd)"
         info["eigh_calls"] = 1
-        info["residual_note"] = "eigh reports no residual (NaN); use matroots.metrics for errors"
+        info["residual_note"] = "eigh reports no residual (NaN); use matroots.truth.metrics for errors"
         return RawResult(
             root=X,
             in_caller_units=folded,
@@ -304,14 +304,14 @@ def root_eigenvalue_sqrt(
     """(sqrt(f c), folded) for the root X = W W^T, W = Q diag(sqrt(f c)): the factor c that returns
     the root of a prescaled problem to the caller's units applied to the n root eigenvalues of an
     element instead of to its n^2 entries (``folded``: (b,) bool, where it was; None: nowhere, c = 1).
-    Elsewhere ``SolverConfig._finalise`` rescales the root (:func:`~matroots.inputs.rescale_root`,
+    Elsewhere ``SolverConfig._finalise`` rescales the root (:func:`~matroots.core.inputs.rescale_root`,
     a float64 pass over the batch: ~5% of an n = 256 Shampoo root round).
 
     An element is folded when the root is computed and returned in fp32 (Shampoo's roots; in fp64
     the exact rescaling of the root is kept: sqrt(f) c^(1/2) squared by the GEMM adds ~2 u, which a
     1 x 1 root at fp64's range edge shows against its 4 u test) and is clearly inside its range:
     |X_ij| <= max f c and max_i X_ii >= max f c / n, so with a margin of 2 neither the overflow
-    nor the underflow test of :func:`~matroots.inputs.check_root_range` could fire (where one could,
+    nor the underflow test of :func:`~matroots.core.inputs.check_root_range` could fire (where one could,
     the rescaling and its exact test run as before). Decided per element, from its own eigenvalues:
     given the same eigenvalues an element gets the same bits in a batch as alone, and eigh_warm's
     cold path as eigh (LAPACK's eigenvalues themselves may round by a stack element's alignment).

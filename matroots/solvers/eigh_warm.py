@@ -5,7 +5,7 @@ is close to the eigenbasis of the new one. ``eigh_warm`` refines Q instead of re
 returns a root only when a computable estimate of its error is within the error of a cold ``eigh``.
 
 Algorithm (per matrix; a batch is processed as a batch, each element deciding for itself). With
-A the matrix solved (after the psd policy, :mod:`matroots.psd`) and f the root's eigenvalue function
+A the matrix solved (after the psd policy, :mod:`matroots.core.psd`) and f the root's eigenvalue function
 (x + eps)^(-+1/p) under the rank policy (as :class:`~matroots.solvers.eigh.EighConfig` defines it):
 
 1. Rayleigh-Ritz: S = Q^T A Q (two GEMMs) and, unless Q is known orthonormal to LAPACK's level (a
@@ -113,9 +113,9 @@ from typing import Any
 
 import torch
 
-from .. import arguments, precision
-from .. import psd as psd_policy
-from ..inputs import Problem
+from ..core import arguments, precision
+from ..core import psd as psd_policy
+from ..core.inputs import Problem
 from .base import Capabilities, RawResult
 from .eigh import EighConfig, root_eigenvalue_sqrt
 from .registry import register

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..errors import NegativeRealEigenvalueError, UnsupportedExponentError
+from ..core.errors import NegativeRealEigenvalueError, UnsupportedExponentError
 from .base import matmul_count_power, matrix_power
 
 
@@ -43,11 +43,11 @@ def check_resolvable_exponent(p: int, dtype: torch.dtype, n: int, method: str) -
     """Refuse p so large that the coupled iteration cannot work in ``dtype``.
 
     T_k = I + (I - M_k)/p and the rounding of T_k^p leaves M_k an error of about p u, so the stopping
-    test ||M_k - I||_F <= 4 p sqrt(n) u (:func:`matroots.precision.default_tol`) only means something
+    test ||M_k - I||_F <= 4 p sqrt(n) u (:func:`matroots.core.precision.default_tol`) only means something
     while that tolerance is below 1; past it M_0 itself may pass the test and X_0 = I/c would be
     returned as converged. (This also keeps p inside the range of the scalar model's arithmetic.)
     """
-    from .. import precision
+    from ..core import precision
 
     if precision.default_tol(dtype, n, p) < 1.0:
         return
@@ -83,9 +83,9 @@ def refuse_near_negative_axis(
     is O(1) wrong, since the principal root is not determined to working precision. Screening: an
     eigenvalue whose first-order disc (radius kappa eta) misses (-inf, 0] is safe. The others are
     decided by the distance to the axis, min_z sigma_min(A - zI) at the axis points nearest to them
-    (:func:`matroots.conditioning.axis_distance`): refused when it is <= eta.
+    (:func:`matroots.core.conditioning.axis_distance`): refused when it is <= eta.
     """
-    from ..conditioning import axis_distance
+    from ..core.conditioning import axis_distance
 
     w = np.asarray(eigs, dtype=complex)
     k = np.asarray(kappas, dtype=float)

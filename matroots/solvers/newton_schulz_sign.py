@@ -44,9 +44,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import arguments, precision
-from ..errors import UnsupportedExponentError
-from ..inputs import Problem
+from ..core import arguments, precision
+from ..core.errors import UnsupportedExponentError
+from ..core.inputs import Problem
 from .base import Capabilities, RawResult
 from .coupled_loop import LoopOutcome, check_resolvable, default_tol, run_coupled
 from .newton_core import _start_matrix

@@ -63,9 +63,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import arguments, precision
-from ..errors import InvalidArgumentError, UnsupportedExponentError
-from ..inputs import Problem
+from ..core import arguments, precision
+from ..core.errors import InvalidArgumentError, UnsupportedExponentError
+from ..core.inputs import Problem
 from .base import Capabilities, RawResult, matmul_count_power, matrix_power
 from .coupled_loop import check_resolvable, default_tol, run_coupled
 from .minimax import Step, grid_floor, schedule

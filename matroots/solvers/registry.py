@@ -6,7 +6,7 @@ import dataclasses
 import functools
 from typing import Any
 
-from ..errors import InvalidArgumentError, MatrootsError
+from ..core.errors import InvalidArgumentError, MatrootsError
 
 _REGISTRY: dict[str, type] = {}
 
@@ -48,7 +48,7 @@ def get(name: str, **options: Any) -> Any:
     try:
         return cls(**options)
     except TypeError as exc:
-        from ..options import SolveOptions
+        from ..core.options import SolveOptions
 
         raise InvalidArgumentError(
             f"bad options for method {name!r}: {exc}; its options are {field_names(cls)}; "

@@ -24,10 +24,10 @@ import numpy as np
 import scipy.linalg
 import torch
 
-from .. import arguments, precision
-from ..conditioning import eigenvalue_conditions
-from ..errors import FormatRangeError, NotPositiveDefiniteError
-from ..inputs import Problem, is_symmetric
+from ..core import arguments, precision
+from ..core.conditioning import eigenvalue_conditions
+from ..core.errors import FormatRangeError, NotPositiveDefiniteError
+from ..core.inputs import Problem, is_symmetric
 from .base import Capabilities, RawResult, SolverConfig
 from .newton_core import (
     check_resolvable_exponent,
@@ -87,7 +87,7 @@ class SchurNewtonConfig(SolverConfig):
     stagnation_accept: float = 16.0
     symmetry_tol: float | None = None
 
-    def __post_init__(self) -> None:  # typed InvalidArgumentError for every field (matroots.arguments)
+    def __post_init__(self) -> None:  # typed InvalidArgumentError for every field (matroots.core.arguments)
         arguments.store(
             self,
             stagnation_accept=arguments.real(

@@ -19,7 +19,7 @@ import math
 import numpy as np
 import scipy.linalg
 
-from ..errors import NegativeRealEigenvalueError
+from ..core.errors import NegativeRealEigenvalueError
 
 
 def diagonal_blocks(R: np.ndarray) -> list[tuple[int, int]]:

@@ -2,10 +2,10 @@
 halley): the symmetric working matrix, the eps shift, and Lanczos estimates of its extreme eigenvalues.
 
 Symmetric input only: a matrix whose symmetry defect exceeds the tolerance of
-:meth:`matroots.inputs.Problem.symmetry_tol` is refused with NotSymmetricError (these iterations are
+:meth:`matroots.core.inputs.Problem.symmetry_tol` is refused with NotSymmetricError (these iterations are
 analysed, and their scalings derived, for a real positive spectrum with orthogonal eigenvectors; general
 input goes to coupled_newton or schur_newton). The eps shift and the relative eps's lambda_max are those of
-coupled_newton (:mod:`matroots.regularize`): the top Lanczos Ritz value certified to 1e-12 relative by its
+coupled_newton (:mod:`matroots.core.regularize`): the top Lanczos Ritz value certified to 1e-12 relative by its
 residual bound. ``lmax`` is the top Ritz value plus its residual bound (times 1 + 1e-6), an upper bound
 of lambda_max to rounding, so A/lmax has its spectrum in (0, 1]; ``lmin`` is the smallest Ritz value, an
 *upper* estimate of lambda_min (Ritz values lie inside the spectrum), used only to choose how fast to
@@ -26,11 +26,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .. import arguments, precision
-from ..errors import FormatRangeError, NotPositiveDefiniteError, NotSymmetricError
-from ..inputs import Problem, symmetric_input
-from ..regularize import working_shift
-from ..spectral import SpectrumEstimate, lanczos_extremes
+from ..core import arguments, precision
+from ..core.errors import FormatRangeError, NotPositiveDefiniteError, NotSymmetricError
+from ..core.inputs import Problem, symmetric_input
+from ..core.regularize import working_shift
+from ..core.spectral import SpectrumEstimate, lanczos_extremes
 from .base import SolverConfig
 
 
@@ -257,7 +257,7 @@ def lanczos_lambda_max(A: torch.Tensor, steps: int, rtol: float | None) -> Spect
     The residual |beta_k s_k| bounds the distance of the top Ritz value to an eigenvalue; 24 steps on an
     arithmetic spectrum (randsvd mode 4, n = 512) leave it 2e-3 below lambda_max. Only the uncertified
     elements are rerun, so every element of a batch gets the estimate (and the cost) of its solve alone
-    (up to the BLAS's batch rounding, :func:`matroots.spectral._matvec`); ``ritz``/``weights`` rows of elements that
+    (up to the BLAS's batch rounding, :func:`matroots.core.spectral._matvec`); ``ritz``/``weights`` rows of elements that
     stopped earlier are padded with NaN/0, and ``matvecs`` is the mean over the batch.
     """
     n = A.shape[-1]

@@ -1,6 +1,6 @@
 """The warm start of :mod:`matroots.solvers.eigh_warm`: an eigenbasis, checked before it is used.
 
-``warm_start`` may be a previous eigh_warm :class:`~matroots.result.RootResult` (its
+``warm_start`` may be a previous eigh_warm :class:`~matroots.core.result.RootResult` (its
 ``info["eigenvectors"]`` and ``info["basis_defect"]``) or an eigenvector tensor / array of shape
 (..., n, n) (one per matrix, or one for all). A basis of the wrong shape is a caller error
 (InvalidArgumentError); a non-finite or non-orthonormal one (for instance a previous *root* passed by
@@ -15,9 +15,9 @@ import math
 import numpy as np
 import torch
 
-from .. import precision
-from ..errors import InvalidArgumentError
-from ..inputs import all_finite
+from ..core import precision
+from ..core.errors import InvalidArgumentError
+from ..core.inputs import all_finite
 
 _PROBES = 8  # random vectors of the orthogonality estimate
 _MAX_DEFECT = 1e-2  # a warm basis further from orthonormal than this is refused (fallback)

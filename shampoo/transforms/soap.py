@@ -101,8 +101,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from matroots import MatrootsNumericalError, arguments
-from matroots.errors import InvalidArgumentError
+from matroots import MatrootsNumericalError
+from matroots.core import arguments
+from matroots.core.errors import InvalidArgumentError
 from matroots.solvers.eigh import eigh_checked
 from matroots.solvers.eigh_warm import EighWarmConfig
 

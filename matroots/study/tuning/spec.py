@@ -1,0 +1,181 @@
+"""The tune config: candidate solvers x sweep grids x the cells of the selection table.
+
+A tune config (TOML) is a list of sweep grids (:mod:`matroots.study.grid`, one per group of matrix families
+that share an eps/p/n layout) over one list of candidate configurations, plus the cells of the table::
+
+    name = "tune_default"
+    device = "cpu"
+    targets = [1e-1, 1e-2, 1e-4, 1e-6, 1e-8]      # relative forward error levels
+    n_bands = [12, 24, 48, 96, 192, 384]           # band edges: [12, 24), [24, 48), ...
+    kappa_bands = [1, 1e2, 1e4, 1e6, 1e8, 1e10, 1e13]
+    margin = 0.5                                   # a choice must reach margin * target on every case
+    cost_tolerance = 0.1                           # costs within 10% tie; the first candidate listed wins
+
+    [defaults]                                     # keys of a sweep grid, shared by every sweep
+    dtypes = ["fp64", "fp32", "bf16"]
+    p = [2, 4]
+    reference_backend = "auto"
+
+    [[candidates]]                                 # a list-valued option is an axis: one candidate each
+    name = "eigh"
+    options = { rank_policy = ["perturb", "clamp"] }
+
+    [[candidates]]
+    name = "coupled_newton"
+    options = { scaling = ["optimal", "frobenius"], tol = [1e-3] }   # tol/max_iter go to solve()
+
+    [[sweeps]]
+    name = "spd"
+    families = ["randsvd", "clustered"]
+    n = [16, 32]
+    kappa = [1e1, 1e3, 1e5]
+
+Every sweep runs every candidate; its grid is ``defaults`` updated by the sweep's own keys. The kappa
+of a case, for the bands, is the condition number of the matrix actually solved (A + eps I). A candidate
+is chosen for a target only when its worst error on the cell's cases is <= ``margin`` * target (default
+1: the target itself), so that the promise carries over to matrices the tuning did not see.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ...core.errors import InvalidArgumentError
+from .. import grid as gridmod
+
+TUNE_KEYS = {
+    "name",
+    "description",
+    "device",
+    "targets",
+    "n_bands",
+    "kappa_bands",
+    "workers",
+    "margin",
+    "cost_tolerance",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneSpec:
+    """A parsed tune config (see the module docstring)."""
+
+    name: str
+    description: str = ""
+    device: str = "cpu"
+    targets: tuple[float, ...]
+    n_bands: tuple[int, ...]
+    kappa_bands: tuple[float, ...]
+    candidates: tuple[gridmod.SolverSpec, ...]
+    sweeps: tuple[gridmod.GridSpec, ...]
+    workers: int | None = None
+    margin: float = 1.0
+    cost_tolerance: float = 0.1
+    raw: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.targets or any(not (0 < t < 1) for t in self.targets):
+            raise InvalidArgumentError(f"targets must be relative errors in (0, 1), got {self.targets}")
+        for axis, edges in (("n_bands", self.n_bands), ("kappa_bands", self.kappa_bands)):
+            if len(edges) < 2 or any(b <= a for a, b in itertools.pairwise(edges)):
+                raise InvalidArgumentError(f"{axis} must be >= 2 increasing band edges, got {edges}")
+        if not (0 <= self.cost_tolerance < 1):
+            raise InvalidArgumentError(f"cost_tolerance must be in [0, 1), got {self.cost_tolerance}")
+        if not (0 < self.margin <= 1):
+            raise InvalidArgumentError(f"margin must be in (0, 1], got {self.margin}")
+        if self.kappa_bands[0] < 1:
+            raise InvalidArgumentError(f"kappa_bands must start at >= 1, got {self.kappa_bands[0]}")
+        if not self.sweeps or not self.candidates:
+            raise InvalidArgumentError("a tune config needs at least one [[sweeps]] and one [[candidates]]")
+        if self.device not in ("cpu", "cuda"):
+            raise InvalidArgumentError(
+                f"device {self.device!r}: a selection table is for device kind 'cpu' or 'cuda'"
+            )
+
+    def config_hash(self) -> str:
+        """Hash of the whole tune config (recorded in the table's provenance)."""
+        d = asdict(self) | {"raw": None, "sweeps": [g.to_dict() for g in self.sweeps]}
+        blob = json.dumps(d, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def expand_candidates(raw: list[dict[str, Any]]) -> tuple[gridmod.SolverSpec, ...]:
+    """One SolverSpec per combination of the list-valued options of each ``[[candidates]]`` entry."""
+    out: list[gridmod.SolverSpec] = []
+    for entry in raw:
+        entry = dict(entry)
+        unknown = set(entry) - {"name", "options", "label"}
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown candidate keys {sorted(unknown)}; known: name, options, label"
+            )
+        opts = entry.get("options", {})
+        keys = sorted(opts)
+        axes = [opts[k] if isinstance(opts[k], list) else [opts[k]] for k in keys]
+        combos = list(itertools.product(*axes))
+        for combo in combos:
+            label = entry.get("label", "") if len(combos) == 1 else ""
+            out.append(
+                gridmod.SolverSpec(
+                    name=entry["name"], options=dict(zip(keys, combo, strict=True)), label=label
+                )
+            )
+    labels = [s.label for s in out]
+    dup = {x for x in labels if labels.count(x) > 1}
+    if dup:
+        raise InvalidArgumentError(f"duplicate candidate labels {sorted(dup)}; give each a distinct label")
+    return tuple(out)
+
+
+def from_dict(raw: dict[str, Any]) -> TuneSpec:
+    """Build a TuneSpec from plain data (TOML), validating every sweep grid now."""
+    known = TUNE_KEYS | {"defaults", "candidates", "sweeps"}
+    unknown = set(raw) - known
+    if unknown:
+        raise InvalidArgumentError(f"unknown tune config keys {sorted(unknown)}; known: {sorted(known)}")
+    if "name" not in raw:
+        raise InvalidArgumentError("a tune config needs a name")
+    candidates = expand_candidates(raw.get("candidates", []))
+    solvers = [{"name": s.name, "options": s.options, "label": s.label} for s in candidates]
+    defaults = dict(raw.get("defaults", {}))
+    sweeps = []
+    for i, sw in enumerate(raw.get("sweeps", [])):
+        g = {**defaults, **sw}
+        if "solvers" in g:
+            raise InvalidArgumentError("sweeps take their solvers from [[candidates]]; remove 'solvers'")
+        g["name"] = f"{raw['name']}-{sw.get('name', i)}"
+        sweeps.append(gridmod.from_dict({**g, "solvers": solvers, "device": str(raw.get("device", "cpu"))}))
+    names = [s.name for s in sweeps]
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError(f"sweep names must be distinct, got {names}")
+    kb = tuple(math.inf if str(k).lower() == "inf" else float(k) for k in raw.get("kappa_bands", ()))
+    return TuneSpec(
+        name=str(raw["name"]),
+        description=str(raw.get("description", "")),
+        device=str(raw.get("device", "cpu")),
+        targets=tuple(sorted(float(t) for t in raw.get("targets", ()))),
+        n_bands=tuple(int(n) for n in raw.get("n_bands", ())),
+        kappa_bands=kb,
+        candidates=candidates,
+        sweeps=tuple(sweeps),
+        workers=raw.get("workers"),
+        margin=float(raw.get("margin", 1.0)),
+        cost_tolerance=float(raw.get("cost_tolerance", 0.1)),
+        raw=raw,
+    )
+
+
+def load_config(path: str | Path) -> TuneSpec:
+    """Read a tune config (TOML)."""
+    with open(path, "rb") as fh:
+        return from_dict(tomllib.load(fh))
+
+
+__all__ = ["TuneSpec", "expand_candidates", "from_dict", "load_config"]

@@ -1,0 +1,658 @@
+"""Validation grid: a TOML config expanded into training units (task x optimizer config x lr x seed).
+
+A config looks like (see ``experiments/configs/validate_demo.toml``)::
+
+    name = "validate_demo"
+    seeds = [0, 1, 2]
+    order = "task"           # or "seed": every task's first seed first (useful partial runs)
+
+    [timing]                 # the in-unit interleaved step timing against AdamW
+    rounds = 3               # alternating (this optimizer, AdamW) chunks
+    chunk_steps = 10         # steps per chunk (default: the config's precondition frequency)
+
+    [diagnostics]
+    root_error_samples = 4   # factors per root round checked against a float64 eigh reference
+    reference_eps = 1e-6     # the common reference root of forward_error_total (all configs alike)
+    reference_eps_mode = "relative"
+
+    [tasks.digits]           # one table per task; all keys optional
+    steps = 300
+    eval_every = 20
+    size = { hidden = 128 }  # keyword arguments of get_task
+    seeds = [0]              # this task's seeds (default: the grid's)
+
+    [[optimizers]]
+    name = "adamw"           # "adamw", "sgd" (momentum) or "shampoo"
+    lr = [1e-3, 3e-3, 1e-2]  # a list, or a table of lists per task: { digits = [...], default = [...] }
+    options = { weight_decay = 0.0 }
+
+    [[optimizers]]
+    name = "shampoo"
+    lr = [1e-3, 3e-3]
+    root_solver = ["eigh", { name = "coupled_newton", options = { scaling = "frobenius" } }]
+    root_dtype = ["fp32", "bf16"]
+    eps = [{ value = 1e-12, mode = "absolute" }, { value = 1e-6, mode = "relative" }]
+    precondition_frequency = [10]
+    tasks = ["digits"]       # optional: only these tasks
+    options = { grafting = "adam", max_preconditioner_dim = 256 }
+
+    [[optimizers]]
+    name = "soap"            # eigenvalue-corrected Shampoo (shampoo.SOAP as the group's preconditioner)
+    lr = [1e-3, 3e-3]
+    basis_update = ["eigh_warm", "qr"]   # shampoo.SOAP.basis_update values
+    precondition_frequency = [10]
+    eps = [1e-8]             # SOAP's Adam eps
+    options = { betas = [0.95, 0.95] }   # Shampoo keyword arguments (defaults below)
+
+With a ``[protocol]`` table the grid is the tuning protocol of :mod:`matroots.study.validation.protocol`
+instead: optimizer entries give no ``lr`` list but a search space (``space``, ``fixed``, ``tune``), and
+the units are quasi-random trials (phase ``"tune"``) and, once those are done, the chosen point of each
+optimizer at the final seeds (phase ``"final"``, :meth:`ValidationGrid.final_units`). ``name = "peer"``
+entries (``peer = "heavyball_soap"`` or ``"meta_shampoo"``, :mod:`matroots.study.validation.peers`) run the
+optimizers of other packages through the same harness.
+
+Every Shampoo entry is the cross product of its root solvers, dtypes, eps and frequencies (``"all"``
+as ``root_solver`` means every registered solver); every SOAP entry the cross product of its basis
+updates, eps and frequencies (SOAP defaults: ``grafting="none"``, ``start_preconditioning_step=1``,
+``max_preconditioner_dim=256``: SOAP as published). Every optimizer config of a task runs on the same
+seeds, hence the same initial weights and data order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...core.errors import InvalidArgumentError
+from . import protocol as proto
+from .tasks import TASKS
+
+OPTIMIZERS = ("adamw", "sgd", "shampoo", "soap", "peer")
+DTYPES = {"fp64": "fp64", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+BASELINE = "adamw"  # the optimizer whose best final validation loss is every task's target
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSpec:
+    name: str
+    steps: int
+    eval_every: int
+    size: dict[str, Any] = field(default_factory=dict)
+    seeds: tuple[int, ...] = ()  # empty: the grid's seeds
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSpec:
+    """One optimizer configuration without its learning rate (Shampoo: one solver/dtype/eps/frequency)."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    root_solver: str = ""
+    solver_options: dict[str, Any] = field(default_factory=dict)
+    solver_label: str = ""
+    root_dtype: str = ""
+    eps: float = 0.0
+    eps_mode: str = ""
+    precondition_frequency: int = 0
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", self.default_label())
+
+    def default_label(self) -> str:
+        if self.name == "peer":
+            return self.root_solver
+        if self.name == "soap":
+            return f"soap[{self.solver_label}|eps={self.eps:g}|f={self.precondition_frequency}]"
+        if self.name != "shampoo":
+            return self.name
+        mode = "rel" if self.eps_mode == "relative" else "abs"
+        return f"shampoo[{self.solver_label}|{self.root_dtype}|eps={self.eps:g}{mode}|f={self.precondition_frequency}]"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unit:
+    """One training run: a task, an optimizer config, a learning rate and a seed."""
+
+    key: str
+    task: TaskSpec
+    optimizer: OptimizerSpec
+    lr: float
+    seed: int
+    timing_rounds: int
+    timing_chunk: int
+    root_error_samples: int
+    reference_eps: float = 1e-6
+    reference_eps_mode: str = "relative"
+    phase: str = ""  # the protocol's "tune" or "final" ("" outside the protocol)
+    trial: int = -1  # the protocol's trial index (-1: an untuned entry's fixed point)
+    schedule: str = ""  # "warmup_cosine" (peak lr = lr) or "" (constant lr)
+    warmup_fraction: float = 0.0
+    hparams: dict[str, Any] = field(default_factory=dict)  # the protocol's point (lr, beta2, ...)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProtocolEntry:
+    """One optimizer of the protocol: a spec template, its search space and its fixed values."""
+
+    spec: OptimizerSpec
+    space: dict[str, Any]
+    fixed: dict[str, Any]
+    tune: bool
+    only: tuple[str, ...] = ()
+
+    def points(self, protocol: proto.Protocol) -> list[dict[str, Any]]:
+        if not self.tune:
+            return [{**{k: proto.DEFAULTS[k] for k in proto.OPTIMIZER_DIMS[self.spec.name]
+                        if k in proto.DEFAULTS}, **self.fixed}]  # fmt: skip
+        return proto.trial_points(protocol, self.spec.name, self.space, self.fixed)
+
+    def trial_spec(self, hp: dict[str, Any]) -> OptimizerSpec:
+        """The optimizer config of one point: beta2, weight decay, grafting and frequency as options."""
+        s = self.spec
+        opts = dict(s.options)
+        b1 = float(opts.get("betas", [0.9])[0])
+        if s.name != "sgd":
+            opts["betas"] = [b1, float(hp["beta2"])]
+        opts["weight_decay"] = float(hp.get("weight_decay", 0.0))
+        if s.name == "shampoo":
+            opts["grafting"] = hp.get("grafting", "adam")
+            opts["grafting_beta2"] = float(hp["beta2"])
+        if s.name == "soap":
+            opts["soap_beta2"] = float(hp["beta2"])
+        freq = int(hp.get("precondition_frequency", 0)) if s.name in ("shampoo", "soap", "peer") else 0
+        return dataclasses.replace(s, options=opts, precondition_frequency=freq, label=s.label)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationGrid:
+    name: str
+    seeds: tuple[int, ...]
+    tasks: tuple[TaskSpec, ...]
+    entries: tuple[tuple[OptimizerSpec, dict[str, tuple[float, ...]], tuple[str, ...]], ...]
+    timing_rounds: int = 3
+    timing_chunk: int = 0
+    root_error_samples: int = 4
+    reference_eps: float = 1e-6
+    reference_eps_mode: str = "relative"
+    order: str = "task"
+    raw: dict[str, Any] = field(default_factory=dict)
+    protocol: proto.Protocol | None = None
+    protocol_entries: tuple[ProtocolEntry, ...] = ()
+
+    def config_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.raw, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.raw)
+
+    def lrs(self, entry_lrs: dict[str, tuple[float, ...]], task: str) -> tuple[float, ...]:
+        return entry_lrs.get(task, entry_lrs.get("default", ()))
+
+    def units(self) -> list[Unit]:
+        """All units, baseline (AdamW) first within each task and seed, so targets exist early.
+
+        ``order = "task"`` (default) runs task by task; ``order = "seed"`` runs seed by seed (every task's
+        first seed first), so that an interrupted or partial run already covers every task.
+
+        Under the protocol: the tuning trials (every tuned optimizer x trial x tuning seed) and the
+        untuned entries' fixed points at the final seeds; :meth:`final_units` adds the rest."""
+        if self.protocol is not None:
+            return self._tuning_units()
+        out: list[Unit] = []
+        rank = {n: i for i, n in enumerate((BASELINE, "sgd", "shampoo", "soap"))}
+        entries = sorted(self.entries, key=lambda e: rank[e[0].name])
+        pairs = [(t, seed) for t in self.tasks for seed in (t.seeds or self.seeds)]
+        if self.order == "seed":
+            pairs.sort(key=lambda ts: sorted(ts[0].seeds or self.seeds).index(ts[1]))
+        for task, seed in pairs:
+            for spec, lrs, only in entries:
+                if only and task.name not in only:
+                    continue
+                for lr in self.lrs(lrs, task.name):
+                    out.append(self._unit(task, spec, lr, seed))
+        keys = [u.key for u in out]
+        if len(set(keys)) != len(keys):
+            dup = sorted({k for k in keys if keys.count(k) > 1})
+            raise InvalidArgumentError(f"validation config {self.name!r} repeats runs: {dup[:3]}")
+        return out
+
+    def _entries_of(self, task: TaskSpec) -> list[ProtocolEntry]:
+        return [e for e in self.protocol_entries if not e.only or task.name in e.only]
+
+    def _tuning_units(self) -> list[Unit]:
+        assert self.protocol is not None
+        out = []
+        for task in self.tasks:
+            for e in self._entries_of(task):
+                pts = e.points(self.protocol)
+                seeds = self.protocol.tuning_seeds if e.tune else self.protocol.final_seeds
+                phase = "tune" if e.tune else "final"
+                for seed in seeds:
+                    for k, hp in enumerate(pts):
+                        out.append(self._protocol_unit(task, e, hp, seed, phase, k if e.tune else -1))
+        return self._unique(out)
+
+    def final_units(self, chosen: Any) -> list[Unit]:
+        """The chosen point of each tuned (task, optimizer) at the final seeds; ``chosen`` is the table
+        of :func:`matroots.study.validation.protocol.select` (rows whose status is not ``"chosen"`` add none)."""
+        assert self.protocol is not None
+        ok = chosen[chosen["status"] == "chosen"] if len(chosen) else chosen
+        pick = {(r["task"], r["config"]): int(r["trial"]) for _, r in ok.iterrows()}
+        out = []
+        for task in self.tasks:
+            for e in self._entries_of(task):
+                k = pick.get((task.name, e.spec.label))
+                if not e.tune or k is None:
+                    continue
+                hp = e.points(self.protocol)[k]
+                out.extend(
+                    self._protocol_unit(task, e, hp, seed, "final", k) for seed in self.protocol.final_seeds
+                )
+        return self._unique(out)
+
+    def final_unit_count(self) -> int:
+        """Units of the final phase when every tuned optimizer has a chosen point."""
+        assert self.protocol is not None
+        return sum(len(self.protocol.final_seeds) for t in self.tasks for e in self._entries_of(t) if e.tune)
+
+    def _protocol_unit(
+        self, task: TaskSpec, e: ProtocolEntry, hp: dict[str, Any], seed: int, phase: str, trial: int
+    ) -> Unit:
+        spec = e.trial_spec(hp)
+        extra = {"phase": phase, "trial": trial, "schedule": self.protocol.schedule if self.protocol else "",
+                 "warmup_fraction": float(hp.get("warmup_fraction", 0.0)), "hparams": dict(hp)}  # fmt: skip
+        return self._unit(task, spec, float(hp["lr"]), seed, **extra)
+
+    def _unique(self, out: list[Unit]) -> list[Unit]:
+        keys = [u.key for u in out]
+        if len(set(keys)) != len(keys):
+            dup = sorted({k for k in keys if keys.count(k) > 1})
+            raise InvalidArgumentError(f"validation config {self.name!r} repeats runs: {dup[:3]}")
+        return out
+
+    def _unit(self, task: TaskSpec, spec: OptimizerSpec, lr: float, seed: int, **extra: Any) -> Unit:
+        chunk = self.timing_chunk or spec.precondition_frequency or 10
+        parts: list[Any] = [asdict(task), asdict(spec), float(lr), int(seed)]
+        if extra:  # protocol units: the phase, trial and schedule are part of the identity too
+            parts.append(extra)
+        ident = json.dumps(parts, sort_keys=True, default=str)
+        digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
+        key = f"{task.name}.s{seed}.{re.sub(r'[^A-Za-z0-9_-]+', '_', spec.name)}.{digest}"
+        return Unit(
+            key=key,
+            task=task,
+            optimizer=spec,
+            lr=float(lr),
+            seed=int(seed),
+            timing_rounds=self.timing_rounds,
+            timing_chunk=int(chunk),
+            root_error_samples=self.root_error_samples,
+            reference_eps=self.reference_eps,
+            reference_eps_mode=self.reference_eps_mode,
+            **extra,
+        )
+
+
+def bad_config(msg: str) -> InvalidArgumentError:
+    """The typed error of a bad validation config (one line at the command line)."""
+    return InvalidArgumentError(f"validation config: {msg}")
+
+
+def _lrs(values: list[Any], where: str) -> tuple[float, ...]:
+    """Learning rates: a non-empty list of finite numbers > 0."""
+    if not values:
+        raise bad_config(f"{where}: lr lists no learning rate; give e.g. [1e-3, 3e-3]")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+            raise bad_config(f"{where}: lr values must be finite numbers > 0, got {v!r}")
+    return tuple(float(v) for v in values)
+
+
+def _int(value: Any, where: str, lo: int) -> int:
+    """A whole number >= lo (TOML integers; a float with an integer value is accepted)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)  # int(inf) raises OverflowError, int(nan) ValueError
+        or value != int(value)
+        or value < lo
+    ):
+        raise bad_config(f"{where} must be a whole number >= {lo}, got {value!r}")
+    return int(value)
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _lr_table(value: Any, where: str) -> dict[str, tuple[float, ...]]:
+    if isinstance(value, list):
+        return {"default": _lrs(value, where)}
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if k != "default" and k not in TASKS:
+                raise bad_config(
+                    f"{where}: lr table key {k!r} is not a task; tasks: {sorted(TASKS)} or 'default'"
+                )
+            out[k] = _lrs(_list(v), f"{where}.lr.{k}")
+        return out
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return {"default": _lrs([value], where)}
+    raise bad_config(f"{where}: lr must be a list of numbers or a table of lists per task, got {value!r}")
+
+
+def _solvers(value: Any, where: str) -> list[tuple[str, dict[str, Any], str]]:
+    from ...solvers import registry
+
+    items = value if isinstance(value, list) else [value]
+    out: list[tuple[str, dict[str, Any], str]] = []
+    for it in items:
+        if it == "all":  # every registered solver; "auto" only selects one of them
+            out.extend((n, {}, n) for n in registry.available() if n != "auto")
+            continue
+        if isinstance(it, str):
+            it = {"name": it}
+        if not isinstance(it, dict) or "name" not in it:
+            raise bad_config(
+                f"{where}: root_solver entries are names or {{name=..., options={{...}}}}, got {it!r}"
+            )
+        name, opts = it["name"], dict(it.get("options", {}))
+        if name not in registry.available():
+            raise bad_config(
+                f"{where}: unknown root solver {name!r}; available: {registry.available()} or 'all'"
+            )
+        label = it.get("label") or (
+            f"{name}({','.join(f'{k}={v}' for k, v in sorted(opts.items()))})" if opts else name
+        )
+        out.append((name, opts, label))
+    return out
+
+
+def _soap_specs(o: dict[str, Any], opts: dict[str, Any], where: str) -> list[OptimizerSpec]:
+    """The SOAP configs of an entry: basis updates x eps x precondition frequencies."""
+    from shampoo.transforms.soap import BASIS_UPDATES
+
+    bases = o.get("basis_update", ["eigh_warm"])
+    bases = bases if isinstance(bases, list) else [bases]
+    for b in bases:
+        if b not in BASIS_UPDATES:
+            raise bad_config(f"{where}: basis_update {b!r} not one of {BASIS_UPDATES}")
+    epss = o.get("eps", [1e-8])
+    epss = epss if isinstance(epss, list) else [epss]
+    for e in epss:
+        if isinstance(e, bool) or not isinstance(e, int | float) or e < 0:
+            raise bad_config(f"{where}: SOAP eps must be numbers >= 0, got {e!r}")
+    freqs = [
+        _int(f, f"{where}.precondition_frequency", 1) for f in _list(o.get("precondition_frequency", [10]))
+    ]
+    out = []
+    for b, e, f in itertools.product(bases, epss, freqs):
+        spec = OptimizerSpec(
+            name="soap", options=opts, root_solver=b, solver_label=b, root_dtype="fp32", eps=float(e),
+            precondition_frequency=f,
+        )  # fmt: skip
+        if o.get("label"):
+            spec = dataclasses.replace(spec, label=o["label"] + spec.default_label()[len("soap") :])
+        out.append(spec)
+    return out
+
+
+def from_dict(raw: dict[str, Any]) -> ValidationGrid:
+    """Validate a parsed config (see the module docstring) and build the grid."""
+    known = {"name", "seeds", "tasks", "optimizers", "timing", "diagnostics", "order", "protocol"}
+    extra = set(raw) - known
+    if extra:
+        raise bad_config(f"unknown keys {sorted(extra)}; allowed: {sorted(known)}")
+    name = str(raw.get("name", "validate"))
+    seeds = tuple(_int(s, "seeds", 0) for s in _list(raw.get("seeds", [0])))
+    if not seeds:
+        raise bad_config("seeds must not be empty")
+    tasks = []
+    for tname, t in (raw.get("tasks") or {}).items():
+        if tname not in TASKS:
+            raise bad_config(f"unknown task {tname!r}; available: {sorted(TASKS)}")
+        t = t or {}
+        if not isinstance(t, dict):
+            raise bad_config(f"tasks.{tname} must be a table (steps, eval_every, size, seeds), got {t!r}")
+        bad = set(t) - {"steps", "eval_every", "size", "seeds"}
+        if bad:
+            raise bad_config(
+                f"tasks.{tname}: unknown keys {sorted(bad)}; allowed: steps, eval_every, size, seeds"
+            )
+        cls = TASKS[tname]
+        steps = _int(t.get("steps", cls.default_steps), f"tasks.{tname}.steps", 1)
+        every = _int(t.get("eval_every", cls.default_eval_every), f"tasks.{tname}.eval_every", 1)
+        tseeds = tuple(_int(x, f"tasks.{tname}.seeds", 0) for x in _list(t.get("seeds", [])))
+        if not isinstance(t.get("size", {}), dict):
+            raise bad_config(f"tasks.{tname}.size must be a table of size options, got {t['size']!r}")
+        tasks.append(
+            TaskSpec(name=tname, steps=steps, eval_every=every, size=dict(t.get("size", {})), seeds=tseeds)
+        )
+    if not tasks:
+        raise bad_config(f"no [tasks.NAME] tables; available tasks: {sorted(TASKS)}")
+    protocol = None
+    pentries: tuple[ProtocolEntry, ...] = ()
+    entries = []
+    if "protocol" in raw:
+        protocol = proto.parse_protocol(raw["protocol"])
+        tasks = [dataclasses.replace(t, size={**t.size, "holdout": True}) for t in tasks]
+        pentries = _protocol_entries(raw, protocol)
+        entries = [(e.spec, {}, e.only) for e in pentries]
+    for i, o in enumerate([] if protocol else _list(raw.get("optimizers") or [])):
+        where = f"optimizers[{i}]"
+        if not isinstance(o, dict):
+            raise bad_config(f"{where} must be a table ([[optimizers]] with name, lr, ...), got {o!r}")
+        oname = o.get("name")
+        if oname not in OPTIMIZERS:
+            raise bad_config(f"{where}: name must be one of {OPTIMIZERS}, got {oname!r}")
+        allowed = {"name", "lr", "options", "tasks", "label"}
+        if oname == "shampoo":
+            allowed |= {"root_solver", "root_dtype", "eps", "precondition_frequency"}
+        if oname == "soap":
+            allowed |= {"basis_update", "eps", "precondition_frequency"}
+        bad = set(o) - allowed
+        if bad:
+            raise bad_config(f"{where}: unknown keys {sorted(bad)} for {oname}; allowed: {sorted(allowed)}")
+        if "lr" not in o:
+            raise bad_config(f"{where}: lr is required (a small log sweep, e.g. [1e-3, 3e-3, 1e-2])")
+        lrs = _lr_table(o["lr"], where)
+        only = tuple(o.get("tasks", ()))
+        for t in only:
+            if t not in TASKS:
+                raise bad_config(f"{where}: tasks lists unknown task {t!r}")
+        if not isinstance(o.get("options", {}), dict):
+            raise bad_config(
+                f"{where}: options must be a table of optimizer keyword arguments, got {o['options']!r}"
+            )
+        opts = dict(o.get("options", {}))
+        if oname == "soap":
+            entries.extend((spec, lrs, only) for spec in _soap_specs(o, opts, where))
+            continue
+        if oname != "shampoo":
+            entries.append((OptimizerSpec(name=oname, options=opts, label=o.get("label", "")), lrs, only))
+            continue
+        dts = _list(o.get("root_dtype", ["fp32"]))
+        for d in dts:
+            if d not in DTYPES:
+                raise bad_config(f"{where}: root_dtype {d!r} not one of {sorted(DTYPES)}")
+        epss = _list(o.get("eps", [{"value": 1e-12, "mode": "absolute"}]))
+        epss = [e if isinstance(e, dict) else {"value": e} for e in epss]
+        for e in epss:
+            v = e.get("value", 0.0)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise bad_config(f"{where}: eps values must be finite numbers >= 0, got {v!r}")
+            if e.get("mode", "absolute") not in ("absolute", "relative"):
+                raise bad_config(f"{where}: eps mode must be 'absolute' or 'relative', got {e.get('mode')!r}")
+        freqs = [
+            _int(f, f"{where}.precondition_frequency", 1)
+            for f in _list(o.get("precondition_frequency", [10]))
+        ]
+        for (sname, sopts, slabel), d, e, f in itertools.product(
+            _solvers(o.get("root_solver", ["eigh"]), where), dts, epss, freqs
+        ):
+            spec = OptimizerSpec(
+                name="shampoo",
+                options=opts,
+                root_solver=sname,
+                solver_options=sopts,
+                solver_label=slabel,
+                root_dtype=d,
+                eps=float(e.get("value", 0.0)),
+                eps_mode=e.get("mode", "absolute"),
+                precondition_frequency=f,
+            )
+            if o.get("label"):  # a name for the entry: it replaces "shampoo" in each config's label
+                spec = dataclasses.replace(spec, label=o["label"] + spec.default_label()[len("shampoo") :])
+            entries.append((spec, lrs, only))
+    if not any(e[0].name == BASELINE for e in entries):
+        raise bad_config("the grid needs an 'adamw' entry: its best final validation loss is the target")
+    labels = [(e[0].label, e[2]) for e in entries]
+    if len({lab for lab, _ in labels}) != len(labels):
+        dup = sorted({lab for lab, _ in labels if [x for x, _ in labels].count(lab) > 1})
+        raise bad_config(f"optimizer configs with the same label {dup[:3]}: give them distinct 'label's")
+    timing = raw.get("timing", {})
+    diag = raw.get("diagnostics", {})
+    order = raw.get("order", "task")
+    if order not in ("task", "seed"):
+        raise bad_config(f"order must be 'task' or 'seed', got {order!r}")
+    bad = set(timing) - {"rounds", "chunk_steps"}
+    bad |= set(diag) - {"root_error_samples", "reference_eps", "reference_eps_mode"}
+    if bad:
+        raise bad_config(f"unknown [timing]/[diagnostics] keys {sorted(bad)}")
+    if diag.get("reference_eps_mode", "relative") not in ("absolute", "relative"):
+        raise bad_config("diagnostics.reference_eps_mode must be 'absolute' or 'relative'")
+    _int(timing.get("rounds", 3), "timing.rounds", 1)
+    _int(timing.get("chunk_steps", 0), "timing.chunk_steps", 0)
+    _int(diag.get("root_error_samples", 4), "diagnostics.root_error_samples", 0)
+    ref_eps = diag.get("reference_eps", 1e-6)
+    if isinstance(ref_eps, bool) or not isinstance(ref_eps, int | float) or not ref_eps >= 0:
+        raise bad_config(f"diagnostics.reference_eps must be a number >= 0, got {ref_eps!r}")
+    return ValidationGrid(
+        name=name,
+        seeds=seeds,
+        tasks=tuple(tasks),
+        entries=tuple(entries),
+        timing_rounds=int(timing.get("rounds", 3)),
+        timing_chunk=int(timing.get("chunk_steps", 0)),
+        root_error_samples=int(diag.get("root_error_samples", 4)),
+        reference_eps=float(diag.get("reference_eps", 1e-6)),
+        reference_eps_mode=str(diag.get("reference_eps_mode", "relative")),
+        order=order,
+        raw=raw,
+        protocol=protocol,
+        protocol_entries=pentries,
+    )
+
+
+def _protocol_entries(raw: dict[str, Any], protocol: proto.Protocol) -> tuple[ProtocolEntry, ...]:
+    """The ``[[optimizers]]`` of a protocol config (see :mod:`matroots.study.validation.protocol`)."""
+    from shampoo.transforms.soap import BASIS_UPDATES
+
+    from .peers import PEERS
+
+    out = []
+    for i, o in enumerate(_list(raw.get("optimizers") or [])):
+        where = f"optimizers[{i}]"
+        if not isinstance(o, dict):
+            raise bad_config(f"{where} must be a table ([[optimizers]] with name, label, ...), got {o!r}")
+        oname = o.get("name")
+        if oname not in proto.OPTIMIZER_DIMS:
+            raise bad_config(f"{where}: name must be one of {sorted(proto.OPTIMIZER_DIMS)}, got {oname!r}")
+        allowed = {"name", "label", "options", "tasks", "space", "fixed", "tune"}
+        allowed |= {"shampoo": {"root_solver", "root_dtype", "eps"}, "soap": {"basis_update", "eps"},
+                    "peer": {"peer"}}.get(oname, set())  # fmt: skip
+        bad = set(o) - allowed
+        if bad:
+            hint = " (the protocol samples lr: give its range in space)" if "lr" in bad else ""
+            raise bad_config(
+                f"{where}: unknown keys {sorted(bad)} for {oname}{hint}; allowed: {sorted(allowed)}"
+            )
+        opts = dict(o.get("options", {}))
+        only = tuple(o.get("tasks", ()))
+        for t in only:
+            if t not in TASKS:
+                raise bad_config(f"{where}: tasks lists unknown task {t!r}")
+        space = proto.parse_space(o.get("space"), protocol.space, f"{where}.space")
+        fixed = dict(o.get("fixed", {}))
+        unknown = set(fixed) - set(proto.DIMENSIONS)
+        if unknown:
+            raise bad_config(
+                f"{where}.fixed: unknown hyperparameters {sorted(unknown)}; allowed: {list(proto.DIMENSIONS)}"
+            )
+        tune = o.get("tune", True)
+        if not isinstance(tune, bool):
+            raise bad_config(f"{where}.tune must be true or false, got {tune!r}")
+        if not tune and "lr" not in fixed:
+            raise bad_config(f"{where}: an untuned entry (tune = false) needs fixed.lr")
+        if oname == "shampoo":
+            ((sname, sopts, slabel),) = _solvers(o.get("root_solver", "eigh"), where)
+            eps = o.get("eps", {"value": 1e-12, "mode": "absolute"})
+            eps = eps if isinstance(eps, dict) else {"value": eps}
+            spec = OptimizerSpec(name="shampoo", options=opts, root_solver=sname, solver_options=sopts,
+                                 solver_label=slabel, root_dtype=o.get("root_dtype", "fp32"),
+                                 eps=float(eps.get("value", 1e-12)), eps_mode=eps.get("mode", "absolute"),
+                                 precondition_frequency=10, label=o.get("label", f"shampoo[{slabel}]"))  # fmt: skip
+        elif oname == "soap":
+            basis = o.get("basis_update", "eigh_warm")
+            if basis not in BASIS_UPDATES:
+                raise bad_config(f"{where}: basis_update {basis!r} not one of {BASIS_UPDATES}")
+            spec = OptimizerSpec(name="soap", options=opts, root_solver=basis, solver_label=basis, root_dtype="fp32",
+                                 eps=float(o.get("eps", 1e-8)), precondition_frequency=10,
+                                 label=o.get("label", f"soap[{basis}]"))  # fmt: skip
+        elif oname == "peer":
+            peer = o.get("peer")
+            if peer not in PEERS:
+                raise bad_config(f"{where}: peer must be one of {sorted(PEERS)}, got {peer!r}")
+            spec = OptimizerSpec(name="peer", options=opts, root_solver=peer, solver_label=peer,
+                                 precondition_frequency=10, label=o.get("label", peer))  # fmt: skip
+        else:
+            spec = OptimizerSpec(name=oname, options=opts, label=o.get("label", oname))
+        for k in fixed:
+            if k in proto.OPTIMIZER_DIMS[oname] or k in ("lr", "beta2", "weight_decay", "warmup_fraction"):
+                continue
+            raise bad_config(f"{where}.fixed: {k} is not a hyperparameter of {oname}")
+        out.append(ProtocolEntry(spec=spec, space=space, fixed=fixed, tune=tune, only=only))
+    if not any(e.spec.name == BASELINE and e.tune for e in out):
+        raise bad_config("the protocol needs a tuned 'adamw' entry: every ratio is against it")
+    labels = [e.spec.label for e in out]
+    if len(set(labels)) != len(labels):
+        raise bad_config(
+            f"optimizer entries with the same label {sorted({x for x in labels if labels.count(x) > 1})}"
+        )
+    return tuple(out)
+
+
+def load_config(path: str | Path) -> ValidationGrid:
+    """Read and validate a validation TOML config."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no validation config {p}")
+    with p.open("rb") as fh:
+        try:
+            raw = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as exc:
+            raise bad_config(f"{p} is not valid TOML: {exc}") from None
+        except UnicodeDecodeError:
+            raise bad_config(f"{p} is not a text file (not UTF-8); give a TOML config") from None
+    try:
+        return from_dict(raw)
+    except InvalidArgumentError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a value of the wrong shape
+        raise bad_config(f"{p}: malformed value ({type(exc).__name__}: {exc})") from None
+
+
+__all__ = [
+    "BASELINE", "OptimizerSpec", "ProtocolEntry", "TaskSpec", "Unit", "ValidationGrid", "bad_config", "from_dict", "load_config",
+]  # fmt: skip

@@ -1,0 +1,360 @@
+"""Run a validation grid with the shared resumable runner and turn its parts into tidy tables.
+
+``run_validation(grid, out)`` runs every unit (:func:`matroots.study.validation.training.run_unit`) through
+:func:`matroots.study.runner.run_units` -- the same process pool, dead-worker recovery, atomic per-unit
+parts, resume and dask support as ``matroots sweep`` -- then :func:`collect` writes
+
+* ``curves.parquet``: one row per (unit, eval step, step 0 included): ``train_loss`` (mean minibatch
+  loss since the previous evaluation), ``val_loss``, ``metric`` (the task's metric, named in the run
+  row's ``metric_name``), ``wall_s`` / ``cpu_s`` (cumulative training time, evaluations excluded);
+* ``runs.parquet``: one row per unit: final/best validation loss, failure, timing against AdamW,
+  Shampoo's root totals (:data:`RUN_COLUMNS`, :data:`SHAMPOO_RUN_COLUMNS`);
+* ``roots.parquet``: one row per (unit, root round, factor): every field of ``opt.diagnostics()``
+  and the forward errors of the sampled factors (:data:`ROOT_COLUMNS`);
+* ``summary.parquet``, ``accuracy.parquet``: see :mod:`matroots.study.validation.summary`;
+
+with ``provenance.json`` (kind ``"validation"``, config, hash, one record per start/resume).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .. import atomic, runner
+from .config import OptimizerSpec, Unit, ValidationGrid
+from .preflight import check
+from .training import crash_rows, run_unit
+
+log = logging.getLogger("matroots.study.validation")
+
+KIND = "validation"
+
+#: Columns every row of a table has (``identity`` columns name the unit in all three).
+IDENTITY_COLUMNS = ("unit", "task", "optimizer", "config", "lr", "seed")
+CURVE_COLUMNS = (*IDENTITY_COLUMNS, "step", "train_loss", "val_loss", "metric", "wall_s", "cpu_s")
+RUN_COLUMNS = (
+    *IDENTITY_COLUMNS,
+    "steps",
+    "steps_done",
+    "failure",
+    "final_val_loss",
+    "final_metric",
+    "metric_name",
+    "best_val_loss",
+    "train_wall_s",
+    "train_cpu_s",
+    "step_s",
+    "adamw_step_s",
+    "time_ratio",
+    "step_cpu_s",
+    "adamw_step_cpu_s",
+    "time_ratio_cpu",
+    "opt_time_ratio",
+    "versions",
+    "machine",
+)
+#: Run columns of Shampoo units only.
+SHAMPOO_RUN_COLUMNS = (
+    "root_solver",
+    "root_dtype",
+    "eps",
+    "eps_mode",
+    "precondition_frequency",
+    "root_rounds",
+    "root_failures",
+    "primary_failures",
+    "fallback_uses",
+    "forward_error_median",
+    "forward_error_total_median",
+)
+ROOT_COLUMNS = (
+    *IDENTITY_COLUMNS,
+    "step",
+    "param",
+    "block",
+    "dim",
+    "n",
+    "solver",
+    "iterations",
+    "converged",
+    "failures",
+    "primary_failures",
+    "fallback_uses",
+    "kappa",
+    "sampled",
+    "forward_error",
+    "forward_error_total",
+    "forward_error_solved",
+)
+#: Columns measured with a clock (differ between otherwise identical runs).
+TIMING_COLUMNS = (
+    "wall_s", "cpu_s", "train_wall_s", "train_cpu_s", "step_s", "adamw_step_s", "time_ratio", "step_cpu_s",
+    "adamw_step_cpu_s", "time_ratio_cpu", "opt_step_s", "adamw_opt_step_s", "opt_time_ratio", "root_seconds",
+    "seconds", "unit_wall_seconds", "unit_cpu_seconds",
+)  # fmt: skip
+TABLES = ("curves", "runs", "roots")
+_TAG = {"curve": "curves", "run": "runs", "root": "roots"}
+ORDER = ("task", "optimizer", "config", "phase", "trial", "lr", "seed", "step")
+
+
+def run_validation(
+    grid: ValidationGrid,
+    out_dir: str | Path,
+    *,
+    workers: int | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    scheduler: Any = None,
+    csv: bool = False,
+    retry_crashed: bool = True,
+) -> dict[str, pd.DataFrame]:
+    """Run (or resume) a validation grid into ``out_dir``; return its tables (see :func:`collect`).
+
+    The whole config is checked first (:func:`matroots.study.validation.preflight.check`: every task builds,
+    every optimizer config constructs and steps), so a mistake stops the run before any unit starts.
+    ``retry_crashed``: rerun units an earlier run recorded as ``WorkerCrashed`` (default)."""
+    check(grid)
+    runner.check_scheduler(scheduler)
+    out = runner.open_run(
+        out_dir, kind=KIND, config=grid.to_dict(), config_hash=grid.config_hash(), resume=resume
+    )
+    kw = {"workers": workers, "scheduler": scheduler, "progress": progress, "crash_rows": crash_rows}
+    stats = runner.run_units(
+        grid.units(), run_unit, out, desc=f"validate {grid.name}", retry_crashed=retry_crashed, **kw
+    )
+    if (
+        grid.protocol is not None
+    ):  # phase 2: each optimizer's chosen point (from the parts) at the final seeds
+        from .protocol import select
+
+        final = grid.final_units(select(load(out)["runs"]))
+        more = runner.run_units(final, run_unit, out, desc=f"validate {grid.name} (final)", **kw)
+        for f in ("units", "skipped", "ran", "crashed", "seconds"):
+            setattr(stats, f, getattr(stats, f) + getattr(more, f))
+    runner.close_run(out, stats)
+    return collect(out, csv=csv)
+
+
+def is_validation_run(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` holds a validation run (by its provenance)."""
+    try:
+        return runner.read_provenance(run_dir).get("kind") == KIND
+    except (OSError, ValueError):
+        return False
+
+
+def split_tables(rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The runner's mixed rows split by their ``table`` tag, each without the other tables' columns."""
+    out = {}
+    for tag, name in _TAG.items():
+        part = rows[rows["table"] == tag] if "table" in rows else rows.iloc[0:0]
+        part = part.dropna(axis=1, how="all").drop(columns=["table"], errors="ignore")
+        cols = [c for c in ORDER if c in part]
+        out[name] = part.sort_values(cols, kind="stable").reset_index(drop=True) if cols else part
+    return out
+
+
+def load(run_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """The tables of a validation run from its parts (complete or not); writes nothing."""
+    run = Path(run_dir)
+    if not run.exists():
+        raise FileNotFoundError(f"no run folder {run}")
+    return split_tables(runner.read_parts(run))
+
+
+def collect(out_dir: str | Path, *, csv: bool = False) -> dict[str, pd.DataFrame]:
+    """Write curves/runs/roots/summary/accuracy parquet files of a run folder and return them."""
+    from . import summary
+
+    out = Path(out_dir)
+    tables = load(out)
+    if tables["runs"].empty:
+        return tables
+    if "phase" in tables["runs"]:  # a protocol run
+        from .protocol import select
+        from .protocol_report import protocol_summary
+
+        tables["chosen"] = select(tables["runs"])
+        tables["protocol"] = protocol_summary(tables["curves"], tables["runs"])
+        for name, df in tables.items():
+            runner.atomic_write_parquet(df, out / f"{name}.parquet")
+        return tables
+    tables["summary"] = summary.summarize(tables["curves"], tables["runs"])
+    tables["accuracy"] = summary.accuracy_table(tables["summary"], tables["roots"])
+    for name, df in tables.items():
+        runner.atomic_write_parquet(df, out / f"{name}.parquet")
+        if csv:
+            atomic.write_csv(out / f"{name}.csv", df, index=False)
+    return tables
+
+
+# ----------------------------------------------------------------------------------------------------
+# dry run
+
+
+def _cost_key(unit: Unit) -> tuple[Any, ...]:
+    s = unit.optimizer
+    return (unit.task.name, tuple(sorted(unit.task.size.items())), s.name, s.root_solver, s.root_dtype,
+            s.precondition_frequency, tuple(sorted(s.solver_options.items())))  # fmt: skip
+
+
+def _probe(unit: Unit) -> dict[str, float]:
+    """Time a short version of ``unit`` on this machine: per-step time (with one root round per
+    precondition_frequency steps), evaluation time and build time."""
+    import torch
+
+    from .peers import PeerUnavailableError
+    from .tasks import get_task
+    from .training import interleaved_timing, make_optimizer
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    task = get_task(unit.task.name, **unit.task.size)
+    model = task.build_model(unit.seed)
+    try:
+        opt = make_optimizer(unit, model)
+    except PeerUnavailableError:  # an absent peer: its units end at once
+        return dict.fromkeys(("build_s", "eval_s", "step_s", "adamw_step_s", "eval_cpu_s", "step_cpu_s",
+                              "adamw_step_cpu_s"), 0.0)  # fmt: skip
+    build = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    task.evaluate(model)
+    ev = time.perf_counter() - t0
+    c0 = time.process_time()
+    task.evaluate(model)
+    ev_cpu = time.process_time() - c0
+    from shampoo.errors import RootComputationError
+
+    from ...core.errors import MatrootsError
+
+    batches = task.batches(unit.seed)
+    probe = Unit(**{**unit.__dict__, "timing_rounds": 1})
+    try:
+        for _ in range(max(unit.optimizer.precondition_frequency, 2)):  # past Shampoo's first root round
+            opt.zero_grad(set_to_none=True)
+            task.loss(model, next(batches)).backward()
+            opt.step()
+        t = interleaved_timing(task, model, opt, probe)
+    except (RootComputationError, MatrootsError):
+        # The config fails in training (recorded as a failure then): cost it like AdamW.
+        adam = Unit(**{**unit.__dict__, "timing_rounds": 1, "optimizer": OptimizerSpec(name="adamw")})
+        model = task.build_model(unit.seed)
+        t = interleaved_timing(task, model, make_optimizer(adam, model), adam)
+    return {
+        "build_s": build,
+        "eval_s": ev,
+        "step_s": t["step_s"],
+        "adamw_step_s": t["adamw_step_s"],
+        "eval_cpu_s": ev_cpu,
+        "step_cpu_s": t["step_cpu_s"],
+        "adamw_step_cpu_s": t["adamw_step_cpu_s"],
+    }
+
+
+def _unit_cost(u: Unit, p: dict[str, float]) -> dict[str, float]:
+    evals = u.task.steps // u.task.eval_every + 2
+    out = {}
+    for clock, sfx in (("cpu", "_cpu_s"), ("wall", "_s")):
+        out[clock] = (
+            p["build_s"]
+            + u.task.steps * p["step" + sfx]
+            + evals * p["eval" + sfx]
+            + u.timing_rounds * u.timing_chunk * (p["step" + sfx] + p["adamw_step" + sfx])
+        )
+    return out
+
+
+def _add(
+    total: dict[str, float], per_task: dict[str, float], task: str, c: dict[str, float], longest: float
+) -> float:
+    total["cpu"] += c["cpu"]
+    total["wall"] += c["wall"]
+    per_task[task] = per_task.get(task, 0.0) + c["cpu"]
+    return max(longest, c["cpu"])
+
+
+def estimate(grid: ValidationGrid, *, cores: int = 2) -> dict[str, Any]:
+    """Estimated cost of a grid, from short timed probes of each distinct (task, optimizer cost class).
+
+    Per unit: build + steps x step time (Shampoo's including its root rounds, amortised) + evaluations
+    + the interleaved timing (2 x rounds x chunk steps), from the probes' process CPU time (one thread),
+    so the estimate does not depend on how loaded the machine is while probing. Wall time assumes
+    ``cores`` workers kept busy (the total divided by ``cores``, never less than the longest unit);
+    ``wall_seconds_at_current_load`` repeats the sum with the probes' wall clocks instead.
+    """
+    check(grid)
+    units = grid.units()
+    probes: dict[tuple[Any, ...], dict[str, float]] = {}
+    per_task: dict[str, float] = {}
+    total = {"cpu": 0.0, "wall": 0.0}
+    longest = 0.0
+    per_entry: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for u in units:
+        k = _cost_key(u)
+        if k not in probes:
+            probes[k] = _probe(u)
+        costs = _unit_cost(u, probes[k])
+        if u.phase == "tune":
+            per_entry.setdefault((u.task.name, u.optimizer.label), []).append(costs)
+        longest = _add(total, per_task, u.task.name, costs, longest)
+    finals = 0
+    if grid.protocol is not None:  # the final phase: each tuned entry's mean trial cost x final seeds
+        for (task, _label), cs in per_entry.items():
+            mean = {c: sum(x[c] for x in cs) / len(cs) for c in ("cpu", "wall")}
+            for _ in grid.protocol.final_seeds:
+                finals += 1
+                longest = _add(total, per_task, task, mean, longest)
+    return {
+        "units": len(units) + finals,
+        "final_units": finals,
+        "core_seconds": total["cpu"],
+        "cores": cores,
+        "wall_seconds": max(total["cpu"] / cores, longest),
+        "wall_seconds_at_current_load": max(total["wall"] / cores, longest),
+        "load_average": os.getloadavg()[0],
+        "per_task_core_seconds": per_task,
+        "probes": len(probes),
+    }
+
+
+def format_estimate(grid: ValidationGrid, est: dict[str, Any]) -> str:
+    def hm(s: float) -> str:
+        return f"{s / 3600:.2f} h" if s >= 3600 else f"{s / 60:.1f} min"
+
+    per = ", ".join(f"{t} {hm(s)}" for t, s in est["per_task_core_seconds"].items())
+    return (
+        f"{grid.name}: {est['units']} units ("
+        + (
+            f"tuning trials and untuned points, + {est['final_units']} chosen points at the final seeds"
+            if est.get("final_units")
+            else "task x optimizer config x lr x seed"
+        )
+        + "); estimated "
+        f"{hm(est['core_seconds'])} of compute on one core ({per}), {hm(est['wall_seconds'])} wall on "
+        f"{est['cores']} idle cores; {hm(est['wall_seconds_at_current_load'])} at the current load "
+        f"(load average {est['load_average']:.1f}; {est['probes']} timed probes, one thread each)"
+    )
+
+
+__all__ = [
+    "CURVE_COLUMNS",
+    "IDENTITY_COLUMNS",
+    "KIND",
+    "ROOT_COLUMNS",
+    "RUN_COLUMNS",
+    "SHAMPOO_RUN_COLUMNS",
+    "TIMING_COLUMNS",
+    "collect",
+    "estimate",
+    "format_estimate",
+    "is_validation_run",
+    "load",
+    "run_validation",
+    "split_tables",
+]
