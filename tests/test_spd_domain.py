@@ -4,9 +4,9 @@ its inverse root is flagged (stop reason "not_determined") or refused, never ret
 
 Every case gets its domain by construction: diagonal matrices whose entries are powers of two (exact
 in fp32, so the matrix solved is the one written), or the issue's rotated 8 x 8 matrix with one zero
-eigenvalue plus 1e-16 I, whose exact smallest eigenvalue (mpmath, matroots.reference) is checked here.
+eigenvalue plus 1e-16 I, whose exact smallest eigenvalue (mpmath, matroots.truth.reference) is checked here.
 Accuracy is judged against the closed-form root of the diagonal matrix and cond(A^{-1/p}) from
-matroots.conditioning."""
+matroots.core.conditioning."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch
 
 import matroots
 from matroots import reference
-from matroots.conditioning import cond_root
-from matroots.errors import NotPositiveDefiniteError
+from matroots.core.conditioning import cond_root
+from matroots.core.errors import NotPositiveDefiniteError
 
 METHODS = ("coupled_newton", "newton_schulz", "polar_express", "halley")
 U32 = 2.0**-24
@@ -53,7 +53,7 @@ def test_well_posed_fp32_just_inside_is_converged_and_accurate(method: str) -> N
     exact = torch.diag(torch.diagonal(A).double() ** -0.5)
     err = float(torch.linalg.matrix_norm(res.root.double() - exact) / torch.linalg.matrix_norm(exact))
     n, cond = A.shape[-1], cond_root(A.double().numpy(), p)
-    # the accuracy contract's yardstick (matroots.robustness): C n (1 + cond) u with C = 10
+    # the accuracy contract's yardstick (matroots.study.robustness): C n (1 + cond) u with C = 10
     assert err <= 10 * n * (1 + cond) * U32, (err, cond)
 
 
