@@ -93,7 +93,7 @@ def ship(
 
 def _repo_relative(config: str | Path) -> str:
     """``config`` relative to this checkout's root when it lies inside it (as the provenance names it)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]  # matroots/study/validation/ship.py -> the checkout
     p = Path(config).resolve()
     return p.relative_to(root).as_posix() if p.is_relative_to(root) else Path(config).as_posix()
 
