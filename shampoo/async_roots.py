@@ -34,6 +34,7 @@ import atexit
 import itertools
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -68,7 +69,8 @@ class RootSchedule:
     delay: int
     _pending: dict[Hashable, _Pending] = field(default_factory=dict, repr=False)
     _generation: dict[Hashable, int] = field(default_factory=dict, repr=False)
-    _installed_step: dict[Hashable, int] = field(default_factory=dict, repr=False)
+    #: key -> the step whose factors the installed root was computed from
+    _installed_from: dict[Hashable, int] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for name, value, low in (
@@ -83,9 +85,19 @@ class RootSchedule:
         return [k for k, p in self._pending.items() if p.install_at <= step]
 
     def mark_installed(self, key: Hashable, step: int) -> int:
-        """Record that ``key``'s pending round was installed at ``step``; returns its generation."""
-        p = self._pending.pop(key)
-        self._installed_step[key] = p.submitted
+        """Record that ``key``'s pending round was installed at ``step``; returns its generation.
+
+        Installing before the round's install step would break the contract every rank relies on
+        (the roots in use are a function of the step count alone): that is refused.
+        """
+        p = self._pending[key]
+        if step < p.install_at:
+            raise ShampooError(
+                f"the root round for {key!r} submitted at step {p.submitted} installs at step "
+                f"{p.install_at}, not {step} (max_root_delay = {self.delay})"
+            )
+        del self._pending[key]
+        self._installed_from[key] = p.submitted
         return p.generation
 
     def due(self, key: Hashable, step: int) -> bool:
@@ -96,9 +108,9 @@ class RootSchedule:
         """
         if key in self._pending:
             return False
-        if key not in self._installed_step:
+        if key not in self._installed_from:
             return True
-        last = self._installed_step[key]
+        last = self._installed_from[key]
         return step % self.frequency == 0 or step - last >= self.frequency
 
     def submit(self, key: Hashable, step: int) -> _Pending:
@@ -115,7 +127,7 @@ class RootSchedule:
 
     def age(self, key: Hashable, step: int) -> int | None:
         """Steps since the installed root's factors were snapshotted (None: never installed)."""
-        last = self._installed_step.get(key)
+        last = self._installed_from.get(key)
         return None if last is None else step - last
 
     def pending(self) -> dict[Hashable, tuple[int, int]]:
@@ -158,8 +170,6 @@ _STOP = object()
 
 
 def _worker(jobs: queue.SimpleQueue, num_threads: int) -> None:
-    import time
-
     torch.set_num_threads(num_threads)  # this thread's intra-op budget only (see the module docstring)
     while True:
         item = jobs.get()

@@ -67,6 +67,8 @@ def test_schedule_age_generation_and_errors() -> None:
     with pytest.raises(ShampooError, match="already in flight"):
         s.submit("R", 2)
     assert s.installs(2) == [] and s.installs(3) == ["R"]
+    with pytest.raises(ShampooError, match="installs at step 3, not 2"):
+        s.mark_installed("R", 2)  # before its install step: the ranks would disagree
     assert s.mark_installed("R", 3) == 1
     assert s.age("R", 7) == 6  # the installed root was computed from step 1's factors
     s.submit("R", 10)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -71,7 +72,6 @@ def test_a_cuda_sweep_on_a_cpu_machine_stops_before_any_work(
     assert not (tmp_path / "run").exists(), "nothing may be written for a run that cannot start"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_tune_and_sweep_commands_say_so_in_one_line(tmp_path: Path) -> None:
     cfg = tmp_path / "tiny_cuda.toml"
     cfg.write_text('device = "cuda"\n' + TINY)
@@ -88,7 +88,11 @@ def test_tune_and_sweep_commands_say_so_in_one_line(tmp_path: Path) -> None:
         ["sweep", str(cfg), "--out", str(tmp_path / "s")],
         ["tune", str(tune), "--out", str(tmp_path / "t")],
     ):
-        p = subprocess.run([sys.executable, "-m", "matroots.cli", *argv], capture_output=True, text=True)
+        # CUDA_VISIBLE_DEVICES="" hides any GPU, so the refusal is checked on every machine
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+        p = subprocess.run(
+            [sys.executable, "-m", "matroots.cli", *argv], capture_output=True, text=True, env=env
+        )
         assert p.returncode == 2, p.stderr
         assert (
             p.stderr.count("\n") == 1
