@@ -10,9 +10,13 @@ DistributedShampoo "fully shard" distributor; Shi et al. 2023) cuts dim 0 at the
 before blocking (``row_shards`` = W, :func:`shampoo.blocking.layout_param`), so every block lies in
 one rank's rows; each rank keeps the statistics, roots, first moments and grafting state of its own
 blocks and steps them on its local tensors (``to_local()``) exactly as a single process steps a
-parameter. The step needs no optimizer collective; the only one is an optional status word per step
-(``status_check``) so that a rank whose roots failed, or that died or hangs inside the step, stops
-the others with a clear error within ``timeout`` instead of leaving them in FSDP's next all-gather.
+parameter. The step's math needs no optimizer collective. Two kinds of small ones keep the ranks
+consistent: per param group, the agreement on non-finite gradients and directions
+(``consistent_skips``: a parameter non-finite on any rank's shard is skipped on every rank, as one
+process skips the whole parameter; without it, the shards' step counts and root schedules would
+drift apart), and per step a status word (``status_check``) so that a rank whose roots failed, or
+that died or hangs inside the step, stops the others with a clear error within ``timeout`` instead
+of leaving them in FSDP's next all-gather.
 
 How the preconditioner differs from single-process blocking: a block never spans rows of two
 shards, so a weight of d_0 rows on W ranks has blocks of at most min(max_preconditioner_dim,
@@ -74,20 +78,30 @@ class FSDPConfig:
             hangs in its step is a :class:`~shampoo.comm.DistributedTimeoutError` after ``timeout``.
             False: no optimizer collective at all; a failing rank then leaves the others waiting
             in FSDP's next collective until the process group's timeout.
-        process_group: the group of the status word; None is the default (world) group.
+        consistent_skips: a parameter whose gradient (or search direction) is non-finite on one
+            rank's shard is skipped on every rank, so that its shards keep one step count, one root
+            schedule and one update: one all-gather of a flag per parameter of the group before
+            the statistics (gradients) and one after the directions (W x (1 + n) floats each, n the
+            group's parameters). False: each rank skips its own shard only (no collective; the
+            shards of a parameter then drift apart: its rows on one rank stay, the others move,
+            and their step counts differ from then on).
+        process_group: the group of the status word and of the skip agreement; None is the
+            default (world) group.
         timeout: bound on the status word's wait (a ``timedelta`` or seconds).
     """
 
     strategy: str = "local_shard"
     status_check: bool = True
+    consistent_skips: bool = True
     process_group: Any = None
     timeout: datetime.timedelta | float = field(default_factory=lambda: datetime.timedelta(minutes=10))
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
-        if not isinstance(self.status_check, bool):
-            raise ValueError(f"status_check must be True or False, got {self.status_check!r}")
+        for name in ("status_check", "consistent_skips"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.process_group is not None and not isinstance(self.process_group, dist.ProcessGroup):
             raise ValueError(
                 f"process_group must be a torch.distributed.ProcessGroup or None, got {self.process_group!r}"
@@ -254,6 +268,47 @@ class FSDPSharding:
                 f"rank(s) {failed} failed in the Shampoo step (see their log for the error); every rank "
                 "stops at the same step"
             )
+
+    # -- agreement on skipped parameters ------------------------------------------------------------
+
+    def agree(
+        self, present: Sequence[int], finite: Sequence[bool], count: int, what: str,
+        error: BaseException | None = None,
+    ) -> list[bool]:  # fmt: skip
+        """Per present parameter, whether it is finite on *every* rank (``consistent_skips``).
+
+        ``present``: local indices (of ``count`` in the group) of the parameters stepped here and
+        ``finite`` their local verdicts. One all-gather of ``[status, bad_0, ..., bad_{count-1}]``
+        per rank: a parameter is skipped everywhere when any rank's shard of it is non-finite.
+        ``error``: this rank failed before reaching its verdicts (a Shampoo error, re-raised by the
+        caller); it still takes part, and every other rank raises :class:`RemoteRankError` here.
+        """
+        if not self.config.consistent_skips or self.world_size == 1:
+            return list(finite)
+        device = self.device or torch.device("cpu")
+        inp = torch.zeros(1 + count, device=device)
+        if error is not None:
+            inp[0] = 1.0
+        else:
+            bad = [i for i, ok in zip(present, finite, strict=True) if not ok]
+            if bad:
+                inp[1 + torch.tensor(bad, device=device)] = 1.0
+        out = torch.empty(self.world_size * (1 + count), device=device)
+        all_gather_flat(
+            out, inp, self.config.process_group, self.config.timeout,  # type: ignore[arg-type]
+            f"the agreement on non-finite {what} (FSDPConfig.consistent_skips)",
+        )  # fmt: skip
+        table = out.view(self.world_size, 1 + count)
+        failed = [r for r, s in enumerate(table[:, 0].tolist()) if s != 0.0 and r != self.rank]
+        if error is not None:
+            return []
+        if failed:
+            raise RemoteRankError(
+                f"rank(s) {failed} failed in the Shampoo step (see their log for the error); every rank "
+                "stops at the same step"
+            )
+        anybad = table[:, 1:].amax(dim=0).tolist()
+        return [anybad[i] == 0.0 for i in present]
 
     def dump_directory(self, directory: Any) -> Path:
         """Where this rank dumps its factors: ``directory/rank<r>`` (ranks hold different blocks)."""

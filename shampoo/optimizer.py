@@ -390,7 +390,7 @@ class Shampoo(torch.optim.Optimizer):
         grads = self._local([params[i].grad for i in idx])
         if any(g.is_sparse for g in grads):  # type: ignore[union-attr]
             raise ValueError("Shampoo does not support sparse gradients")
-        finite = _all_finite(grads)  # type: ignore[arg-type]
+        finite = self._agreed(idx, _all_finite(grads), len(params), "gradients")  # type: ignore[arg-type]
         if not all(finite):
             bad = [eng.states[i] for i, ok in zip(idx, finite, strict=True) if not ok]
             self._skip(bad, "gradient")
@@ -410,6 +410,8 @@ class Shampoo(torch.optim.Optimizer):
         except ShampooError as err:
             if self._sharding is not None:
                 self._sharding.report_failure(eng.plan, err)  # the other ranks raise instead of waiting
+            elif self._fsdp is not None:  # in the agreement the other ranks are waiting in
+                self._fsdp.agree([], [], len(params), "search directions", error=err)
             raise
         if report is not None:
             self.timing.root_seconds += report.seconds
@@ -424,11 +426,19 @@ class Shampoo(torch.optim.Optimizer):
             return
         if APPLY_FROM_BUCKETS and opts.momentum == 0 and _direct(plist):
             finite = eng.finite_directions(idx, outputs, -opts.lr, written=False)  # from grafting norms
+            finite = self._agreed(idx, finite, len(params), "search directions")
             self._apply_from_buckets(eng, opts, idx, plist, outputs, finite)
         else:  # without momentum the update is -lr d: its overflow skips the parameter too
             alpha = -opts.lr if opts.momentum == 0 else None
-            finite = eng.finite_directions(idx, outputs, alpha)
+            finite = self._agreed(
+                idx, eng.finite_directions(idx, outputs, alpha), len(params), "search directions"
+            )
             self._apply(eng, opts, idx, plist, self._assemble_directions(eng, idx, outputs), finite)
+
+    def _agreed(self, idx: list[int], finite: list[bool], count: int, what: str) -> list[bool]:
+        """Per present parameter, whether it is finite; under FSDP on every rank's shard (the whole
+        parameter is skipped everywhere or nowhere: :meth:`shampoo.fsdp.FSDPSharding.agree`)."""
+        return finite if self._fsdp is None else self._fsdp.agree(idx, finite, count, what)
 
     def _local(self, tensors: list[Any]) -> list[Any]:
         """The tensors the engine steps: the local shards of ``fully_shard``ed parameters and
