@@ -136,6 +136,26 @@ def _solved_kappa(info: dict, b: int) -> list[float] | None:
     return [h / lo_ for h, lo_ in zip(hi, lo, strict=True)]
 
 
+def _auto_kappa(info: dict, b: int, shift: list[float]) -> list[float] | None:
+    """kappa of the matrix solved from the estimate ``method="auto"`` made this round to choose its
+    solver (:mod:`matroots.solvers.auto`: kappa of A + eps I), or None when it made none.
+
+    That estimate is the quantity :func:`_kappa` estimates when no psd shift was added, so a round
+    estimates each factor's kappa once, not twice. An estimate auto took from ``kappa_hint`` (the
+    previous round's diagnostics) is not reused: the factors move, and this round's value becomes
+    the next round's hint.
+    """
+    auto = info.get("auto")
+    if not isinstance(auto, dict) or auto.get("kappa_source") == "kappa_hint":
+        return None
+    est = auto.get("kappa_estimate")
+    if not isinstance(est, list) or len(est) != b:
+        return None
+    if not all(math.isfinite(k) and k >= 1.0 for k in est) or any(s > 0 for s in shift):
+        return None
+    return [float(k) for k in est]
+
+
 def _per_element(value: object, b: int) -> list[float]:
     """An info value as b floats, NaN where the solver reported none (see matroots.core.result)."""
     return info_per_element(value, b, missing=math.nan)
@@ -209,6 +229,8 @@ def solve_batch(
     kappa = list(nan)
     if bool(ok.any()) and kappa_iters > 0:
         solved = _solved_kappa(info, b)
+        if solved is None:
+            solved = _auto_kappa(info, b, shift)
         if solved is None:
             solved = _kappa(
                 A, torch.where(ok.to(X.device).view(-1, 1, 1), X, torch.zeros_like(X)), p, reg, kappa_iters
