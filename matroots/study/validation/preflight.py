@@ -7,25 +7,31 @@ by the training code) because it builds tasks and optimizers: it sits above both
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 import torch
 
 from .config import ValidationGrid, bad_config
 from .peers import PeerUnavailableError
-from .tasks import get_task
+from .tasks import Task, get_task
 from .training import make_optimizer
 
 
-def check(grid: ValidationGrid) -> None:
+def check(grid: ValidationGrid, *, build_task: Callable[..., Task] | None = None) -> None:
     """Validate what only construction can: build every task with its sizes (model and one loss) and
     every optimizer config with each of its learning rates (constructor and one step on a tiny model),
     before any unit starts, so a mistake is one error naming the entry instead of a failure inside
-    the first worker."""
+    the first worker.
+
+    ``build_task(name, **size)`` builds the tasks (default :func:`get_task`; the dry run passes one that
+    keeps them for its probes)."""
+    build: Callable[..., Any] = build_task or get_task
     units = grid.units()
     for task in grid.tasks:
         try:
-            t = get_task(task.name, **task.size)
+            t = build(task.name, **task.size)
             model = t.build_model(0)
             t.loss(model, next(t.batches(0))).backward()
         except (TypeError, ValueError, RuntimeError, AssertionError, KeyError, IndexError) as exc:

@@ -19,15 +19,14 @@ with ``provenance.json`` (kind ``"validation"``, config, hash, one record per st
 from __future__ import annotations
 
 import logging
-import os
-import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from .. import atomic, runner
-from .config import OptimizerSpec, Unit, ValidationGrid
+from .config import ValidationGrid
+from .estimate import estimate, format_estimate  # the dry run, re-exported
 from .preflight import check
 from .training import crash_rows, run_unit
 
@@ -192,154 +191,6 @@ def collect(out_dir: str | Path, *, csv: bool = False) -> dict[str, pd.DataFrame
         if csv:
             atomic.write_csv(out / f"{name}.csv", df, index=False)
     return tables
-
-
-# ----------------------------------------------------------------------------------------------------
-# dry run
-
-
-def _cost_key(unit: Unit) -> tuple[Any, ...]:
-    s = unit.optimizer
-    return (unit.task.name, tuple(sorted(unit.task.size.items())), s.name, s.root_solver, s.root_dtype,
-            s.precondition_frequency, tuple(sorted(s.solver_options.items())))  # fmt: skip
-
-
-def _probe(unit: Unit) -> dict[str, float]:
-    """Time a short version of ``unit`` on this machine: per-step time (with one root round per
-    precondition_frequency steps), evaluation time and build time."""
-    import torch
-
-    from .peers import PeerUnavailableError
-    from .tasks import get_task
-    from .training import interleaved_timing, make_optimizer
-
-    torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    task = get_task(unit.task.name, **unit.task.size)
-    model = task.build_model(unit.seed)
-    try:
-        opt = make_optimizer(unit, model)
-    except PeerUnavailableError:  # an absent peer: its units end at once
-        return dict.fromkeys(("build_s", "eval_s", "step_s", "adamw_step_s", "eval_cpu_s", "step_cpu_s",
-                              "adamw_step_cpu_s"), 0.0)  # fmt: skip
-    build = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    task.evaluate(model)
-    ev = time.perf_counter() - t0
-    c0 = time.process_time()
-    task.evaluate(model)
-    ev_cpu = time.process_time() - c0
-    from shampoo.errors import RootComputationError
-
-    from ...core.errors import MatrootsError
-
-    batches = task.batches(unit.seed)
-    probe = Unit(**{**unit.__dict__, "timing_rounds": 1})
-    try:
-        for _ in range(max(unit.optimizer.precondition_frequency, 2)):  # past Shampoo's first root round
-            opt.zero_grad(set_to_none=True)
-            task.loss(model, next(batches)).backward()
-            opt.step()
-        t = interleaved_timing(task, model, opt, probe)
-    except (RootComputationError, MatrootsError):
-        # The config fails in training (recorded as a failure then): cost it like AdamW.
-        adam = Unit(**{**unit.__dict__, "timing_rounds": 1, "optimizer": OptimizerSpec(name="adamw")})
-        model = task.build_model(unit.seed)
-        t = interleaved_timing(task, model, make_optimizer(adam, model), adam)
-    return {
-        "build_s": build,
-        "eval_s": ev,
-        "step_s": t["step_s"],
-        "adamw_step_s": t["adamw_step_s"],
-        "eval_cpu_s": ev_cpu,
-        "step_cpu_s": t["step_cpu_s"],
-        "adamw_step_cpu_s": t["adamw_step_cpu_s"],
-    }
-
-
-def _unit_cost(u: Unit, p: dict[str, float]) -> dict[str, float]:
-    evals = u.task.steps // u.task.eval_every + 2
-    out = {}
-    for clock, sfx in (("cpu", "_cpu_s"), ("wall", "_s")):
-        out[clock] = (
-            p["build_s"]
-            + u.task.steps * p["step" + sfx]
-            + evals * p["eval" + sfx]
-            + u.timing_rounds * u.timing_chunk * (p["step" + sfx] + p["adamw_step" + sfx])
-        )
-    return out
-
-
-def _add(
-    total: dict[str, float], per_task: dict[str, float], task: str, c: dict[str, float], longest: float
-) -> float:
-    total["cpu"] += c["cpu"]
-    total["wall"] += c["wall"]
-    per_task[task] = per_task.get(task, 0.0) + c["cpu"]
-    return max(longest, c["cpu"])
-
-
-def estimate(grid: ValidationGrid, *, cores: int = 2) -> dict[str, Any]:
-    """Estimated cost of a grid, from short timed probes of each distinct (task, optimizer cost class).
-
-    Per unit: build + steps x step time (Shampoo's including its root rounds, amortised) + evaluations
-    + the interleaved timing (2 x rounds x chunk steps), from the probes' process CPU time (one thread),
-    so the estimate does not depend on how loaded the machine is while probing. Wall time assumes
-    ``cores`` workers kept busy (the total divided by ``cores``, never less than the longest unit);
-    ``wall_seconds_at_current_load`` repeats the sum with the probes' wall clocks instead.
-    """
-    check(grid)
-    units = grid.units()
-    probes: dict[tuple[Any, ...], dict[str, float]] = {}
-    per_task: dict[str, float] = {}
-    total = {"cpu": 0.0, "wall": 0.0}
-    longest = 0.0
-    per_entry: dict[tuple[str, str], list[dict[str, float]]] = {}
-    for u in units:
-        k = _cost_key(u)
-        if k not in probes:
-            probes[k] = _probe(u)
-        costs = _unit_cost(u, probes[k])
-        if u.phase == "tune":
-            per_entry.setdefault((u.task.name, u.optimizer.label), []).append(costs)
-        longest = _add(total, per_task, u.task.name, costs, longest)
-    finals = 0
-    if grid.protocol is not None:  # the final phase: each tuned entry's mean trial cost x final seeds
-        for (task, _label), cs in per_entry.items():
-            mean = {c: sum(x[c] for x in cs) / len(cs) for c in ("cpu", "wall")}
-            for _ in grid.protocol.final_seeds:
-                finals += 1
-                longest = _add(total, per_task, task, mean, longest)
-    return {
-        "units": len(units) + finals,
-        "final_units": finals,
-        "core_seconds": total["cpu"],
-        "cores": cores,
-        "wall_seconds": max(total["cpu"] / cores, longest),
-        "wall_seconds_at_current_load": max(total["wall"] / cores, longest),
-        "load_average": os.getloadavg()[0],
-        "per_task_core_seconds": per_task,
-        "probes": len(probes),
-    }
-
-
-def format_estimate(grid: ValidationGrid, est: dict[str, Any]) -> str:
-    def hm(s: float) -> str:
-        return f"{s / 3600:.2f} h" if s >= 3600 else f"{s / 60:.1f} min"
-
-    per = ", ".join(f"{t} {hm(s)}" for t, s in est["per_task_core_seconds"].items())
-    return (
-        f"{grid.name}: {est['units']} units ("
-        + (
-            f"tuning trials and untuned points, + {est['final_units']} chosen points at the final seeds"
-            if est.get("final_units")
-            else "task x optimizer config x lr x seed"
-        )
-        + "); estimated "
-        f"{hm(est['core_seconds'])} of compute on one core ({per}), {hm(est['wall_seconds'])} wall on "
-        f"{est['cores']} idle cores; {hm(est['wall_seconds_at_current_load'])} at the current load "
-        f"(load average {est['load_average']:.1f}; {est['probes']} timed probes, one thread each)"
-    )
 
 
 __all__ = [
