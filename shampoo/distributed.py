@@ -38,7 +38,7 @@ import datetime
 import heapq
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -275,8 +275,16 @@ class BlockSharding:
     :meth:`gather_state` in ``state_dict``.
     """
 
-    def __init__(self, config: DDPConfig) -> None:
+    def __init__(
+        self,
+        config: DDPConfig,
+        layouts: Callable[[Sequence[dict[str, Any]]], list[BlockSpec]] = layout_groups,
+    ) -> None:
+        """``layouts``: every block of the param groups, as the engines lay them out (default: the
+        whole parameters, :func:`layout_groups`; HSDP's replicas share the local shards' blocks,
+        :mod:`shampoo.fsdp`)."""
         self.config = config
+        self._layouts = layouts
         self.rank, self.world_size = config.world()
         self.assignment: BlockAssignment | None = None
         self.device: torch.device | None = None  # of the parameters (for collectives outside a step)
@@ -297,7 +305,7 @@ class BlockSharding:
             self.device = next((p.device for g in param_groups for p in g["params"]), None)
         if self.assignment is None or key not in self.assignment.owners:
             self.assignment = assign_blocks(
-                layout_groups(param_groups), self.world_size, self.config.cost_model, self.assignment
+                self._layouts(param_groups), self.world_size, self.config.cost_model, self.assignment
             )
             logger.info(
                 "shampoo distributed: %d blocks over %d ranks, load max/mean %.3f",

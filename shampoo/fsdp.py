@@ -53,11 +53,12 @@ import torch.distributed as dist
 from .blocking import MergedDim, ParamLayout, layout_param, row_pieces
 from .comm import DistributedError, RemoteRankError, all_gather_flat
 from .config import GroupOptions
-from .distributed import _as_timedelta
+from .distributed import BlockSharding, DDPConfig, _as_timedelta
+from .engine import GroupEngine, GroupPlan, state_dtype
 
 logger = logging.getLogger(__name__)
 
-STRATEGIES = ("local_shard",)
+STRATEGIES = ("local_shard", "owner")
 
 
 class ShardLayoutError(DistributedError, ValueError):
@@ -70,8 +71,19 @@ class FSDPConfig:
     """Options of Shampoo on ``fully_shard``ed models (``Shampoo(..., distributed=FSDPConfig())``).
 
     Args:
-        strategy: ``"local_shard"``: each rank preconditions blocks of its own shard (see
-            :mod:`shampoo.fsdp`); the only strategy so far.
+        strategy: ``"local_shard"`` (default): each rank preconditions blocks of its own shard (see
+            :mod:`shampoo.fsdp`; no optimizer traffic but the small agreement words, blocks cut at
+            the shard boundaries). ``"owner"``: the blocks of the whole parameters (single-process
+            blocking), each one's statistics and roots on one owner rank (LPT over all ranks, as
+            :class:`~shampoo.DDPConfig`); per group and step, one all-gather of the gradient rows
+            over the shard dim and one of the owned directions, each rank applying its own rows.
+        share_roots: under HSDP with ``"local_shard"``, the replicas of a shard split its blocks
+            (LPT over the replicate dim of the mesh) and all-gather their directions over it, so
+            each block's statistics and roots are computed once per shard instead of once per
+            replica (as :class:`~shampoo.DDPConfig` splits them). False: every replica computes
+            all of its shard's blocks (no traffic over the replicate dim).
+        communication_dtype, cost_model: of the direction all-gathers of ``"owner"`` and of
+            ``share_roots``, as in :class:`~shampoo.DDPConfig`.
         status_check: after each step, one all-gather of a status word per rank (W floats): a
             Shampoo error on one rank (e.g. :class:`~shampoo.RootComputationError`) is raised on every
             rank as :class:`~shampoo.comm.RemoteRankError` at the same step, and a rank that died or
@@ -84,7 +96,8 @@ class FSDPConfig:
             the statistics (gradients) and one after the directions (W x (1 + n) floats each, n the
             group's parameters). False: each rank skips its own shard only (no collective; the
             shards of a parameter then drift apart: its rows on one rank stay, the others move,
-            and their step counts differ from then on).
+            and their step counts differ from then on). Under ``"owner"`` the gradient verdicts
+            are always agreed (a block's owner reads the rows of every shard).
         process_group: the group of the status word and of the skip agreement; None is the
             default (world) group.
         timeout: bound on the status word's wait (a ``timedelta`` or seconds).
@@ -93,13 +106,19 @@ class FSDPConfig:
     strategy: str = "local_shard"
     status_check: bool = True
     consistent_skips: bool = True
+    share_roots: bool = True
+    communication_dtype: torch.dtype | str = torch.float32
+    cost_model: str = "roots"
     process_group: Any = None
     timeout: datetime.timedelta | float = field(default_factory=lambda: datetime.timedelta(minutes=10))
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
-        for name in ("status_check", "consistent_skips"):
+        # checked (and normalised) as DDPConfig checks them
+        ddp = DDPConfig(communication_dtype=self.communication_dtype, cost_model=self.cost_model)
+        object.__setattr__(self, "communication_dtype", ddp.communication_dtype)
+        for name in ("status_check", "consistent_skips", "share_roots"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.process_group is not None and not isinstance(self.process_group, dist.ProcessGroup):
@@ -201,6 +220,105 @@ def local_layout(full: ParamLayout, info: ShardInfo) -> ParamLayout:
     return ParamLayout(full.param_index, full.shape, merged, tuple(blocks))
 
 
+def _is_shard(placement: Any) -> bool:
+    from torch.distributed.tensor import Shard
+
+    return isinstance(placement, Shard)
+
+
+class GradientGather:
+    """The "owner" strategy's whole gradients of one param group, gathered from the shards.
+
+    Each rank sends the rows of every parameter it holds, padded to ceil(d_0 / S) rows (S ranks
+    along the shard dim of the mesh, ``torch.chunk`` rows), in one flat buffer; one
+    ``all_gather_into_tensor`` over the shard dim's group (bounded by ``timeout``) moves the
+    group's gradients, and the rows are copied into one whole-gradient buffer per parameter (the
+    engine's view of the parameter). Parameters that are not sharded pass through.
+    """
+
+    def __init__(self, params: Sequence[Any], timeout: datetime.timedelta) -> None:
+        self.timeout = timeout
+        self.group: Any = None
+        self.size = 1
+        self.pieces: list[list[tuple[int, int]] | None] = []
+        self.offsets: list[int] = []
+        self.rows_here: list[tuple[int, int]] = []
+        self.full: list[torch.Tensor] = []
+        dtypes = set()
+        segment = 0
+        for i, p in enumerate(params):
+            info = shard_info(p, i)
+            local = p.to_local() if is_dtensor(p) else p
+            self.full.append(
+                torch.empty(p.shape, dtype=p.dtype, device=local.device) if info.count > 1 else local
+            )
+            if info.count == 1:
+                self.pieces.append(None)
+                self.offsets.append(0)
+                self.rows_here.append((0, int(p.shape[0]) if p.dim() else 1))
+                continue
+            md = next(d for d, pl in enumerate(p.placements) if _is_shard(pl))
+            pg = p.device_mesh.get_group(md)
+            if self.group is None:
+                self.group, self.size = pg, info.count
+            elif dist.get_process_group_ranks(pg) != dist.get_process_group_ranks(self.group):
+                raise ShardLayoutError(
+                    f"parameter {i} of the group is sharded over other ranks than parameter 0's; the "
+                    "owner strategy gathers a group's gradients over one shard group (one mesh)"
+                )
+            d0 = int(p.shape[0])
+            pieces = row_pieces(d0, info.count)
+            inner = p.numel() // d0 if d0 else 0
+            self.pieces.append(pieces)
+            self.offsets.append(segment)
+            segment += -(-d0 // info.count) * inner
+            self.rows_here.append(pieces[info.index] if info.index < len(pieces) else (0, 0))
+            dtypes.add(p.dtype)
+        self.dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+        self.segment = segment
+        self._send: torch.Tensor | None = None
+        self._recv: torch.Tensor | None = None
+
+    def gather(self, present: list[int], grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The whole gradients of the ``present`` parameters (``grads``: their local shards)."""
+        if self.group is None:
+            return grads
+        device = self.full[0].device
+        if self._send is None:
+            self._send = torch.zeros(self.segment, dtype=self.dtype, device=device)
+            self._recv = torch.empty(self.size * self.segment, dtype=self.dtype, device=device)
+        for i, g in zip(present, grads, strict=True):
+            if self.pieces[i] is not None and g.numel():
+                self._send[self.offsets[i] : self.offsets[i] + g.numel()].copy_(g.reshape(-1))
+        assert self._recv is not None
+        all_gather_flat(
+            self._recv, self._send, self.group, self.timeout,
+            "the all-gather of gradient rows (FSDPConfig(strategy='owner'))",
+        )  # fmt: skip
+        table = self._recv.view(self.size, self.segment)
+        out = []
+        for i, g in zip(present, grads, strict=True):
+            pieces = self.pieces[i]
+            if pieces is None:
+                out.append(g)
+                continue
+            full = self.full[i]
+            rows = full.view(full.shape[0], -1)
+            inner = rows.shape[1]
+            for r, (a, b) in enumerate(pieces):
+                o = self.offsets[i]
+                rows[a:b].copy_(table[r, o : o + (b - a) * inner].view(b - a, inner))
+            out.append(full)
+        return out
+
+    def rows(self, i: int, t: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of parameter ``i``'s whole-shaped tensor ``t`` (a view)."""
+        if self.pieces[i] is None:
+            return t
+        a, b = self.rows_here[i]
+        return t[a:b]
+
+
 # ----------------------------------------------------------------------------------------------------
 # The optimizer's side
 
@@ -218,6 +336,121 @@ class FSDPSharding:
         self.rank = dist.get_rank(config.process_group)
         self.world_size = dist.get_world_size(config.process_group)
         self.device: torch.device | None = None
+        self.owner = config.strategy == "owner"
+        #: the block assignment and direction all-gather ("owner": over all ranks; share_roots:
+        #: over the replicate dim), None where each rank computes all of its blocks
+        self.gatherer: BlockSharding | None = None
+        self._set_up = False
+        self._gathers: dict[int, GradientGather] = {}  # "owner": per param group
+
+    def _ddp(self, group: Any) -> DDPConfig:
+        c = self.config
+        return DDPConfig(
+            communication_dtype=c.communication_dtype,
+            cost_model=c.cost_model,
+            process_group=group,
+            timeout=c.timeout,
+        )
+
+    def setup(self, param_groups: Sequence[dict[str, Any]]) -> None:
+        """Decide, once (at the first engine), who computes which block: "owner" assigns every block
+        of the whole parameters over ``process_group``; ``share_roots`` under HSDP assigns the local
+        blocks over the mesh's replicate dim (the same for every parameter, else refused)."""
+        if self._set_up:
+            return
+        self._set_up = True
+        if self.owner:
+            self.gatherer = BlockSharding(self._ddp(self.config.process_group))
+            return
+        if not self.config.share_roots:
+            return
+        groups = {}
+        for p in (p for g in param_groups for p in g["params"] if is_dtensor(p)):
+            rep = [
+                d for d, pl in enumerate(p.placements) if not _is_shard(pl) and int(p.device_mesh.size(d)) > 1
+            ]
+            if len(rep) > 1:
+                raise ShardLayoutError(
+                    f"a parameter is replicated over {len(rep)} mesh dims ({p.placements}); "
+                    "share_roots needs one replicate dim: pass FSDPConfig(share_roots=False)"
+                )
+            pg = p.device_mesh.get_group(rep[0]) if rep else None
+            groups[tuple(dist.get_process_group_ranks(pg)) if pg is not None else None] = pg
+        if len(groups) > 1:
+            raise ShardLayoutError(
+                f"the parameters are replicated over different rank sets ({sorted(map(str, groups))}); "
+                "share_roots needs one replicate group for all: pass FSDPConfig(share_roots=False)"
+            )
+        pg = next(iter(groups.values()), None)
+        if pg is not None:
+            self.gatherer = BlockSharding(self._ddp(pg), layouts=self.all_layouts)
+
+    def all_layouts(self, param_groups: Sequence[dict[str, Any]]) -> list[Any]:
+        """Every block of this rank's shards of the param groups (what the replicas share)."""
+        specs: list[Any] = []
+        index = 0
+        for g in param_groups:
+            params = list(g["params"])
+            for lay in self.layouts(params, index, GroupOptions.from_group(g)):
+                specs.extend(lay.blocks)
+            index += len(params)
+        return specs
+
+    # -- the engine's tensors ("owner": the whole parameters' gradients and directions) -------------
+
+    def engine_tensors(self, gi: int, params: Sequence[Any]) -> list[Any]:
+        """What group ``gi``'s engine steps: the local shards, or under "owner" the whole
+        gradients (the gathered buffers of :class:`GradientGather`)."""
+        if not self.owner:
+            return self.local(params)
+        gather = self._gathers[gi] = GradientGather(params, self.config.timeout)
+        return list(gather.full)
+
+    def localise(self, eng: GroupEngine, params: Sequence[Any]) -> None:
+        """Under "owner", the momentum buffers hold this rank's rows only (the update is applied
+        to the local shard; the blocks' state stays on their owners)."""
+        if not self.owner:
+            return
+        for st, p in zip(eng.states, self.local(params), strict=True):
+            if st.momentum_buffer is not None:
+                st.momentum_buffer = torch.zeros_like(
+                    p, dtype=state_dtype(p.dtype), memory_format=torch.contiguous_format
+                )
+
+    def engine_grads(self, gi: int, present: list[int], grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The gradients the engine takes: the local ones, or under "owner" the whole gradients
+        (one all-gather over the shard dim per group and step)."""
+        return self._gathers[gi].gather(present, grads) if self.owner else grads
+
+    def assemble(
+        self, plan: GroupPlan, present: list[int], outputs: Sequence[Any], count: int
+    ) -> list[torch.Tensor]:
+        """The directions of the present parameters, all-gathered by :attr:`gatherer` (whole ones
+        under "owner", the local shard's under ``share_roots``); another rank's failure raises
+        :class:`RemoteRankError` here after this rank took its part in the skip agreement."""
+        assert self.gatherer is not None
+        try:
+            return self.gatherer.assemble(plan, present, outputs)
+        except RemoteRankError as err:
+            if not self.owner:
+                self.agree([], [], count, "search directions", error=err)
+            raise
+
+    def local_rows(self, gi: int, present: list[int], dirs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """This rank's rows of each direction (views): under "owner" the whole directions' rows,
+        otherwise the directions as they are."""
+        if not self.owner:
+            return dirs
+        gather = self._gathers[gi]
+        return [gather.rows(i, d) for i, d in zip(present, dirs, strict=True)]
+
+    def failed(self, plan: GroupPlan, count: int, err: BaseException) -> None:
+        """This rank's directions failed (``err``, re-raised by the caller): take part in the
+        collectives the other ranks wait in (the direction all-gather, the skip agreement)."""
+        if self.gatherer is not None:
+            self.gatherer.report_failure(plan, err)
+        if not self.owner:
+            self.agree([], [], count, "search directions", error=err)
 
     @staticmethod
     def local(tensors: Sequence[Any]) -> list[Any]:
@@ -228,7 +461,8 @@ class FSDPSharding:
         self, params: Sequence[torch.Tensor], first_index: int, opts: GroupOptions
     ) -> list[ParamLayout]:
         """The local layouts of a group's parameters: each whole parameter laid out with
-        ``row_shards`` = the group's, or its shard count when None, then restricted to this rank's rows."""
+        ``row_shards`` = the group's, or its shard count when None, then restricted to this rank's
+        rows; under ``"owner"`` the whole parameters' layouts (``row_shards`` the group's, or 1)."""
         out = []
         for i, p in enumerate(params):
             info = shard_info(p, first_index + i)
@@ -239,9 +473,9 @@ class FSDPSharding:
                 merge_dims_=opts.merge_dims,
                 exponent_override=opts.exponent_override,
                 vector_policy=opts.vector_policy,
-                row_shards=opts.row_shards or info.count,
+                row_shards=opts.row_shards or (1 if self.owner else info.count),
             )
-            out.append(local_layout(full, info))
+            out.append(full if self.owner else local_layout(full, info))
             if self.device is None:
                 self.device = p.device
         return out
@@ -283,8 +517,8 @@ class FSDPSharding:
         ``error``: this rank failed before reaching its verdicts (a Shampoo error, re-raised by the
         caller); it still takes part, and every other rank raises :class:`RemoteRankError` here.
         """
-        if not self.config.consistent_skips or self.world_size == 1:
-            return list(finite)
+        if self.world_size == 1 or not (self.config.consistent_skips or self.owner):
+            return list(finite)  # "owner" always agrees: the owners read every shard's rows
         device = self.device or torch.device("cpu")
         inp = torch.zeros(1 + count, device=device)
         if error is not None:
@@ -366,6 +600,7 @@ __all__ = [
     "STRATEGIES",
     "FSDPConfig",
     "FSDPSharding",
+    "GradientGather",
     "ShardInfo",
     "ShardLayoutError",
     "is_dtensor",

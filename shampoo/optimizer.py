@@ -323,7 +323,8 @@ class Shampoo(torch.optim.Optimizer):
 
     def _owns(self, spec: BlockSpec) -> bool:
         """Whether this process computes the block's statistics, roots and direction."""
-        return self._sharding is None or self._sharding.owns(spec, self.param_groups)
+        sharding = self._sharding if self._fsdp is None else self._fsdp.gatherer
+        return sharding is None or sharding.owns(spec, self.param_groups)
 
     def _engine(self, gi: int, opts: GroupOptions) -> GroupEngine:
         eng = self._engines[gi]
@@ -347,10 +348,15 @@ class Shampoo(torch.optim.Optimizer):
             )
         first = sum(len(g["params"]) for g in self.param_groups[:gi])
         params, layouts = list(self.param_groups[gi]["params"]), None
-        if self._fsdp is not None:  # the local shards, blocked as the whole parameters are
-            layouts = self._fsdp.layouts(params, first, opts)
-            params = self._fsdp.local(params)
-        return GroupEngine(params, self._param_keys()[gi], first, opts, self._owns, layouts)
+        if self._fsdp is None:
+            return GroupEngine(params, self._param_keys()[gi], first, opts, self._owns, layouts)
+        # the local shards, blocked as the whole parameters are ("owner": the whole gradients)
+        self._fsdp.setup(self.param_groups)
+        layouts = self._fsdp.layouts(params, first, opts)
+        tensors = self._fsdp.engine_tensors(gi, params)
+        eng = GroupEngine(tensors, self._param_keys()[gi], first, opts, self._owns, layouts)
+        self._fsdp.localise(eng, params)
+        return eng
 
     # -- step -----------------------------------------------------------------------------------------
 
@@ -405,13 +411,15 @@ class Shampoo(torch.optim.Optimizer):
             grads = list(torch._foreach_add(grads, plist, alpha=opts.weight_decay))  # type: ignore[arg-type]
         for i in idx:
             eng.states[i].step += 1
+        if self._fsdp is not None:  # "owner": the whole gradients
+            grads = self._fsdp.engine_grads(gi, idx, grads)  # type: ignore[arg-type]
         try:
             outputs, report = eng.block_directions(opts, idx, grads, self._diag)  # type: ignore[arg-type]
         except ShampooError as err:
             if self._sharding is not None:
                 self._sharding.report_failure(eng.plan, err)  # the other ranks raise instead of waiting
-            elif self._fsdp is not None:  # in the agreement the other ranks are waiting in
-                self._fsdp.agree([], [], len(params), "search directions", error=err)
+            elif self._fsdp is not None:  # in the collectives the other ranks are waiting in
+                self._fsdp.failed(eng.plan, len(params), err)
             raise
         if report is not None:
             self.timing.root_seconds += report.seconds
@@ -423,6 +431,13 @@ class Shampoo(torch.optim.Optimizer):
             )  # fmt: skip
         if self._sharding is not None:
             self._apply(eng, opts, idx, plist, self._assemble_directions(eng, idx, outputs))
+            return
+        if self._fsdp is not None and self._fsdp.gatherer is not None:  # "owner", HSDP share_roots
+            dirs = self._fsdp.assemble(eng.plan, idx, outputs, len(params))
+            finite = _all_finite(dirs)  # "owner": of the whole directions, the same on every rank
+            if not self._fsdp.owner:
+                finite = self._agreed(idx, finite, len(params), "search directions")
+            self._apply(eng, opts, idx, plist, self._fsdp.local_rows(gi, idx, dirs), finite)
             return
         if APPLY_FROM_BUCKETS and opts.momentum == 0 and _direct(plist):
             finite = eng.finite_directions(idx, outputs, -opts.lr, written=False)  # from grafting norms

@@ -25,8 +25,9 @@ BAD_DIR_STEP = 8  # rank 0 sees a non-finite direction of "2.weight"
 BAD_PARAM = 2  # "2.weight": its position in the group
 
 
-def _run(model: nn.Module, opt, rank: int | None) -> None:
-    """20 steps with the two injected faults; ``rank`` None: one process (the whole parameter)."""
+def _run(model: nn.Module, opt, rank: int | None, bad_direction: bool = True) -> None:
+    """20 steps with the two injected faults (the second with ``bad_direction``); ``rank`` None:
+    one process (the whole parameter)."""
     X, Y = _data()
     for t in range(STEPS):
         opt.zero_grad()
@@ -35,7 +36,7 @@ def _run(model: nn.Module, opt, rank: int | None) -> None:
             g = model[0].weight.grad
             (g.to_local() if hasattr(g, "to_local") else g)[-1, 0] = float("nan")
         eng = opt._engines[0]
-        if t == BAD_DIR_STEP and rank in (None, 0):
+        if bad_direction and t == BAD_DIR_STEP and rank in (None, 0):
             orig = eng.finite_directions
 
             def fake(idx, *a, orig=orig, **kw):

@@ -1,0 +1,135 @@
+"""FSDP2 "owner" strategy and HSDP replicas sharing the root work (2 gloo ranks, CPU).
+
+``FSDPConfig(strategy="owner")`` blocks the whole parameters as one process does (standard
+blocking; here blocks of 4 rows of a 10-row weight sharded 5 + 5, so block [4, 8) straddles the
+shard boundary), each block on one owner: it must equal one process without ``row_shards``. Under
+HSDP (a (2, 1) replicate x shard mesh) ``share_roots`` splits the blocks of the (one) shard between
+the two replicas: it must equal one process too, with each block computed on one rank only.
+
+Tolerance 1e-6 after 20 steps, as tests/test_fsdp.py: the same kernels on the same data (the
+gradient rows and the fp32 directions are copied, not rounded), but the blocks are stacked per
+owner, and a batched solve over another stack may round differently (~1e-7 relative in fp32).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _dist import run_ranks
+from test_fsdp import AlwaysFails, _data, _full, _model, _opt, _shard, _train
+from test_fsdp_skips import _counts, _run
+
+import shampoo
+from shampoo.comm import RemoteRankError
+from shampoo.fsdp import FSDPConfig
+
+OWNER_SOLVERS = ["eigh", "soap"]  # the two kinds of block transform (root solvers share one path)
+
+
+def _owned(opt) -> list[tuple]:
+    return sorted((st.key, b.spec.index) for st in opt._engines[0].states for b in st.blocks if b.owned)
+
+
+def _mesh(shape):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
+
+
+def _ranks(rank: int, ws: int) -> dict:
+    X, Y = _data()
+    out: dict = {}
+    for solver in OWNER_SOLVERS:
+        model = _shard(_model())
+        opt = _opt(model.named_parameters(), solver, FSDPConfig(strategy="owner", timeout=30))
+        _train(model, opt, X, Y)
+        out[solver] = _full(model)
+        out[f"{solver} owned"] = _owned(opt)
+    for name, cfg in (
+        ("share", FSDPConfig(timeout=30)),
+        ("owner hsdp", FSDPConfig(strategy="owner", timeout=30)),
+    ):
+        model = _shard(_model(), mesh=_mesh((2, 1)))
+        opt = _opt(model.named_parameters(), "eigh", cfg)
+        _train(model, opt, X, Y)
+        out[name] = _full(model)
+        out[f"{name} owned"] = _owned(opt)
+    # share_roots=False: every replica computes every block (the previous behaviour)
+    model = _shard(_model(), mesh=_mesh((2, 1)))
+    opt = _opt(model.named_parameters(), "eigh", FSDPConfig(timeout=30, share_roots=False))
+    _train(model, opt, X, Y, steps=2)
+    out["no share owned"] = _owned(opt)
+    # a NaN in rank 1's rows of "0.weight" skips the whole parameter on both ranks (the directions
+    # are tested whole, on every rank alike: the engine's verdict is not used, nothing to inject)
+    model = _shard(_model())
+    opt = _opt(model.named_parameters(), "eigh", FSDPConfig(strategy="owner", timeout=30))
+    with pytest.warns(Warning):
+        _run(model, opt, rank, bad_direction=False)
+    out["skips"] = _full(model)
+    out["skips counts"] = _counts(opt)
+    # rank 1's roots fail: it raises its own error, rank 0 a RemoteRankError at the same step
+    for name, mesh, cfg in (
+        ("fail owner", None, FSDPConfig(strategy="owner", timeout=10)),
+        ("fail share", _mesh((2, 1)), FSDPConfig(timeout=10)),
+    ):
+        model = _shard(_model(), mesh=mesh)
+        opt = shampoo.Shampoo(
+            model.named_parameters(),
+            lr=1e-2,
+            root_solver=AlwaysFails() if rank == 1 else "eigh",
+            precondition_frequency=1,
+            start_preconditioning_step=1,
+            max_preconditioner_dim=4,
+            failure=shampoo.FailurePolicy(fallback=None, max_consecutive_failures=1),
+            distributed=cfg,
+        )
+        try:
+            _train(model, opt, X[:3], Y[:3])
+            out[name] = "no error"
+        except RemoteRankError as err:
+            out[name] = f"remote: {err}"
+        except shampoo.ShampooError as err:
+            out[name] = f"own: {type(err).__name__}"
+    return out
+
+
+def test_owner_strategy_and_hsdp_shared_roots_equal_one_process():
+    r0, r1 = run_ranks(_ranks, 2, timeout=150, pg_timeout=60)
+    for solver in OWNER_SOLVERS:
+        ref = _reference(solver)
+        for k, v in r0[solver].items():
+            torch.testing.assert_close(v, ref[k], rtol=1e-6, atol=1e-6, msg=f"owner {solver} {k}")
+    ref = _reference("eigh")
+    for name in ("share", "owner hsdp"):
+        for k, v in r0[name].items():
+            torch.testing.assert_close(v, ref[k], rtol=1e-6, atol=1e-6, msg=f"{name} {k}")
+    # every block computed on exactly one rank: disjoint, and together the one-process blocks
+    model = _model()
+    opt = _opt(model.named_parameters(), "eigh")
+    _train(model, opt, *_data(), steps=1)
+    every = _owned(opt)
+    # 0.weight (10 x 12): 3 x 3 blocks, rows [0, 4) [4, 8) [8, 10); 2.weight (7 x 10): 2 x 3; the biases 1 each
+    assert len(every) == 17 and ("0.weight", 4) in every
+    for name in ("eigh", "soap", "share", "owner hsdp"):
+        a, b = r0[f"{name} owned"], r1[f"{name} owned"]
+        assert not set(a) & set(b) and sorted(a + b) == every, (name, a, b)
+        assert a and b, (name, a, b)  # both ranks have work
+    assert r0["no share owned"] == r1["no share owned"] == every
+    # the skip: equal to one process whose whole "0.weight" gradient holds the NaN
+    model = _model()
+    opt = _opt(model.named_parameters(), "eigh")
+    with pytest.warns(Warning):
+        _run(model, opt, None, bad_direction=False)
+    ref = _full(model)
+    for k, v in r0["skips"].items():
+        torch.testing.assert_close(v, ref[k], rtol=1e-6, atol=1e-6, msg=f"skips {k}")
+    assert r0["skips counts"] == r1["skips counts"] == _counts(opt)
+    for name in ("fail owner", "fail share"):
+        assert r1[name].startswith("own:"), (name, r1[name])
+        assert r0[name].startswith("remote:") and "rank(s) [1]" in r0[name], (name, r0[name])
+
+
+def _reference(solver: str) -> dict[str, torch.Tensor]:
+    model = _model()
+    _train(model, _opt(model.named_parameters(), solver), *_data())
+    return _full(model)
