@@ -301,19 +301,23 @@ def _dcp_model() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 8, bias=False), nn.Tanh(), nn.Linear(8, 8, bias=False))
 
 
-def _dcp_opt(model: nn.Module, distributed=None) -> shampoo.Shampoo:
+def _dcp_opt(model: nn.Module, distributed=None, strategy: str = "local_shard") -> shampoo.Shampoo:
     # unnamed parameters: torch.optim's integer keys, which get_optimizer_state_dict turns into FQNs
+    if strategy == "owner":  # the blocks of one process (3 rows: [3, 6) straddles 2 and 4 ranks' rows)
+        blocking = {"max_preconditioner_dim": 3, "row_shards": None}
+        distributed = FSDPConfig(strategy="owner", timeout=30) if distributed is not None else None
+    else:  # the blocking of the run that saves, fixed for every world size that loads
+        blocking = {"max_preconditioner_dim": 2, "row_shards": 2}
     return shampoo.Shampoo(
         model.parameters(),
         lr=1e-2,
         betas=(0.9, 0.99),
         eps=1e-2,
         momentum=0.5,
-        max_preconditioner_dim=2,
         precondition_frequency=2,
         start_preconditioning_step=2,
-        row_shards=2,  # the blocking of the run that saves, fixed for every world size that loads
         distributed=distributed,
+        **blocking,
     )
 
 
@@ -322,7 +326,7 @@ def _dcp_data() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(2 * DCP_STEPS, 16, 8, generator=g), torch.randn(2 * DCP_STEPS, 16, 8, generator=g)
 
 
-def _dcp_run(rank: int, ws: int, path: str, phase: str) -> dict:
+def _dcp_run(rank: int, ws: int, path: str, phase: str, strategy: str = "local_shard") -> dict:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -334,7 +338,7 @@ def _dcp_run(rank: int, ws: int, path: str, phase: str) -> dict:
     model = _dcp_model()
     if ws > 1:
         model = _shard(model)
-    opt = _dcp_opt(model, FSDPConfig(timeout=30) if ws > 1 else None)
+    opt = _dcp_opt(model, FSDPConfig(timeout=30) if ws > 1 else None, strategy)
     X, Y = _dcp_data()
     if phase == "save":
         _train(model, opt, X[:DCP_STEPS], Y[:DCP_STEPS])
@@ -343,7 +347,7 @@ def _dcp_run(rank: int, ws: int, path: str, phase: str) -> dict:
         kinds = sorted({type(v).__name__ for s in osd["state"].values() for v in s.values()})
         return {
             "kinds": kinds,
-            "blocks": sorted(n for s in osd["state"].values() for n in s if n.endswith("matrix")),
+            "blocks": sorted((k, n) for k, s in osd["state"].items() for n in s if n.endswith("matrix")),
         }
     sd = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
     dcp.load(sd, checkpoint_id=path)
@@ -354,20 +358,20 @@ def _dcp_run(rank: int, ws: int, path: str, phase: str) -> dict:
     return full if rank == 0 else {}
 
 
-def _dcp_reference() -> dict[str, torch.Tensor]:
+def _dcp_reference(strategy: str = "local_shard") -> dict[str, torch.Tensor]:
     model = _dcp_model()
-    _train(model, _dcp_opt(model), *_dcp_data())
+    _train(model, _dcp_opt(model, None, strategy), *_dcp_data())
     return _full(model)
 
 
-def _dcp_check(tmp_path, worlds: tuple[int, ...]) -> None:
+def _dcp_check(tmp_path, worlds: tuple[int, ...], strategy: str = "local_shard") -> None:
     path = str(tmp_path / "ckpt")
-    saved = run_ranks(_dcp_run, 2, path, "save", timeout=60)
+    saved = run_ranks(_dcp_run, 2, path, "save", strategy, timeout=60)
     assert "DTensor" in saved[0]["kinds"]  # the momentum buffer, placed as its parameter
     assert not set(saved[0]["blocks"]) & set(saved[1]["blocks"])  # each rank saves its own blocks
-    ref = _dcp_reference()
+    ref = _dcp_reference(strategy)
     for ws in worlds:
-        got = run_ranks(_dcp_run, ws, path, "load", timeout=120)[0]
+        got = run_ranks(_dcp_run, ws, path, "load", strategy, timeout=120)[0]
         for k, v in got.items():
             # 1e-6: as the equivalence test (the same blocks, stacked per rank)
             torch.testing.assert_close(v, ref[k], rtol=1e-6, atol=1e-6, msg=f"world {ws} {k}")

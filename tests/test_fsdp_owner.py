@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _dist import run_ranks
-from test_fsdp import AlwaysFails, _data, _full, _model, _opt, _shard, _train
+from test_fsdp import AlwaysFails, _data, _dcp_check, _full, _model, _opt, _shard, _train
 from test_fsdp_skips import _counts, _run
 
 import shampoo
@@ -133,3 +133,48 @@ def _reference(solver: str) -> dict[str, torch.Tensor]:
     model = _model()
     _train(model, _opt(model.named_parameters(), solver), *_data())
     return _full(model)
+
+
+def test_owner_dcp_save_on_2_load_on_1_continues(tmp_path):
+    # the owner strategy's blocking does not depend on the world size: any world size loads
+    _dcp_check(tmp_path, (1,), "owner")
+
+
+@pytest.mark.slow
+def test_owner_dcp_save_on_2_load_on_4_continues(tmp_path):
+    _dcp_check(tmp_path, (4,), "owner")
+
+
+def _hsdp_2x2(rank: int, ws: int) -> dict:
+    X, Y = _data()
+    out: dict = {}
+    for name, cfg in (("share", FSDPConfig(timeout=60)), ("owner", FSDPConfig(strategy="owner", timeout=60))):
+        model = _shard(_model(), mesh=_mesh((2, 2)))
+        opt = _opt(model.named_parameters(), "eigh", cfg)
+        _train(model, opt, X, Y)
+        out[name] = _full(model)
+        out[f"{name} owned"] = _owned(opt)
+    return out
+
+
+@pytest.mark.slow
+def test_hsdp_2x2_share_roots_and_owner_equal_one_process():
+    """4 ranks, 2 replicas x 2 shards: share_roots == one process with the 2-shard blocking (each
+    shard's blocks split between its 2 replicas), owner == one process with standard blocking (each
+    block on one of the 4 ranks); 1e-6 as above."""
+    recs = run_ranks(_hsdp_2x2, 4, timeout=300, pg_timeout=120)
+    for name, rows in (("share", 2), ("owner", None)):
+        model = _model()
+        opt = _opt(model.named_parameters(), "eigh", row_shards=rows)
+        _train(model, opt, *_data())
+        ref = _full(model)
+        for k, v in recs[0][name].items():
+            torch.testing.assert_close(v, ref[k], rtol=1e-6, atol=1e-6, msg=f"{name} {k}")
+        every = _owned(opt)
+        owned = [recs[r][f"{name} owned"] for r in range(4)]
+        if name == "owner":  # the 4 ranks split the blocks
+            assert sorted(k for o in owned for k in o) == every and all(owned), owned
+        else:  # ranks (0, 2) and (1, 3) are the replicas of shards 0 and 1 (mesh [[0, 1], [2, 3]])
+            for a, b in ((0, 2), (1, 3)):
+                assert not set(owned[a]) & set(owned[b]) and owned[a] and owned[b], owned
+            assert sorted(k for o in owned for k in o) == every, owned
