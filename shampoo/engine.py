@@ -11,7 +11,6 @@ one strided copy per evenly tiled parameter.
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -22,6 +21,7 @@ from .blocking import BlockSpec, ParamLayout, layout_param, tile_grid, tiled_vie
 from .config import DiagnosticsConfig, GroupOptions
 from .errors import FactorResetWarning
 from .preconditioner import BlockBucket, block_norms
+from .refresh import warn
 from .roots import compute_roots
 from .state import BlockState, ParamState
 
@@ -332,8 +332,7 @@ class GroupEngine:
             "one huge gradient; they were reset to zero, with the blocks' first moments (without the reset the block would never move "
             "again). Clip gradients if this repeats."
         )
-        log.warning(msg)
-        warnings.warn(msg, FactorResetWarning, stacklevel=5)
+        warn(msg, FactorResetWarning)
 
     def label(self, bi: int, position: int, dim: int) -> str:
         """A factor's name in messages: ``key[block i, dim d]``."""

@@ -1,14 +1,18 @@
-"""Inverse-root computation for Kronecker factors: batching, warm starts and the failure policy.
+"""Inverse-root computation for Kronecker factors: batching, inputs, warm starts and the solves.
+
+The failure policy (non-finite statistics reset, primary -> fallback, counters, warnings, limits) is
+the refresh engine's, :mod:`shampoo.refresh`; this module is the Kronecker :class:`KroneckerRoots`
+refresher it runs (how to read, solve and install roots) and :func:`compute_roots`, the synchronous
+round.
 
 Due factors of equal size n and root p (across stacks) are concatenated into (b, n, n) batches of at
 most :data:`ROUND_CHUNK_BYTES` each (consecutive chunks of the due rows, in order), each solved by one
 matroots call, with the group's ``eps`` and rank-deficiency policy ``psd``
 (:mod:`matroots.core.psd`; the same for the primary solver and the fallback) and ``quiet=True`` (a
-non-convergence is reported once, here, not also by the solver). Before the call the stored factors
-are read as bitwise symmetric matrices (the upper triangle, the statistic, mirrored; see
-:func:`shampoo.state.mirror_upper_`), and a factor whose statistics became
-non-finite (G G^T overflowing) is reset to zero with a :class:`~shampoo.errors.FactorResetWarning`
-and keeps its previous root (not a failure).
+non-convergence is reported once, by the engine, not also by the solver). The stored factors are read
+as bitwise symmetric matrices (the upper triangle, the statistic, mirrored; see
+:func:`shampoo.state.mirror_upper_`), divided by 1 - beta2^t (Adam-style bias correction of the
+factor EMA); a factor whose statistics became non-finite is reset by the engine.
 
 The factors handed to the solver are therefore finite, exactly symmetric (A == A^T bitwise) and
 correctly shaped by construction, so the call declares them ``trusted=True``
@@ -18,10 +22,8 @@ the *result* are never skipped: a non-finite root is a failure, convergence flag
 
 A factor's solve *fails* when the call raises a numerical error (``matroots.MatrootsNumericalError``,
 ``torch.linalg.LinAlgError``; input errors propagate), or its root is non-finite (even when the solver
-claims convergence), or the solver reports ``converged=False``. Failed factors keep their previous root
-and go to the fallback solver (see :class:`shampoo.config.FailurePolicy`); a factor without a usable
-root after both counts a failure, and ``max_consecutive_failures`` in a row raise
-:class:`~shampoo.errors.RootComputationError`. Per factor, the diagnostics record the shift actually
+claims convergence), or the solver reports ``converged=False`` (:func:`solve_batch`); the fallback is
+:class:`shampoo.config.FailurePolicy`'s. Per factor, the diagnostics record the shift actually
 applied (psd shift, eps, their sum) and the condition number of the matrix actually solved: from
 the spectrum the solver computed when it reports one (eigh: ``solved_lambda_min/max``), else
 estimated by power iteration (:func:`_kappa`, ``DiagnosticsConfig.kappa_power_iters``).
@@ -32,10 +34,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from fractions import Fraction
+from typing import ClassVar
 
 import torch
 
@@ -45,9 +46,8 @@ from matroots.core.spectral import power_lambda_max
 from matroots.solvers import AutoConfig, SolverConfig
 
 from .config import DiagnosticsConfig, FailurePolicy, GroupOptions
-from .errors import FactorResetWarning, RootComputationError, RootFailureWarning
+from .refresh import Result, RootJob, Round, RoundReport, Snapshot, SolveOutcome, finite_rows
 from .state import FactorState, mirror_upper_
-from .transforms.base import RootJob
 
 log = logging.getLogger("shampoo")
 
@@ -57,45 +57,6 @@ NUMERICAL_ERRORS = (MatrootsNumericalError, torch.linalg.LinAlgError)
 #: construction (mirrored upper triangle, non-finite statistics reset), so the solves declare them
 #: ``trusted`` (:class:`matroots.SolveOptions`). False re-validates them (tests compare both paths).
 TRUST_FACTORS = True
-
-
-@dataclass
-class SolveOutcome:
-    """Per-element outcome of one batched solve."""
-
-    roots: torch.Tensor | None  # (b, n, n) or None when the call raised
-    ok: torch.Tensor  # (b,) bool
-    iterations: list[int]
-    residual: list[float]
-    seconds: float
-    kappa: list[float]
-    error: str = ""
-    psd_shift: list[float] = field(default_factory=list)
-    psd_floor: list[float] = field(default_factory=list)
-    eps_abs: list[float] = field(default_factory=list)
-    # per element, the configuration a meta-solver chose (method="auto": info["auto"]["chosen"]); [] else
-    solvers: list[str] = field(default_factory=list)
-    # eigenbasis solvers (eigh_warm): the new eigenvectors (b, n, n) and the warm-start verdicts
-    bases: torch.Tensor | None = None
-    warm: list[str] = field(default_factory=list)
-
-    def regularisation(self, i: int) -> tuple[float, float, float]:
-        """(psd_shift, psd_floor, eps_abs) of element i (NaN when not reported)."""
-        get = lambda xs: xs[i] if i < len(xs) else math.nan  # noqa: E731
-        return get(self.psd_shift), get(self.psd_floor), get(self.eps_abs)
-
-
-@dataclass
-class RoundReport:
-    """Summary of one call of :func:`compute_roots` (for timing and logging)."""
-
-    factors: int = 0
-    primary_failures: int = 0
-    failures: int = 0
-    seconds: float = 0.0
-    solver_seconds: float = 0.0
-    factor_resets: int = 0
-    failed_labels: list[str] = field(default_factory=list)
 
 
 def _as_p(p: Fraction) -> int | Fraction:
@@ -161,15 +122,6 @@ def _per_element(value: object, b: int) -> list[float]:
     return info_per_element(value, b, missing=math.nan)
 
 
-def _finite_rows(X: torch.Tensor) -> torch.Tensor:
-    """(b,) bool: whether every entry of X[i] is finite (by sums; entrywise only when a sum is not)."""
-    sums = X.sum(dim=(-2, -1), dtype=torch.promote_types(X.dtype, torch.float32))
-    ok = torch.isfinite(sums)
-    if bool(ok.all()):
-        return ok.cpu()
-    return torch.isfinite(X).flatten(1).all(-1).cpu()
-
-
 # The solve() method that tests the root it returns (matroots' SolverConfig._finalise: a non-finite
 # root is not converged). Not auto's: it delegates to any registered config, whose solve() may be
 # its own.
@@ -213,7 +165,7 @@ def solve_batch(
     conv = conv.reshape(b).cpu()
     # matroots' own solve flags a non-finite root as not converged; a config overriding solve() is
     # tested here
-    finite = _finite_rows(X) if type(cfg).solve not in _FINITE_CHECKED else None
+    finite = finite_rows(X) if type(cfg).solve not in _FINITE_CHECKED else None
     ok = conv if finite is None else conv & finite
     iters = res.iterations
     iters_l = iters.reshape(b).tolist() if isinstance(iters, torch.Tensor) else [int(iters)] * b
@@ -242,7 +194,7 @@ def solve_batch(
         if not bool(conv.all()):
             parts.append(f"not converged (stop reasons: {info.get('stop_reason', '')})")
         if finite is None:
-            finite = _finite_rows(X)
+            finite = finite_rows(X)
         if not bool(finite.all()):
             parts.append(f"non-finite root for {int((~finite).sum())} of {b}")
         err = "; ".join(parts)
@@ -273,18 +225,16 @@ def _solve_with_warm_start(
     A: torch.Tensor,
     p: Fraction,
     opts: GroupOptions,
-    previous: Callable[[], torch.Tensor],
+    prev: torch.Tensor | None,
     has_root: list[bool],
     diag: DiagnosticsConfig,
     kappa: list[float] | None = None,
 ) -> SolveOutcome:
-    """Solve with the primary solver, warm-starting the elements that have a previous root (and
-    passing their previous kappa, see :func:`solve_batch`)."""
+    """Solve with the primary solver, warm-starting from ``prev`` (None: all cold) the elements that
+    have a previous root (and passing their previous kappa, see :func:`solve_batch`)."""
     kappa_iters = diag.kappa_power_iters
-    use_warm = opts.warm_start and (supports_warm_start(cfg) or uses_eigenbasis(cfg)) and any(has_root)
-    if not use_warm:
+    if prev is None:
         return solve_batch(cfg, A, p, opts, opts.root_dtype, None, kappa_iters, kappa)
-    prev = previous().to(opts.root_dtype)
     if all(has_root):
         return solve_batch(cfg, A, p, opts, opts.root_dtype, prev, kappa_iters, kappa)
     warm_idx = [i for i, h in enumerate(has_root) if h]
@@ -356,177 +306,133 @@ def _fallback(A: torch.Tensor, p: Fraction, opts: GroupOptions, kappa_iters: int
     return _merge(parts, A, dtype)
 
 
-def compute_roots(jobs: list[RootJob], opts: GroupOptions, diag: DiagnosticsConfig) -> RoundReport:
-    """Compute the due roots of ``jobs`` in batches of equal (n, p) and apply the failure policy.
+@dataclass(frozen=True)
+class _Warm:
+    has_prev: list[bool]  # per factor: warm-started (from ``previous``)
+    previous: torch.Tensor | None  # (b, n, n) in root_dtype: roots or eigenbases; None: all cold
 
-    Raises RootComputationError after
-    ``opts.failure.max_consecutive_failures`` consecutive failures of any factor.
-    """
-    t_round = time.perf_counter()
-    report = RoundReport()
+
+@dataclass(frozen=True)
+class KroneckerRoots:
+    """How Kronecker factors refresh their inverse roots (:class:`shampoo.refresh.Refresher`): the
+    bias-corrected mirrored factors (:func:`_inputs`), the group's ``root_solver`` warm-started as its
+    capabilities declare, the ``FailurePolicy``'s fallback, the roots written in place."""
+
+    opts: GroupOptions
+    diag: DiagnosticsConfig
+    noun: ClassVar[str] = "root"
+    nouns: ClassVar[str] = "roots"
+    remedies: ClassVar[str] = (
+        "psd='shift' (the default rank-deficiency policy) if it was changed, a larger eps (or "
+        "eps_mode='relative'), root_dtype=torch.float64, a more robust root_solver (e.g. 'eigh')"
+    )
+
+    @property
+    def name(self) -> str:
+        return self.opts.root_solver.name
+
+    @property
+    def fallback_name(self) -> str | None:
+        fb = self.opts.failure.fallback
+        return None if fb is None else f"{fb.name}[fallback]"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.opts.root_dtype
+
+    @property
+    def policy(self) -> FailurePolicy:
+        return self.opts.failure
+
+    @property
+    def log_level(self) -> int:
+        return self.diag.log_level
+
+    def detail(self, p: Fraction) -> str:
+        return f"inverse root p={p}"
+
+    def inputs(self, jobs: list[RootJob]) -> torch.Tensor:
+        opts = self.opts
+        bc_on = opts.use_bias_correction and opts.beta2 < 1.0
+        return _inputs(jobs, _work_dtype(opts), opts.beta2 if bc_on else None)
+
+    def prepare(self, snap: Snapshot, records: list[FactorState], copy: bool) -> _Warm:
+        opts, cfg = self.opts, self.opts.root_solver
+        eigen = uses_eigenbasis(cfg)
+        if eigen:  # warm start from the kept eigenbases, unless backing off
+            snap.backoff = [f.basis is not None and f.warm_skip > 0 for f in records]
+            has_prev = [
+                f.basis is not None and not skip for f, skip in zip(records, snap.backoff, strict=True)
+            ]
+        else:
+            snap.backoff = [False] * len(records)
+            has_prev = [f.has_root for f in records]
+        if not (opts.warm_start and (supports_warm_start(cfg) or eigen) and any(has_prev)):
+            return _Warm(has_prev, None)
+        prev = (_previous_bases(records, snap.A) if eigen else _previous(snap.jobs)).to(opts.root_dtype)
+        if copy and not eigen:  # views of the root storage
+            prev = prev.clone()
+        return _Warm(has_prev, prev)
+
+    def solve(self, snap: Snapshot) -> SolveOutcome:
+        warm: _Warm = snap.extra
+        return _solve_with_warm_start(
+            self.opts.root_solver,
+            snap.A,
+            snap.p,
+            self.opts,
+            warm.previous,
+            warm.has_prev,
+            self.diag,
+            snap.kappa,
+        )
+
+    def fallback(self, snap: Snapshot, rows: list[int]) -> SolveOutcome:
+        return _fallback(snap.A[rows], snap.p, self.opts, self.diag.kappa_power_iters)
+
+    def install(self, snap: Snapshot, result: Result) -> None:
+        """The usable roots into the root storage; an eigenbasis solver's new bases into the records
+        (the next round's warm start; a failed primary's next round starts cold)."""
+        _write_back(snap.jobs, result.final, result.good.tolist())
+        out = result.primary
+        for i, f in enumerate(snap.records):
+            if snap.reset[i]:
+                continue
+            if out.bases is not None and bool(out.ok[i]):
+                f.basis = out.bases[i].to(self.opts.root_dtype).clone()
+            elif not bool(out.ok[i]):
+                f.basis = None
+
+
+def _work_dtype(opts: GroupOptions) -> torch.dtype:
+    return torch.promote_types(opts.factor_dtype, opts.root_dtype)
+
+
+def round_chunks(jobs: list[RootJob], opts: GroupOptions) -> list[list[RootJob]]:
+    """The jobs of a round as batches of one (n, p) each, in chunks of at most
+    :data:`ROUND_CHUNK_BYTES` (see :func:`_chunks`), in order."""
     batches: dict[tuple[int, Fraction], list[RootJob]] = {}
     for job in jobs:
         batches.setdefault((job.factors.shape[-1], job.p), []).append(job)
-    policy = opts.failure
-    over_limit: list[tuple[list[RootJob], list[FactorState], Fraction]] = []
-    work_dtype = torch.promote_types(opts.factor_dtype, opts.root_dtype)
-    bc_on = opts.use_bias_correction and opts.beta2 < 1.0
-    chunks = [
-        (p, chunk)
-        for (n, p), group in batches.items()
-        for chunk in _chunks(
-            group, n * n * torch.empty((), dtype=work_dtype).element_size(), group[0].factors.device
-        )
+    size = torch.empty((), dtype=_work_dtype(opts)).element_size()
+    return [
+        chunk
+        for (n, _), group in batches.items()
+        for chunk in _chunks(group, n * n * size, group[0].factors.device)
     ]
-    for p, group in chunks:
-        states, steps = [], []
-        for job in group:
-            states.extend(job.records[i] for i in job.positions)
-            steps.extend(job.steps)
-        A = _inputs(group, work_dtype, opts.beta2 if bc_on else None)
-        reset = (~_finite_rows(A)).tolist()
-        if any(reset):
-            A = _reset_statistics(group, A, reset, report)
-        backoff = [False] * len(states)
-        if uses_eigenbasis(opts.root_solver):  # warm start from the kept eigenbases
-            backoff = [f.basis is not None and f.warm_skip > 0 for f in states]
-            has_prev = [f.basis is not None and not skip for f, skip in zip(states, backoff, strict=True)]
-            prev_fn = lambda s=states, A=A: _previous_bases(s, A)  # noqa: E731
-        else:
-            has_prev, prev_fn = [f.has_root for f in states], lambda g=group: _previous(g)
-        kappa_prev = [f.kappa for f in states]
-        out = _solve_with_warm_start(opts.root_solver, A, p, opts, prev_fn, has_prev, diag, kappa_prev)
-        report.solver_seconds += out.seconds
-        ok = out.ok.clone()
-        final = out.roots if out.roots is not None else torch.empty_like(A, dtype=opts.root_dtype)
-        name = opts.root_solver.name
-        used = [c or name for c in out.solvers] if out.solvers else [name] * len(states)
-        fb_ok = torch.zeros_like(ok)
-        failed = [i for i in (~ok).nonzero().flatten().tolist() if not reset[i]]
-        fb_out = None
-        if failed and policy.fallback is not None:
-            fb_out = _fallback(A[failed], p, opts, diag.kappa_power_iters)
-            report.solver_seconds += fb_out.seconds
-            for j, i in enumerate(failed):
-                if bool(fb_out.ok[j]):
-                    assert fb_out.roots is not None
-                    final[i] = fb_out.roots[j].to(final.dtype)
-                    fb_ok[i] = True
-                    used[i] = f"{policy.fallback.name}[fallback]"
-        good = (ok | fb_ok) & ~torch.tensor(reset, dtype=torch.bool)
-        # Factors without a usable root are not written: they keep their previous root.
-        _write_back(group, final, good.tolist())
-        per_elem_seconds = out.seconds / max(len(states), 1)
-        for i, f in enumerate(states):
-            primary_ok = bool(ok[i])
-            f.seconds = per_elem_seconds
-            if reset[i]:
-                # statistics were reset (not a solver failure): keep the previous root, count nothing else
-                f.factor_resets += 1
-                f.converged, f.solver = False, ""
-                f.error = "statistics were non-finite and were reset to zero; previous root kept"
-                continue
-            f.warm = out.warm[i] if i < len(out.warm) else ""
-            f.warm_hits += f.warm in ("accepted", "refined")
-            f.update_warm_backoff(skipped=backoff[i])
-            if out.bases is not None and primary_ok:
-                f.basis = out.bases[i].to(opts.root_dtype).clone()  # the next round's warm start
-            elif not primary_ok:
-                f.basis = None  # the fallback's root has no basis: the next round starts cold
-            if primary_ok:
-                f.iterations, f.residual, f.kappa = out.iterations[i], out.residual[i], out.kappa[i]
-                f.psd_shift, f.psd_floor, f.eps_abs = out.regularisation(i)
-                f.converged, f.error = True, ""
-                f.consecutive_primary_failures = 0
-            else:
-                f.primary_failures += 1
-                f.consecutive_primary_failures += 1
-                f.error = out.error
-                f.converged = False
-                f.iterations, f.residual = out.iterations[i], out.residual[i]
-                f.kappa = f.psd_shift = f.psd_floor = f.eps_abs = math.nan
-                if fb_out is not None:
-                    j = failed.index(i)
-                    f.seconds += fb_out.seconds / max(len(failed), 1)
-                    if bool(fb_ok[i]):
-                        f.fallback_uses += 1
-                        f.kappa = fb_out.kappa[j]
-                        f.psd_shift, f.psd_floor, f.eps_abs = fb_out.regularisation(j)
-                        f.converged = True
-                    else:
-                        f.error += f"; fallback: {fb_out.error}"
-            f.solver = used[i]
-            if bool(good[i]):
-                f.has_root = True
-                f.root_step = steps[i]
-                f.consecutive_failures = 0
-            else:
-                f.failures += 1
-                f.consecutive_failures += 1
-        for f in states:
-            f.regularisation = (0.0 if math.isnan(f.psd_shift) else f.psd_shift) + (
-                0.0 if math.isnan(f.eps_abs) else f.eps_abs
-            )
-        not_reset = ~torch.tensor(reset, dtype=torch.bool)
-        report.factors += len(states)
-        report.primary_failures += int((~ok & not_reset).sum())
-        report.failures += int((~good & not_reset).sum())
-        if bool((~ok & not_reset).any()):
-            report.failed_labels.extend(_labels(group, (~ok & not_reset).tolist()))
-        if log.isEnabledFor(diag.log_level):
-            for lab, f in zip(_labels(group, [True] * len(states)), states, strict=True):
-                log.log(
-                    diag.log_level,
-                    "root %s n=%d p=%s solver=%s iters=%d residual=%.3e converged=%s failures=%d "
-                    "seconds=%.4f kappa=%.3e shift=%.3e",
-                    lab, f.n, f.root_p, f.solver, f.iterations, f.residual, f.converged,
-                    f.consecutive_failures, f.seconds, f.kappa, f.regularisation,
-                )  # fmt: skip
-        over_limit.append((group, states, p))
-    report.seconds = time.perf_counter() - t_round
-    if report.primary_failures:
-        msg = (
-            f"shampoo: {report.primary_failures} of {report.factors} root computations failed with "
-            f"{opts.root_solver.name!r} ({report.failures} without a usable root after the fallback): "
-            f"{', '.join(report.failed_labels[:5])}{' ...' if len(report.failed_labels) > 5 else ''}"
-        )
-        log.warning(msg)
-        warnings.warn(msg, RootFailureWarning, stacklevel=4)
-    for group, states, p in over_limit:
-        _check_limits(group, states, policy, p)
-    return report
 
 
-def _reset_statistics(
-    group: list[RootJob],
-    A: torch.Tensor,
-    reset: list[bool],
-    report: RoundReport,
-) -> torch.Tensor:
-    """Zero the stored statistics of the factors flagged in ``reset`` (they became NaN/Inf), warn, and
-    return a copy of the batch with those elements replaced by the identity (solved and discarded)."""
-    i = 0
-    for job in group:
-        store = job.factors
-        for pos in job.positions:
-            if reset[i]:
-                store[pos].zero_()
-            i += 1
-    labs = _labels(group, reset)
-    report.factor_resets += len(labs)
-    msg = (
-        f"shampoo: the Kronecker factor statistics of {len(labs)} factor(s) became non-finite "
-        f"({', '.join(labs[:5])}{' ...' if len(labs) > 5 else ''}), typically G G^T overflowing "
-        f"{str(A.dtype).removeprefix('torch.')} after one huge gradient; they were reset to zero and "
-        "accumulate again from the next step, and the previous roots are kept. Clip gradients or use "
-        "factor_dtype=torch.float64 if this repeats."
-    )
-    log.warning(msg)
-    warnings.warn(msg, FactorResetWarning, stacklevel=5)
-    A = A.clone()
-    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
-    A[torch.tensor(reset, device=A.device)] = eye
-    return A
+def compute_roots(jobs: list[RootJob], opts: GroupOptions, diag: DiagnosticsConfig) -> RoundReport:
+    """Compute the due roots of ``jobs`` in batches of equal (n, p) and apply the failure policy
+    (:mod:`shampoo.refresh`): each chunk is snapshotted, solved and installed in turn.
+
+    Raises RootComputationError after ``opts.failure.max_consecutive_failures`` consecutive failures
+    of any factor.
+    """
+    rnd = Round(KroneckerRoots(opts, diag))
+    for chunk in round_chunks(jobs, opts):
+        rnd.run(chunk)
+    return rnd.finish()
 
 
 def _inputs(group: list[RootJob], dtype: torch.dtype, beta2: float | None) -> torch.Tensor:
@@ -658,50 +564,10 @@ def _write_back(group: list[RootJob], final: torch.Tensor, good: list[bool]) -> 
         start += k
 
 
-def _labels(group: list[RootJob], mask: list[bool]) -> list[str]:
-    out, i = [], 0
-    for job in group:
-        for pos in job.positions:
-            if mask[i]:
-                out.append(job.label(pos))
-            i += 1
-    return out
-
-
-def _check_limits(
-    group: list[RootJob],
-    states: list[FactorState],
-    policy: FailurePolicy,
-    p: Fraction,
-) -> None:
-    max_fail = policy.max_consecutive_failures
-    max_primary = policy.max_consecutive_primary_failures
-    over = [f.consecutive_failures >= max_fail for f in states]
-    over_primary = [max_primary is not None and f.consecutive_primary_failures >= max_primary for f in states]
-    if not any(over) and not any(over_primary):
-        return
-    mask = [a or b for a, b in zip(over, over_primary, strict=True)]
-    labs = _labels(group, mask)
-    f = next(s for s, m in zip(states, mask, strict=True) if m)
-    what = (
-        f"{f.consecutive_failures} consecutive root computations without a usable root"
-        if f.consecutive_failures >= max_fail
-        else f"{f.consecutive_primary_failures} consecutive failures of the configured root solver"
-    )
-    raise RootComputationError(
-        f"shampoo: {what} for {labs[0]} (n={f.n}, inverse root p={p}, {len(labs)} factor(s) affected); "
-        f"last error: {f.error or 'not converged'}. The previous roots were kept so far. Try psd='shift' "
-        "(the default rank-deficiency policy) if it was changed, a larger eps (or eps_mode='relative'), "
-        "root_dtype=torch.float64, a more robust root_solver (e.g. 'eigh'), or raise "
-        "FailurePolicy.max_consecutive_failures."
-    )
-
-
 __all__ = [
-    "RootJob",
-    "RoundReport",
-    "SolveOutcome",
+    "KroneckerRoots",
     "compute_roots",
+    "round_chunks",
     "solve_batch",
     "supports_warm_start",
     "uses_eigenbasis",

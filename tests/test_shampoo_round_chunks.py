@@ -27,7 +27,8 @@ import matroots
 import shampoo
 import shampoo.roots as roots_mod
 from shampoo.config import DiagnosticsConfig, GroupOptions
-from shampoo.roots import RootJob, compute_roots
+from shampoo.refresh import RootJob
+from shampoo.roots import compute_roots
 from shampoo.state import FactorState, mirror_upper_
 
 F64 = torch.float64

@@ -1,12 +1,12 @@
 """Per-block transforms of the Shampoo step (first moment, preconditioners; grafting in
 :mod:`shampoo.grafting`) and the :class:`Pipeline` that composes them per bucket."""
 
+from ..refresh import RootJob
 from .base import (
     Grafting,
     Pipeline,
     PipelineState,
     Preconditioner,
-    RootJob,
     Stack,
     StepContext,
     StepOptions,

@@ -11,7 +11,7 @@ owns a small typed state (a dataclass of stacked tensors). Its methods:
   (b,) tensor, folded by the caller into the one pass that writes the direction out);
 * preconditioners also have ``ready(state, j)`` (may block j use its preconditioner yet?),
   ``refresh(state, positions, steps, label)`` (the periodic work: root jobs, see
-  :mod:`shampoo.roots`) and ``accumulators(state)`` (tensors to check for overflow).
+  :mod:`shampoo.refresh`) and ``accumulators(state)`` (tensors to check for overflow).
 
 A :class:`Pipeline` is one bucket's composition: an optional first moment (the EMA m of the
 gradient, Adam's beta1), an optional preconditioner (Kronecker, diagonal, or any object with the
@@ -24,12 +24,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ..state import FactorState
+from ..refresh import RootJob
 
 if TYPE_CHECKING:
     from ..state import BlockState
@@ -48,27 +47,6 @@ class Stack:
 
     def zeros(self) -> torch.Tensor:
         return torch.zeros((self.size, *self.shape), dtype=self.dtype, device=self.device)
-
-
-@dataclass
-class RootJob:
-    """Due factors of one stack: plain (b, n, n) storage, the rows due, and their bookkeeping.
-
-    ``factors`` holds the statistics (upper triangle; mirrored into each solve's input), ``roots`` the
-    current inverse roots (written in place for the rows that get a usable root), ``records`` the
-    :class:`~shampoo.state.FactorState` of every row. ``label(row)`` names a factor in messages.
-    """
-
-    factors: torch.Tensor  # (b, n, n)
-    roots: torch.Tensor  # (b, n, n)
-    records: list[FactorState]  # one per row of ``factors``
-    p: Fraction  # the inverse root: factors^{-1/p}
-    positions: list[int]  # rows due
-    steps: list[int]  # each due row's parameter step (for bias correction and bookkeeping)
-    label: Callable[[int], str]
-    # each due row's count of statistics updates, the t of its bias correction 1 - beta2^t (None: its
-    # step; differs under statistics_frequency > 1, see shampoo.transforms.kronecker)
-    updates: list[int] | None = None
 
 
 class StepOptions(Protocol):
@@ -294,7 +272,6 @@ __all__ = [
     "Pipeline",
     "PipelineState",
     "Preconditioner",
-    "RootJob",
     "Stack",
     "StepContext",
     "StepOptions",

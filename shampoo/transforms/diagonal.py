@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .base import RootJob, Stack, StepContext, col
+from ..refresh import RootJob
+from .base import Stack, StepContext, col
 
 if TYPE_CHECKING:
     from ..state import BlockState

@@ -9,7 +9,7 @@ G_(i) the mode-i matricisation, and the preconditioned direction is the multilin
 G x_1 L_1^{-1/p_1} x_2 ... x_k L_k^{-1/p_k} (for matrices, L^{-1/4} G R^{-1/4}).
 
 Statistics accumulate their upper triangle (see :func:`shampoo.state.mirror_upper_`); the periodic
-``refresh`` hands the due factors to :mod:`shampoo.roots` as plain stacked tensors.
+``refresh`` hands the due factors to :mod:`shampoo.roots` (through :mod:`shampoo.refresh`) as plain stacked tensors.
 
 Options that reduce the statistics work (GroupOptions fields; all off by default):
 
@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from ..refresh import RootJob
 from ..state import FactorState
-from .base import RootJob, Stack, StepContext, StepOptions, reuse_buffer
+from .base import Stack, StepContext, StepOptions, reuse_buffer
 
 if TYPE_CHECKING:
     from ..state import BlockState
@@ -224,7 +225,7 @@ class Kronecker:
         ]
 
     def accumulators(self, state: KroneckerState) -> list[torch.Tensor]:
-        return []  # non-finite statistics are reset by shampoo.roots at the next root round
+        return []  # non-finite statistics are reset by shampoo.refresh at the next root round
 
 
 class KroneckerOptions(StepOptions, Protocol):

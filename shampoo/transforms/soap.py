@@ -69,11 +69,13 @@ Basis updates (``basis_update``):
 * ``"identity"``: no rotation, no factor statistics: Adam (AdaGrad) per block, the Q = I limit of the
   method (an ablation baseline that costs as Adam).
 
-A refresh that fails (a numerical error, a non-finite basis) keeps the (re-sorted) previous basis and
-counts a failure; the group's ``FailurePolicy.max_consecutive_failures`` consecutive failures raise
-:class:`~shampoo.errors.RootComputationError`; eigh_warm failures are retried with the fp64 eigh first.
-Statistics that became non-finite are reset to zero with a :class:`~shampoo.errors.FactorResetWarning`
-(as for Shampoo), and a non-finite second moment is reset with its block's first moment.
+A refresh goes through the refresh engine (:mod:`shampoo.refresh`), with the same policy as Shampoo's
+roots: a refresh that fails (a numerical error, a non-finite basis) keeps the (re-sorted) previous
+basis; eigh_warm's failed rows are solved again by the fp64 eigh (its fallback, ``[fallback eigh]``);
+a factor without a usable basis counts a failure, and ``FailurePolicy.max_consecutive_failures`` in a
+row raise :class:`~shampoo.errors.RootComputationError`. Statistics that became non-finite are reset
+to zero with a :class:`~shampoo.errors.FactorResetWarning`, and a non-finite second moment is reset
+with its block's first moment.
 
 Checkpoint (per block, ``blocks.<i>.``; see :mod:`shampoo.state`): ``second_moment`` (V, the block's
 shape), ``basis_pending`` (0-d int64: the step whose refresh is still to be computed, 0: none),
@@ -84,7 +86,7 @@ estimates), ``factors.<d>.matrix`` (the statistics, as for Shampoo) and the fact
 
 Diagnostics per factor: ``solver`` ("soap:eigh_warm", "soap:eigh", "soap:qr", "...[fallback eigh]"),
 ``warm``, ``iterations`` (refinement / power steps), ``residual`` = ||offdiag(Q^T L Q)||_F / ||L||_F of
-the new basis (the relative distance of Q diag(Q^T L Q) Q^T from L; ~u for an eigh, the convergence
+the primary's new basis (NaN when it failed) (the relative distance of Q diag(Q^T L Q) Q^T from L; ~u for an eigh, the convergence
 measure of the QR update), ``converged``, ``seconds``, failures. psd_shift, eps_abs and kappa are NaN:
 no root is solved.
 """
@@ -92,12 +94,12 @@ no root is solved.
 from __future__ import annotations
 
 import logging
+import math
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -107,9 +109,9 @@ from matroots.core.errors import InvalidArgumentError
 from matroots.solvers.eigh import eigh_checked
 from matroots.solvers.eigh_warm import EighWarmConfig
 
-from ..errors import FactorResetWarning, RootComputationError
+from ..refresh import Result, RootJob, Round, Snapshot, SolveOutcome, finite_rows
 from ..state import FactorState, declare, mirror_upper_
-from .base import RootJob, Stack, StepContext, col
+from .base import Stack, StepContext, col
 from .kronecker import Kronecker, KroneckerState, kronecker_for
 
 if TYPE_CHECKING:
@@ -293,98 +295,140 @@ class SOAP:
         steps = pend.index_select(0, local).tolist()
         st = state.stats
         assert st is not None
-        for k in range(len(st.dims)):
-            self._refresh_slot(state, k, rows, steps, ctx)
+        rnd = Round(_BasisRefresh(self, state, ctx.opts))  # one round: one warning, limits after it
+        for k, d in enumerate(st.dims):  # the eigenbases of each factor slot (module docstring)
+            rnd.run(
+                [
+                    RootJob(
+                        factors=st.factors[k], roots=st.roots[k], records=st.records[k], p=st.ps[k],
+                        positions=rows.tolist(), steps=steps,
+                        label=lambda j, d=d: state.labels.get((j, d), f"position {j}"),
+                    )
+                ]
+            )  # fmt: skip
+        rnd.finish()
         state.pending.index_fill_(0, rows, 0)
 
-    def _refresh_slot(
-        self, state: SOAPState, k: int, rows: torch.Tensor, steps: list[int], ctx: StepContext
-    ) -> None:
-        """New eigenbases of factor slot k for the blocks ``rows`` (module docstring, "Basis updates")."""
+
+@dataclass(frozen=True)
+class _BasisRefresh:
+    """How SOAP refreshes the eigenbases of a factor slot (a :class:`shampoo.refresh.Refresher`; one
+    job per slot: the slot's statistics and bases, the due rows; module docstring, "Second moments
+    across a basis change" and "Basis updates"). The solve re-sorts the old basis by its Rayleigh
+    quotients under the new statistics and computes the new basis (descending columns); install
+    permutes V the same way and writes the new bases (the re-sorted old ones where none is usable)."""
+
+    soap: SOAP
+    state: SOAPState
+    opts: Any
+    noun: ClassVar[str] = "eigenbasis"
+    nouns: ClassVar[str] = "eigenbases"
+    remedies: ClassVar[str] = "basis_update='eigh', root_dtype=torch.float64"
+    log_level: ClassVar[int] = logging.DEBUG
+
+    @property
+    def name(self) -> str:
+        return f"soap:{self.soap.basis_update}"
+
+    @property
+    def fallback_name(self) -> str | None:
+        return f"{self.name}[fallback eigh]" if self.soap.basis_update == "eigh_warm" else None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.promote_types(self.opts.factor_dtype, self.opts.root_dtype)
+
+    @property
+    def policy(self) -> Any:
+        return self.opts.failure
+
+    def detail(self, p: Fraction) -> str:
+        return f"basis_update={self.soap.basis_update!r}"
+
+    def _slot(self, jobs: list[RootJob]) -> tuple[int, torch.Tensor]:
+        """(factor slot, due rows) of the one job of a snapshot."""
+        st = self.state.stats
+        assert st is not None and len(jobs) == 1
+        k = next(i for i, F in enumerate(st.factors) if F is jobs[0].factors)
+        return k, torch.tensor(jobs[0].positions, device=jobs[0].factors.device)
+
+    def inputs(self, jobs: list[RootJob]) -> torch.Tensor:
+        _, rows = self._slot(jobs)
+        return mirror_upper_(jobs[0].factors.index_select(0, rows)).to(self.dtype)
+
+    def prepare(
+        self, snap: Snapshot, records: list[FactorState], copy: bool
+    ) -> tuple[torch.Tensor, list[bool], int, torch.Tensor]:
+        k, rows = self._slot(snap.jobs)
+        Q = snap.jobs[0].roots.index_select(0, rows).to(self.dtype)  # a copy
+        # eigh_warm: a factor whose warm start fell back recently solves cold for a few refreshes
+        warm = self.soap.basis_update == "eigh_warm"
+        snap.backoff = [warm and f.has_root and f.warm_skip > 0 for f in records]
+        fresh = [not f.has_root or skip for f, skip in zip(records, snap.backoff, strict=True)]
+        return Q, fresh, k, rows
+
+    def solve(self, snap: Snapshot) -> SolveOutcome:
         t0 = time.perf_counter()
-        st = state.stats
-        assert st is not None
-        opts = ctx.opts
-        d, records = st.dims[k], [st.records[k][j] for j in rows.tolist()]
-        work = torch.promote_types(opts.factor_dtype, opts.root_dtype)
-        A = mirror_upper_(st.factors[k].index_select(0, rows)).to(work)
-        ok_in = torch.isfinite(A).flatten(1).all(-1)
-        if not bool(ok_in.all()):
-            self._reset(state, k, rows, ok_in, records)
-            eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
-            A = torch.where(ok_in.view(-1, 1, 1), A, eye)  # solved and discarded
-        ok_in = ok_in.cpu()
-        Q = st.roots[k].index_select(0, rows).to(work)
+        A, (Q, fresh, _, _) = snap.A, snap.extra
+        r = A.shape[0]
+        ok_in = ~torch.tensor(snap.reset, dtype=torch.bool)
         AQ = torch.bmm(A, Q)
         rq = (AQ * Q).sum(-2)  # Rayleigh quotients of the old columns under the new statistics
         perm = torch.argsort(rq, dim=-1, descending=True, stable=True)
-        perm = torch.where(ok_in.view(-1, 1), perm, torch.arange(A.shape[-1], device=A.device))
+        perm = torch.where(ok_in.to(A.device).view(-1, 1), perm, torch.arange(A.shape[-1], device=A.device))
         Qp = _columns(Q, perm)
-        V = _permute_dim(state.v.index_select(0, rows), d, perm)
-        state.v.index_copy_(0, rows, V)
-        # eigh_warm: a factor whose warm start fell back recently solves cold for a few refreshes
-        backoff = [self.basis_update == "eigh_warm" and f.has_root and f.warm_skip > 0 for f in records]
-        fresh = [not f.has_root or skip for f, skip in zip(records, backoff, strict=True)]
-        Qn, ok, info = self._new_basis(A, Qp, _columns(AQ, perm), st.ps[k], fresh, opts, work)
+        Qn, ok, info = self._new_basis(A, Qp, _columns(AQ, perm), snap.p, fresh)
         ok &= ok_in
-        Qn = torch.where(ok.view(-1, 1, 1), Qn, Qp)
+        Qn = torch.where(ok.to(A.device).view(-1, 1, 1), Qn, Qp)
         S = Qn.mT @ A @ Qn
         off = torch.linalg.matrix_norm(S - torch.diag_embed(S.diagonal(dim1=-2, dim2=-1))).double()
         resid = (off / torch.linalg.matrix_norm(A).double().clamp_min(1e-300)).cpu().tolist()
-        st.roots[k].index_copy_(0, rows, Qn.to(st.roots[k].dtype))
-        seconds = (time.perf_counter() - t0) / max(len(records), 1)
-        name = f"soap:{self.basis_update}"
-        for i, f in enumerate(records):
-            f.seconds = seconds
-            if not bool(ok_in[i]):
-                continue
-            f.warm = info["warm"][i]
-            f.warm_hits += f.warm in ("accepted", "refined")
-            f.update_warm_backoff(skipped=backoff[i])
-            f.iterations = info["iterations"][i]
-            f.solver = name + info["suffix"][i]
-            primary_failed = bool(info["suffix"][i]) or not bool(ok[i])
-            f.primary_failures += primary_failed
-            f.consecutive_primary_failures = f.consecutive_primary_failures + 1 if primary_failed else 0
-            if bool(ok[i]):
-                f.residual, f.converged, f.error = resid[i], True, ""
-                f.has_root, f.root_step, f.consecutive_failures = True, steps[i], 0
-                f.fallback_uses += bool(info["suffix"][i])
-            else:
-                f.converged, f.error = False, info["error"][i] or "non-finite basis"
-                f.failures += 1
-                f.consecutive_failures += 1
-        self._check_limits(state, k, rows, records, opts)
-        log.log(
-            logging.DEBUG, "soap basis %s rows=%d ok=%d seconds=%.4f", name, len(records), int(ok.sum()),
-            seconds * len(records),
+        nan = [math.nan] * r
+        return SolveOutcome(
+            Qn, ok, info["iterations"], [x if bool(o) else math.nan for x, o in zip(resid, ok, strict=True)],
+            time.perf_counter() - t0, nan, "" if bool(ok[ok_in].all()) else info["error"] or "non-finite basis",
+            warm=info["warm"], carry=(perm, Qp),
         )  # fmt: skip
 
+    def fallback(self, snap: Snapshot, rows: list[int]) -> SolveOutcome:
+        """eigh_warm's fallback: the fp64 eigh of the rows its warm or cold solve did not give."""
+        t0 = time.perf_counter()
+        Qf, okf, err = _eigh(snap.A.index_select(0, torch.tensor(rows, device=snap.A.device)), torch.float64)
+        nan = [math.nan] * len(rows)
+        return SolveOutcome(
+            Qf.flip(-1).to(self.dtype), okf, [0] * len(rows), nan, time.perf_counter() - t0, nan, err
+        )
+
+    def install(self, snap: Snapshot, result: Result) -> None:
+        """V permuted as the old basis's columns were; the new bases written (the re-sorted old ones
+        where none is usable)."""
+        st = self.state.stats
+        assert st is not None
+        perm, Qp = result.primary.carry
+        _, _, k, rows = snap.extra
+        V = _permute_dim(self.state.v.index_select(0, rows), st.dims[k], perm)
+        self.state.v.index_copy_(0, rows, V)
+        Qn = torch.where(result.good.to(Qp.device).view(-1, 1, 1), result.final, Qp)
+        st.roots[k].index_copy_(0, rows, Qn.to(st.roots[k].dtype))
+
     def _new_basis(
-        self,
-        A: torch.Tensor,
-        Qp: torch.Tensor,
-        AQp: torch.Tensor,
-        p: Fraction,
-        fresh: list[bool],
-        opts: Any,
-        work: torch.dtype,
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, list[Any]]]:
-        """(new bases with descending columns, ok per row, per-row info) for the re-sorted old bases Qp."""
-        r = A.shape[0]
-        info: dict[str, list[Any]] = {"warm": [""] * r, "iterations": [0] * r, "suffix": [""] * r,
-                                      "error": [""] * r}  # fmt: skip
-        if self.basis_update == "qr":
+        self, A: torch.Tensor, Qp: torch.Tensor, AQp: torch.Tensor, p: Fraction, fresh: list[bool]
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """(new bases with descending columns, ok per row, info) for the re-sorted old bases Qp."""
+        r, work = A.shape[0], self.dtype
+        info: dict[str, Any] = {"warm": [""] * r, "iterations": [0] * r, "error": ""}
+        if self.soap.basis_update == "qr":
             try:
                 Qn = torch.linalg.qr(AQp).Q
             except _NUMERICAL as exc:
-                info["error"] = [f"{type(exc).__name__}: {exc}"] * r
+                info["error"] = f"{type(exc).__name__}: {exc}"
                 return Qp, torch.zeros(r, dtype=torch.bool), info
             info["iterations"] = [1] * r
-            return Qn, _finite_rows(Qn), info
-        if self.basis_update == "eigh_warm":
+            return Qn, finite_rows(Qn), info
+        if self.soap.basis_update == "eigh_warm":
             Qn = Qp.clone()
             ok = torch.zeros(r, dtype=torch.bool)
+            errors = []
             for idx, warm in (
                 ([i for i in range(r) if not fresh[i]], True),
                 ([i for i in range(r) if fresh[i]], False),
@@ -393,75 +437,20 @@ class SOAP:
                     continue
                 sel = torch.tensor(idx, device=A.device)
                 out = _eigh_warm(
-                    A.index_select(0, sel), Qp.index_select(0, sel) if warm else None, p, opts, work
+                    A.index_select(0, sel), Qp.index_select(0, sel) if warm else None, p, self.opts, work
                 )
-                if out is None:
+                if isinstance(out, str):
+                    errors.append(out)
                     continue
                 Qw, okw, warm_l, iters = out
                 Qn.index_copy_(0, sel, Qw.flip(-1))
                 for j, i in enumerate(idx):
                     ok[i] = bool(okw[j])
                     info["warm"][i], info["iterations"][i] = warm_l[j], iters[j]
-            bad = (~ok).nonzero().flatten()
-            if bad.numel() == 0:
-                return Qn, ok, info
-            Qf, okf, err = _eigh(A.index_select(0, bad.to(A.device)), torch.float64)  # the fallback
-            for j, i in enumerate(bad.tolist()):
-                info["suffix"][i] = "[fallback eigh]"
-                info["error"][i] = err
-                if bool(okf[j]):
-                    Qn[i] = Qf[j].flip(-1).to(work)
-                    ok[i] = True
+            info["error"] = "; ".join(errors)
             return Qn, ok, info
-        Qe, ok, err = _eigh(A, work)
-        info["error"] = [err] * r
+        Qe, ok, info["error"] = _eigh(A, work)
         return Qe.flip(-1).to(work), ok, info
-
-    def _reset(
-        self, state: SOAPState, k: int, rows: torch.Tensor, ok_in: torch.Tensor, records: list[FactorState]
-    ) -> None:
-        st = state.stats
-        assert st is not None
-        bad = rows[~ok_in.to(rows.device)]
-        st.factors[k].index_fill_(0, bad, 0.0)
-        labs = []
-        for f, j, good in zip(records, rows.tolist(), ok_in.tolist(), strict=True):
-            if not good:
-                f.factor_resets += 1
-                f.converged = False
-                f.error = "statistics were non-finite and were reset to zero; previous basis kept"
-                labs.append(state.labels.get((j, st.dims[k]), f"position {j}"))
-        msg = (
-            f"shampoo (SOAP): the Kronecker factor statistics of {len(labs)} factor(s) became non-finite "
-            f"({', '.join(labs[:5])}{' ...' if len(labs) > 5 else ''}), typically G G^T overflowing after one "
-            "huge gradient; they were reset to zero and the previous eigenbases kept. Clip gradients or "
-            "use factor_dtype=torch.float64 if this repeats."
-        )
-        log.warning(msg)
-        warnings.warn(msg, FactorResetWarning, stacklevel=6)
-
-    def _check_limits(
-        self, state: SOAPState, k: int, rows: torch.Tensor, records: list[FactorState], opts: Any
-    ) -> None:
-        limit = opts.failure.max_consecutive_failures
-        over = [
-            (j, f) for j, f in zip(rows.tolist(), records, strict=True) if f.consecutive_failures >= limit
-        ]
-        if not over:
-            return
-        j, f = over[0]
-        assert state.stats is not None
-        lab = state.labels.get((j, state.stats.dims[k]), f"position {j}")
-        raise RootComputationError(
-            f"shampoo (SOAP): {f.consecutive_failures} consecutive eigenbasis refreshes failed for {lab} "
-            f"(n={f.n}, basis_update={self.basis_update!r}, {len(over)} factor(s) affected); last error: "
-            f"{f.error}. The previous bases were kept so far. Try basis_update='eigh', "
-            "root_dtype=torch.float64, or raise FailurePolicy.max_consecutive_failures."
-        )
-
-
-def _finite_rows(X: torch.Tensor) -> torch.Tensor:
-    return torch.isfinite(X).flatten(1).all(-1).cpu()
 
 
 def _eigh(A: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, str]:
@@ -471,28 +460,28 @@ def _eigh(A: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tens
         _, Q = eigh_checked(A.to(dtype), {})
     except _NUMERICAL as exc:
         return A.clone(), torch.zeros(A.shape[0], dtype=torch.bool), f"{type(exc).__name__}: {exc}"
-    ok = _finite_rows(Q)
+    ok = finite_rows(Q)
     return Q.to(A.dtype), ok, "" if bool(ok.all()) else "non-finite eigenvectors"
 
 
 def _eigh_warm(
     A: torch.Tensor, Q: torch.Tensor | None, p: Fraction, opts: Any, work: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, list[str], list[int]] | None:
+) -> tuple[torch.Tensor, torch.Tensor, list[str], list[int]] | str:
     """matroots' eigh_warm on the batch A from the bases Q (None: cold): (ascending eigenvectors, ok,
-    verdicts, refinement steps), or None when it raised a numerical error (the caller falls back)."""
+    verdicts, refinement steps), or the text of the numerical error it raised (the engine falls back)."""
     pp: int | Fraction = int(p) if p.denominator == 1 else p
     try:
         res = EighWarmConfig().solve(
             A, pp, eps=opts.eps, eps_mode=opts.eps_mode, dtype=work, warm_start=Q, psd=opts.psd, quiet=True
         )
-    except _NUMERICAL:
-        return None
+    except _NUMERICAL as exc:
+        return f"{type(exc).__name__}: {exc}"
     r = A.shape[0]
     Qn = res.info["eigenvectors"].reshape(r, *A.shape[-2:]).to(work)
     conv = (
         res.converged if isinstance(res.converged, torch.Tensor) else torch.tensor([bool(res.converged)] * r)
     )
-    ok = conv.reshape(r).cpu() & _finite_rows(Qn)
+    ok = conv.reshape(r).cpu() & finite_rows(Qn)
     warm = res.info.get("warm", "")
     warm_l = [warm] * r if isinstance(warm, str) else list(warm)
     iters = res.iterations
