@@ -19,7 +19,7 @@ check is bitwise; elsewhere the arrays are compared with the tolerance of :func:
     python experiments/golden_runs.py --list
 
 A case's fast-path setting becomes the optimizer's implementation in one place,
-:func:`implementation` (today module switches; per-optimizer settings later).
+:func:`implementation` (the optimizer's ``implementation=`` setting).
 """
 
 from __future__ import annotations
@@ -81,21 +81,10 @@ BASE: dict[str, Any] = dict(
 @contextlib.contextmanager
 def implementation(fast: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Make ``fast`` the optimizer's implementation for the block; yields the extra Shampoo keyword
-    arguments it needs. The one place to update when the fast paths become per-optimizer settings."""
-    from shampoo import grafting, optimizer, roots
-
-    saved = (grafting.FUSED_ADAM, optimizer.APPLY_FROM_BUCKETS, roots.TRUST_FACTORS, roots.ROUND_CHUNK_BYTES)
-    grafting.FUSED_ADAM = fast["fused_adam"]
-    optimizer.APPLY_FROM_BUCKETS = fast["apply_from_buckets"]
-    roots.TRUST_FACTORS = fast["trust_factors"]
-    if fast["round_chunk_bytes"] is not None:
-        roots.ROUND_CHUNK_BYTES = fast["round_chunk_bytes"]
-    try:
-        yield {}
-    finally:
-        grafting.FUSED_ADAM, optimizer.APPLY_FROM_BUCKETS, roots.TRUST_FACTORS, roots.ROUND_CHUNK_BYTES = (
-            saved
-        )
+    arguments it needs: ``implementation=shampoo.ShampooImplementation(...)`` (a
+    ``round_chunk_bytes`` of None here means the default chunk, 8 MiB)."""
+    kw = {k: v for k, v in fast.items() if not (k == "round_chunk_bytes" and v is None)}
+    yield {"implementation": shampoo.ShampooImplementation(**kw)}
 
 
 class FailsInFp32(SolverConfig):

@@ -160,7 +160,7 @@ def instrumented(timer: PhaseTimer, table: list[tuple[str, str, str]]) -> Iterat
             setattr(owner, name, fn)
 
 
-def make_optimizer(model: nn.Module, root_solver: str, frequency: int) -> shampoo.Shampoo:
+def make_optimizer(model: nn.Module, root_solver: str, frequency: int, **kw: object) -> shampoo.Shampoo:
     return shampoo.Shampoo(
         model.named_parameters(),
         lr=1e-3,
@@ -171,6 +171,7 @@ def make_optimizer(model: nn.Module, root_solver: str, frequency: int) -> shampo
         start_preconditioning_step=1,
         grafting="adam",
         root_solver=root_solver,
+        **kw,
     )
 
 
@@ -205,20 +206,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--chunk-mib",
         type=float,
         default=None,
-        help="shampoo.roots.ROUND_CHUNK_BYTES in MiB for this run (default: the module's; 0: no chunks)",
+        help="ShampooImplementation.round_chunk_bytes in MiB for this run (default: 8; 0: no chunks)",
     )
     ap.add_argument("--out", type=Path, default=None, help="write the numbers as JSON here")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
+    impl = {}
     if args.chunk_mib is not None:
-        import shampoo.roots as roots_mod
-
-        if hasattr(roots_mod, "ROUND_CHUNK_BYTES"):
-            roots_mod.ROUND_CHUNK_BYTES = int(args.chunk_mib * 2**20) if args.chunk_mib > 0 else 2**62
+        chunk = int(args.chunk_mib * 2**20) if args.chunk_mib > 0 else None
+        impl["implementation"] = shampoo.ShampooImplementation(round_chunk_bytes=chunk)
     size = SIZES[args.size]
     model = EncoderLM(size)
-    opt = make_optimizer(model, args.root_solver, args.frequency)
+    opt = make_optimizer(model, args.root_solver, args.frequency, **impl)
     batches = make_batches(size, args.seed)
     for i in range(args.warmup):
         train_step(model, opt, batches[i % len(batches)])

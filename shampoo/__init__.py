@@ -24,6 +24,7 @@ from .diagnostics import BlockDiagnostics, FactorDiagnostics
 from .distributed import DDPConfig
 from .errors import (
     FactorResetWarning,
+    InvalidShampooArgumentError,
     NonFiniteGradientWarning,
     RootComputationError,
     RootFailureWarning,
@@ -32,6 +33,7 @@ from .errors import (
     UnknownOptionError,
 )
 from .fsdp import FSDPConfig
+from .implementation import ShampooImplementation
 from .optimizer import Shampoo, StepTiming
 from .transforms.soap import SOAP
 
@@ -51,6 +53,7 @@ __all__ = [
     "FailurePolicy",
     "GraftingConfig",
     "GroupOptions",
+    "InvalidShampooArgumentError",
     "NoGrafting",
     "NonFiniteGradientWarning",
     "ParamLayout",
@@ -60,6 +63,7 @@ __all__ = [
     "SGDGrafting",
     "Shampoo",
     "ShampooError",
+    "ShampooImplementation",
     "StateDictError",
     "StepTiming",
     "UnknownOptionError",

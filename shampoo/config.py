@@ -22,11 +22,13 @@ import torch
 import matroots
 from matroots.core import precision
 from matroots.core import psd as _psd
+from matroots.core.options import EPS_MODES
 from matroots.solvers import CoupledNewtonConfig, EighConfig, SolverConfig
 from matroots.solvers.auto import AutoConfig
 
 from .blocking import ExponentOverride
 from .checks import check_beta, check_eps
+from .errors import InvalidShampooArgumentError
 from .grafting import (
     GRAFTINGS,
     AdaGradGrafting,
@@ -163,7 +165,6 @@ class DiagnosticsConfig:
 # Per-group options
 
 VECTOR_POLICIES = ("diagonal", "graft", "shampoo")
-EPS_MODES = ("absolute", "relative")
 PSD_POLICIES = _psd.PSD_POLICIES
 
 # Group keys whose values define the block layout and state shapes: fixed once state exists.
@@ -276,7 +277,7 @@ class GroupOptions:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.lr, int | float | torch.Tensor) and 0.0 <= float(self.lr) < math.inf):
-            raise ValueError(f"lr must be a finite number >= 0, got {self.lr!r}")
+            raise InvalidShampooArgumentError("lr", self.lr, "a finite number >= 0")
         if len(self.betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), got {self.betas!r}")
         check_beta(self.betas[0], "betas[0] (gradient EMA)", allow_one=False)
@@ -286,7 +287,7 @@ class GroupOptions:
         check_eps(self.eps, "eps")
         check_eps(self.diagonal_eps, "diagonal_eps")
         if self.eps_mode not in EPS_MODES:
-            raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {self.eps_mode!r}")
+            raise InvalidShampooArgumentError("eps_mode", self.eps_mode, f"one of {EPS_MODES}")
         if self.psd is not None and self.psd not in PSD_POLICIES:
             raise ValueError(
                 f"psd must be one of {PSD_POLICIES} (see matroots.core.psd) or None (the root solver "
@@ -297,16 +298,18 @@ class GroupOptions:
         flags += ("warm_start", "maximize")
         for name in flags:
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+                raise InvalidShampooArgumentError(name, getattr(self, name), "True or False")
         check_beta(self.momentum, "momentum", allow_one=False)
         if self.nesterov and self.momentum <= 0:
             raise ValueError("nesterov=True needs momentum > 0 (heavy-ball momentum on the search direction)")
         if not isinstance(self.max_preconditioner_dim, int) or self.max_preconditioner_dim < 1:
-            raise ValueError(
-                f"max_preconditioner_dim must be an int >= 1, got {self.max_preconditioner_dim!r}"
+            raise InvalidShampooArgumentError(
+                "max_preconditioner_dim", self.max_preconditioner_dim, "an int >= 1"
             )
         if self.vector_policy not in VECTOR_POLICIES:
-            raise ValueError(f"vector_policy must be one of {VECTOR_POLICIES}, got {self.vector_policy!r}")
+            raise InvalidShampooArgumentError(
+                "vector_policy", self.vector_policy, f"one of {VECTOR_POLICIES}"
+            )
         r = self.row_shards
         if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 1):
             raise ValueError(
@@ -314,12 +317,12 @@ class GroupOptions:
                 f"that many torch.chunk pieces before blocking), got {r!r}"
             )
         if not isinstance(self.precondition_frequency, int) or self.precondition_frequency < 1:
-            raise ValueError(
-                f"precondition_frequency must be an int >= 1, got {self.precondition_frequency!r}"
+            raise InvalidShampooArgumentError(
+                "precondition_frequency", self.precondition_frequency, "an int >= 1"
             )
         s = self.start_preconditioning_step
         if not isinstance(s, int) or s < 1:
-            raise ValueError(f"start_preconditioning_step must be an int >= 1, got {s!r}")
+            raise InvalidShampooArgumentError("start_preconditioning_step", s, "an int >= 1")
         k = self.statistics_frequency
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(
@@ -340,7 +343,7 @@ class GroupOptions:
         for name in ("factor_dtype", "root_dtype"):
             dt = getattr(self, name)
             if dt not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-                raise ValueError(f"{name} must be a floating torch dtype, got {dt!r}")
+                raise InvalidShampooArgumentError(name, dt, "a floating torch dtype")
         if not isinstance(self.root_solver, SolverConfig):
             raise ValueError(f"root_solver must be a matroots SolverConfig, got {self.root_solver!r}")
         if not isinstance(self.grafting, GraftingConfig):

@@ -20,6 +20,7 @@ import torch
 from .blocking import BlockSpec, ParamLayout, layout_param, tile_grid, tiled_view
 from .config import DiagnosticsConfig, GroupOptions
 from .errors import FactorResetWarning
+from .implementation import DEFAULT_IMPLEMENTATION, ShampooImplementation
 from .preconditioner import BlockBucket, block_norms
 from .refresh import warn
 from .roots import compute_roots
@@ -134,10 +135,13 @@ class GroupEngine:
         opts: GroupOptions,
         owns: Callable[[BlockSpec], bool],
         layouts: list[ParamLayout] | None = None,
+        impl: ShampooImplementation | None = None,
     ):
         """``layouts``: the parameters' block layouts when not :func:`layout_group`'s (the local
-        shards of ``fully_shard``ed parameters, :mod:`shampoo.fsdp`)."""
+        shards of ``fully_shard``ed parameters, :mod:`shampoo.fsdp`). ``impl``: the optimizer's
+        fast paths (its ``implementation=``)."""
         self.params = params
+        self.impl = impl if impl is not None else DEFAULT_IMPLEMENTATION
         self.structure = opts.structure()
         self.states: list[ParamState] = []
         if layouts is None:
@@ -158,7 +162,9 @@ class GroupEngine:
         self.buckets: list[BlockBucket] = []
         self.members: list[list[int]] = []  # per bucket: local param index of each position
         for (*_, dtype, device), items in groups.items():
-            self.buckets.append(BlockBucket([bs for _, bs in items], opts, state_dtype(dtype), device))
+            self.buckets.append(
+                BlockBucket([bs for _, bs in items], opts, state_dtype(dtype), device, self.impl)
+            )
             self.members.append([i for i, _ in items])
         self.segments = [self._segments(b, m) for b, m in zip(self.buckets, self.members, strict=True)]
         self.directions = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
@@ -375,7 +381,7 @@ class GroupEngine:
                 pos, ts = [j for j, _ in due], [t for _, t in due]
                 label = lambda j, d, bi=bi: self.label(bi, j, d)  # noqa: E731
                 jobs.extend(bucket.pipeline.refresh(bucket.state, pos, ts, label))
-        report = compute_roots(jobs, opts, diag) if jobs else None
+        report = compute_roots(jobs, opts, diag, self.impl) if jobs else None
         out = []
         for bi, bucket, positions, sel, m, steps in work:
             use = [t >= start and bucket.ready(j) for j, t in zip(positions, steps, strict=True)]

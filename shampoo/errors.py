@@ -21,6 +21,15 @@ class StateDictError(ShampooError, ValueError):
     """A state dict does not fit this optimizer (missing parameters, different blocking, ...)."""
 
 
+class InvalidShampooArgumentError(InvalidArgumentError):
+    """An argument of Shampoo or of one of its configs has a wrong type or value (a ValueError, as
+    matroots' InvalidArgumentError); the message names the argument, the value and what is allowed."""
+
+    def __init__(self, name: str, value: object, allowed: str) -> None:
+        super().__init__(f"{name} must be {allowed}, got {value!r}")
+        self.name, self.value, self.allowed = name, value, allowed
+
+
 class UnknownOptionError(InvalidArgumentError, TypeError):
     """A keyword that is not an option of :class:`shampoo.Shampoo` (a TypeError, as Python raises for
     an unexpected keyword, and a matroots input error, so the CLI reports it in one line)."""
@@ -40,6 +49,7 @@ class RootFailureWarning(RuntimeWarning):
 
 __all__ = [
     "FactorResetWarning",
+    "InvalidShampooArgumentError",
     "NonFiniteGradientWarning",
     "RootComputationError",
     "RootFailureWarning",

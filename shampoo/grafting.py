@@ -31,15 +31,6 @@ if TYPE_CHECKING:
     from .state import BlockState
 
 
-#: Adam grafting with a first moment (beta1 > 0) and bias correction updates both moments and writes
-#: its direction in one pass, with torch's fused Adam kernel (``torch._fused_adam_``, the kernel of
-#: ``torch.optim.Adam(fused=True)``) applied to a zeroed buffer with lr = -1: the buffer becomes
-#: m_hat / (sqrt(v_hat) + eps), the graft direction. Same formulas, rounded in a different order than
-#: the separate passes (lerp_, mul_/addcmul_, sqrt/add/div: six passes over the state), so equal to
-#: rounding, not bitwise. False: the separate passes (tests compare the two).
-FUSED_ADAM = True
-
-
 @dataclass
 class GraftState:
     v: torch.Tensor  # (b, *shape) second-moment accumulator
@@ -188,10 +179,14 @@ class AdamGraft(RMSpropGraft):
         self, state: GraftState | None, m: torch.Tensor, G: torch.Tensor, ctx: StepContext, beta1: float
     ) -> bool:
         """Update the first moment ``m`` (the pipeline's, in place) and v, and compute the direction,
-        in one pass (see :data:`FUSED_ADAM`); False (nothing done) where that does not apply: the
-        switch off, no bias correction, a selection of rows, or a device/dtype the kernel lacks."""
+        in one pass, with torch's fused Adam kernel (``torch._fused_adam_``, the kernel of
+        ``torch.optim.Adam(fused=True)``) applied to a zeroed buffer with lr = -1: the buffer becomes
+        m_hat / (sqrt(v_hat) + eps), the graft direction. Same formulas, rounded in a different order
+        than the separate passes (lerp_, mul_/addcmul_, sqrt/add/div), so equal to rounding, not
+        bitwise. False (nothing done) where that does not apply: the optimizer's
+        ``ShampooImplementation.fused_adam`` off, no bias correction, a selection of rows, or a device/dtype the kernel lacks."""
         if (
-            not FUSED_ADAM
+            not ctx.impl.fused_adam
             or state is None
             or ctx.sel is not None
             or not ctx.opts.use_bias_correction

@@ -16,8 +16,9 @@ Per param group, one step is (Gupta et al. 2018; Anil et al. 2020; Shi et al. 20
 6. update: heavy-ball ``momentum`` (``nesterov``), decoupled weight decay w <- (1 - lr wd) w, and
    w <- w - lr d; a parameter whose direction is non-finite is skipped (counted warning). On one
    process without momentum, for contiguous parameters of their state's dtype (fp32, fp64), 5 and
-   6 are one pass: w <- w - lr s_j D_j straight from the buckets (:data:`APPLY_FROM_BUCKETS`; the
-   direction tensors stay allocated, unused). On one process the finiteness of the directions is
+   6 are one pass: w <- w - lr s_j D_j straight from the buckets
+   (``ShampooImplementation.apply_from_buckets``; the direction tensors stay allocated, unused). The
+   apply path is chosen once per group and step (:meth:`Shampoo._apply_path`). On one process the finiteness of the directions is
    proved from the grafting norms (:meth:`shampoo.engine.GroupEngine.finite_directions`) instead of
    tested by a pass.
 
@@ -50,8 +51,9 @@ from .config import (
 from .diagnostics import BlockDiagnostics, block_diagnostics, dump_factors, to_frame
 from .distributed import BlockSharding, DDPConfig
 from .engine import BucketDirections, GroupEngine, state_dtype
-from .errors import NonFiniteGradientWarning, ShampooError, StateDictError
+from .errors import InvalidShampooArgumentError, NonFiniteGradientWarning, ShampooError, StateDictError
 from .fsdp import FSDPConfig, FSDPSharding
+from .implementation import ShampooImplementation, resolve_implementation
 from .optim_compat import (
     IMPL_FLAGS,
     check_impl_flags,
@@ -88,14 +90,6 @@ class StepTiming:
     @property
     def root_share(self) -> float:
         return self.root_seconds / self.step_seconds if self.step_seconds else 0.0
-
-
-#: Without momentum, on one process, the update is added straight from the buckets' stacked
-#: directions into the parameters (:meth:`Shampoo._apply_from_buckets`): w <- w + (-lr s_j) D_j, one
-#: pass, where the direction tensors cost a write and two reads more. Equal to writing s_j D_j first
-#: to rounding (the per-block factor -lr s_j is rounded once instead of s_j D_j), not bitwise.
-#: False: always through the direction tensors (tests compare the two).
-APPLY_FROM_BUCKETS = True
 
 
 def _direct(params: list[torch.Tensor]) -> bool:
@@ -164,6 +158,10 @@ class Shampoo(torch.optim.Optimizer):
         warm_start: warm-start the root solver from the previous root where it supports it.
         failure: a :class:`FailurePolicy` (fallback solver, consecutive-failure limit).
         diagnostics: a :class:`DiagnosticsConfig` (log level, factor dumps); optimizer-wide.
+        implementation: a :class:`shampoo.ShampooImplementation`, the fast paths this optimizer's
+            step takes (fused Adam grafting, the update applied from the buckets, trusted factors,
+            the root round's chunk size); None: all on, chunks of 8 MiB. Optimizer-wide and frozen,
+            like torch.optim's ``foreach``/``fused``: two optimizers in one process may differ.
         distributed: a :class:`shampoo.DDPConfig` for data-parallel Shampoo (each rank computes its
             blocks' statistics, roots and directions; one all-gather shares them, see
             :mod:`shampoo.distributed`; gradients must already be identical on every rank:
@@ -236,6 +234,7 @@ class Shampoo(torch.optim.Optimizer):
         warm_start: bool = True,
         failure: FailurePolicy | None = None,
         diagnostics: DiagnosticsConfig | None = None,
+        implementation: ShampooImplementation | None = None,
         distributed: Any = None,
         maximize: bool = False,
         statistics_frequency: int = 1,
@@ -252,14 +251,17 @@ class Shampoo(torch.optim.Optimizer):
             raise unknown_option_error(next(iter(unknown)), Shampoo.__init__)
         check_impl_flags(foreach=foreach, fused=fused, capturable=capturable, differentiable=differentiable)
         if distributed is not None and not isinstance(distributed, DDPConfig | FSDPConfig):
-            raise ValueError(
-                f"distributed must be a shampoo.DDPConfig, a shampoo.FSDPConfig or None, got {distributed!r}"
+            raise InvalidShampooArgumentError(
+                "distributed", distributed, "a shampoo.DDPConfig, a shampoo.FSDPConfig or None"
             )
         self._sharding = BlockSharding(distributed) if isinstance(distributed, DDPConfig) else None
         self._fsdp = FSDPSharding(distributed) if isinstance(distributed, FSDPConfig) else None
+        self._impl = resolve_implementation(implementation)
         self._diag = diagnostics if diagnostics is not None else DiagnosticsConfig()
         if not isinstance(self._diag, DiagnosticsConfig):
-            raise ValueError(f"diagnostics must be a DiagnosticsConfig, got {diagnostics!r}")
+            raise InvalidShampooArgumentError(
+                "diagnostics", diagnostics, "a shampoo.DiagnosticsConfig or None"
+            )
         self._engines: list[GroupEngine | None] = []
         self._global_step = 0
         self.timing = StepTiming()
@@ -350,12 +352,12 @@ class Shampoo(torch.optim.Optimizer):
         first = sum(len(g["params"]) for g in self.param_groups[:gi])
         params, layouts = list(self.param_groups[gi]["params"]), None
         if self._fsdp is None:
-            return GroupEngine(params, self._param_keys()[gi], first, opts, self._owns, layouts)
+            return GroupEngine(params, self._param_keys()[gi], first, opts, self._owns, layouts, self._impl)
         # the local shards, blocked as the whole parameters are ("owner": the whole gradients)
         self._fsdp.setup(self.param_groups)
         layouts = self._fsdp.layouts(params, first, opts)
         tensors = self._fsdp.engine_tensors(gi, params)
-        eng = GroupEngine(tensors, self._param_keys()[gi], first, opts, self._owns, layouts)
+        eng = GroupEngine(tensors, self._param_keys()[gi], first, opts, self._owns, layouts, self._impl)
         self._fsdp.localise(eng, params)
         return eng
 
@@ -430,17 +432,17 @@ class Shampoo(torch.optim.Optimizer):
                 "shampoo step %d group %d: %d roots in %.3fs (%d solver failures, %d without a root)",
                 self._global_step, gi, report.factors, report.seconds, report.primary_failures, report.failures,
             )  # fmt: skip
-        if self._sharding is not None:
+        path = self._apply_path(opts, plist)
+        if path == "gathered":
             self._apply(eng, opts, idx, plist, self._assemble_directions(eng, idx, outputs))
-            return
-        if self._fsdp is not None and self._fsdp.gatherer is not None:  # "owner", HSDP share_roots
+        elif path == "assembled":
+            assert self._fsdp is not None
             dirs = self._fsdp.assemble(eng.plan, idx, outputs, len(params))
             finite = _all_finite(dirs)  # "owner": of the whole directions, the same on every rank
             if not self._fsdp.owner:
                 finite = self._agreed(idx, finite, len(params), "search directions")
             self._apply(eng, opts, idx, plist, self._fsdp.local_rows(gi, idx, dirs), finite)
-            return
-        if APPLY_FROM_BUCKETS and opts.momentum == 0 and _direct(plist):
+        elif path == "buckets":
             finite = eng.finite_directions(idx, outputs, -opts.lr, written=False)  # from grafting norms
             finite = self._agreed(idx, finite, len(params), "search directions")
             self._apply_from_buckets(eng, opts, idx, plist, outputs, finite)
@@ -455,6 +457,29 @@ class Shampoo(torch.optim.Optimizer):
         """Per present parameter, whether it is finite; under FSDP on every rank's shard (the whole
         parameter is skipped everywhere or nowhere: :meth:`shampoo.fsdp.FSDPSharding.agree`)."""
         return finite if self._fsdp is None else self._fsdp.agree(idx, finite, count, what)
+
+    @property
+    def implementation(self) -> ShampooImplementation:
+        """The fast paths this optimizer's step takes (``implementation=``; frozen)."""
+        return self._impl
+
+    def _apply_path(self, opts: GroupOptions, params: list[torch.Tensor]) -> str:
+        """How a group's step applies its directions, chosen once per group and step:
+        ``"gathered"`` (DDP: the all-gathered direction tensors, finiteness tested on them),
+        ``"assembled"`` (FSDP "owner" or HSDP ``share_roots``: the directions all-gathered by the
+        sharding layer, :meth:`shampoo.fsdp.FSDPSharding.assemble`),
+        ``"buckets"`` (one process, no momentum, contiguous parameters of their state's dtype, and
+        ``implementation.apply_from_buckets``: w <- w - lr s_j D_j straight from the buckets,
+        :meth:`_apply_from_buckets`) or ``"directions"`` (through the per-parameter direction
+        tensors, :meth:`_apply`). The paths are equal to rounding (the per-block factor -lr s_j is
+        rounded once instead of s_j D_j), not bitwise."""
+        if self._sharding is not None:
+            return "gathered"
+        if self._fsdp is not None and self._fsdp.gatherer is not None:
+            return "assembled"
+        if self._impl.apply_from_buckets and opts.momentum == 0 and _direct(params):
+            return "buckets"
+        return "directions"
 
     def _local(self, tensors: list[Any]) -> list[Any]:
         """The tensors the engine steps: the local shards of ``fully_shard``ed parameters and

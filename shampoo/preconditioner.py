@@ -14,6 +14,7 @@ import torch
 
 from .blocking import BlockKind
 from .config import GroupOptions
+from .implementation import DEFAULT_IMPLEMENTATION, ShampooImplementation
 from .state import BlockState, mirror_upper_
 from .transforms import (
     Diagonal,
@@ -64,9 +65,15 @@ class BlockBucket:
     """
 
     def __init__(
-        self, blocks: list[BlockState], opts: GroupOptions, dtype: torch.dtype, device: torch.device
+        self,
+        blocks: list[BlockState],
+        opts: GroupOptions,
+        dtype: torch.dtype,
+        device: torch.device,
+        impl: ShampooImplementation | None = None,
     ):
         spec = blocks[0].spec
+        self.impl = impl if impl is not None else DEFAULT_IMPLEMENTATION
         self.blocks = blocks
         self.kind = spec.kind
         self.shape = spec.shape
@@ -89,7 +96,7 @@ class BlockBucket:
         return list(getattr(self.state.preconditioner, "factors", []))
 
     def context(self, sel: torch.Tensor | None, opts: GroupOptions, steps: list[int]) -> StepContext:
-        return StepContext(opts, steps, sel, self.device)
+        return StepContext(opts, steps, sel, self.device, self.impl)
 
     def update_statistics(
         self, sel: torch.Tensor | None, G: torch.Tensor, opts: GroupOptions, steps: list[int]

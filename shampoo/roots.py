@@ -6,8 +6,8 @@ refresher it runs (how to read, solve and install roots) and :func:`compute_root
 round.
 
 Due factors of equal size n and root p (across stacks) are concatenated into (b, n, n) batches of at
-most :data:`ROUND_CHUNK_BYTES` each (consecutive chunks of the due rows, in order), each solved by one
-matroots call, with the group's ``eps`` and rank-deficiency policy ``psd``
+most ``ShampooImplementation.round_chunk_bytes`` each (consecutive chunks of the due rows, in
+order), each solved by one matroots call, with the group's ``eps`` and rank-deficiency policy ``psd``
 (:mod:`matroots.core.psd`; the same for the primary solver and the fallback) and ``quiet=True`` (a
 non-convergence is reported once, by the engine, not also by the solver). The stored factors are read
 as bitwise symmetric matrices (the upper triangle, the statistic, mirrored; see
@@ -46,17 +46,13 @@ from matroots.core.spectral import power_lambda_max
 from matroots.solvers import AutoConfig, SolverConfig
 
 from .config import DiagnosticsConfig, FailurePolicy, GroupOptions
+from .implementation import DEFAULT_IMPLEMENTATION, ShampooImplementation
 from .refresh import Result, RootJob, Round, RoundReport, Snapshot, SolveOutcome, finite_rows
 from .state import FactorState, mirror_upper_
 
 log = logging.getLogger("shampoo")
 
 NUMERICAL_ERRORS = (MatrootsNumericalError, torch.linalg.LinAlgError)
-
-#: The factors this module hands to the solvers are finite, exactly symmetric and correctly shaped by
-#: construction (mirrored upper triangle, non-finite statistics reset), so the solves declare them
-#: ``trusted`` (:class:`matroots.SolveOptions`). False re-validates them (tests compare both paths).
-TRUST_FACTORS = True
 
 
 def _as_p(p: Fraction) -> int | Fraction:
@@ -137,6 +133,8 @@ def solve_batch(
     warm: torch.Tensor | None,
     kappa_iters: int,
     kappa_hint: list[float] | None = None,
+    *,
+    trusted: bool = True,
 ) -> SolveOutcome:
     """One batched matroots call, never raising for numerical failures.
 
@@ -153,7 +151,7 @@ def solve_batch(
     try:
         res = cfg.solve(
             A, _as_p(p), eps=opts.eps, eps_mode=opts.eps_mode, dtype=dtype, warm_start=warm,
-            psd=opts.psd, quiet=True, trusted=TRUST_FACTORS, **hint,
+            psd=opts.psd, quiet=True, trusted=trusted, **hint,
         )  # fmt: skip
     except NUMERICAL_ERRORS as exc:
         dt = time.perf_counter() - t0
@@ -229,14 +227,15 @@ def _solve_with_warm_start(
     has_root: list[bool],
     diag: DiagnosticsConfig,
     kappa: list[float] | None = None,
+    trusted: bool = True,
 ) -> SolveOutcome:
     """Solve with the primary solver, warm-starting from ``prev`` (None: all cold) the elements that
     have a previous root (and passing their previous kappa, see :func:`solve_batch`)."""
     kappa_iters = diag.kappa_power_iters
     if prev is None:
-        return solve_batch(cfg, A, p, opts, opts.root_dtype, None, kappa_iters, kappa)
+        return solve_batch(cfg, A, p, opts, opts.root_dtype, None, kappa_iters, kappa, trusted=trusted)
     if all(has_root):
-        return solve_batch(cfg, A, p, opts, opts.root_dtype, prev, kappa_iters, kappa)
+        return solve_batch(cfg, A, p, opts, opts.root_dtype, prev, kappa_iters, kappa, trusted=trusted)
     warm_idx = [i for i, h in enumerate(has_root) if h]
     cold_idx = [i for i, h in enumerate(has_root) if not h]
     pick = lambda idx: None if kappa is None else [kappa[i] for i in idx]  # noqa: E731
@@ -244,12 +243,22 @@ def _solve_with_warm_start(
         (
             warm_idx,
             solve_batch(
-                cfg, A[warm_idx], p, opts, opts.root_dtype, prev[warm_idx], kappa_iters, pick(warm_idx)
+                cfg,
+                A[warm_idx],
+                p,
+                opts,
+                opts.root_dtype,
+                prev[warm_idx],
+                kappa_iters,
+                pick(warm_idx),
+                trusted=trusted,
             ),
         ),
         (
             cold_idx,
-            solve_batch(cfg, A[cold_idx], p, opts, opts.root_dtype, None, kappa_iters, pick(cold_idx)),
+            solve_batch(
+                cfg, A[cold_idx], p, opts, opts.root_dtype, None, kappa_iters, pick(cold_idx), trusted=trusted
+            ),
         ),
     ]
     return _merge(parts, A, opts.root_dtype)
@@ -292,16 +301,19 @@ def _merge(
     )  # fmt: skip
 
 
-def _fallback(A: torch.Tensor, p: Fraction, opts: GroupOptions, kappa_iters: int) -> SolveOutcome:
+def _fallback(
+    A: torch.Tensor, p: Fraction, opts: GroupOptions, kappa_iters: int, trusted: bool = True
+) -> SolveOutcome:
     """The fallback solver on the failed elements; isolates elements when the batched call raises."""
     fb = opts.failure.fallback
     assert fb is not None
     dtype = opts.failure.fallback_dtype
-    out = solve_batch(fb, A, p, opts, dtype, None, kappa_iters)
+    out = solve_batch(fb, A, p, opts, dtype, None, kappa_iters, trusted=trusted)
     if out.roots is not None or A.shape[0] == 1:
         return out
     parts = [
-        ([i], solve_batch(fb, A[i : i + 1], p, opts, dtype, None, kappa_iters)) for i in range(A.shape[0])
+        ([i], solve_batch(fb, A[i : i + 1], p, opts, dtype, None, kappa_iters, trusted=trusted))
+        for i in range(A.shape[0])
     ]
     return _merge(parts, A, dtype)
 
@@ -320,6 +332,7 @@ class KroneckerRoots:
 
     opts: GroupOptions
     diag: DiagnosticsConfig
+    impl: ShampooImplementation = DEFAULT_IMPLEMENTATION  # trust_factors: the solves skip input checks
     noun: ClassVar[str] = "root"
     nouns: ClassVar[str] = "roots"
     remedies: ClassVar[str] = (
@@ -385,10 +398,13 @@ class KroneckerRoots:
             warm.has_prev,
             self.diag,
             snap.kappa,
+            self.impl.trust_factors,
         )
 
     def fallback(self, snap: Snapshot, rows: list[int]) -> SolveOutcome:
-        return _fallback(snap.A[rows], snap.p, self.opts, self.diag.kappa_power_iters)
+        return _fallback(
+            snap.A[rows], snap.p, self.opts, self.diag.kappa_power_iters, self.impl.trust_factors
+        )
 
     def install(self, snap: Snapshot, result: Result) -> None:
         """The usable roots into the root storage; an eigenbasis solver's new bases into the records
@@ -408,9 +424,11 @@ def _work_dtype(opts: GroupOptions) -> torch.dtype:
     return torch.promote_types(opts.factor_dtype, opts.root_dtype)
 
 
-def round_chunks(jobs: list[RootJob], opts: GroupOptions) -> list[list[RootJob]]:
+def round_chunks(
+    jobs: list[RootJob], opts: GroupOptions, impl: ShampooImplementation = DEFAULT_IMPLEMENTATION
+) -> list[list[RootJob]]:
     """The jobs of a round as batches of one (n, p) each, in chunks of at most
-    :data:`ROUND_CHUNK_BYTES` (see :func:`_chunks`), in order."""
+    ``impl.round_chunk_bytes`` (see :func:`_chunks`), in order."""
     batches: dict[tuple[int, Fraction], list[RootJob]] = {}
     for job in jobs:
         batches.setdefault((job.factors.shape[-1], job.p), []).append(job)
@@ -418,19 +436,25 @@ def round_chunks(jobs: list[RootJob], opts: GroupOptions) -> list[list[RootJob]]
     return [
         chunk
         for (n, _), group in batches.items()
-        for chunk in _chunks(group, n * n * size, group[0].factors.device)
+        for chunk in _chunks(group, impl.chunk_rows(n * n * size), group[0].factors.device)
     ]
 
 
-def compute_roots(jobs: list[RootJob], opts: GroupOptions, diag: DiagnosticsConfig) -> RoundReport:
+def compute_roots(
+    jobs: list[RootJob],
+    opts: GroupOptions,
+    diag: DiagnosticsConfig,
+    impl: ShampooImplementation = DEFAULT_IMPLEMENTATION,
+) -> RoundReport:
     """Compute the due roots of ``jobs`` in batches of equal (n, p) and apply the failure policy
-    (:mod:`shampoo.refresh`): each chunk is snapshotted, solved and installed in turn.
+    (:mod:`shampoo.refresh`): each chunk is snapshotted, solved and installed in turn. ``impl``: the
+    optimizer's fast paths (the chunk size of a round, whether the factors are declared trusted).
 
     Raises RootComputationError after ``opts.failure.max_consecutive_failures`` consecutive failures
     of any factor.
     """
-    rnd = Round(KroneckerRoots(opts, diag))
-    for chunk in round_chunks(jobs, opts):
+    rnd = Round(KroneckerRoots(opts, diag, impl))
+    for chunk in round_chunks(jobs, opts, impl):
         rnd.run(chunk)
     return rnd.finish()
 
@@ -471,25 +495,18 @@ def _inputs(group: list[RootJob], dtype: torch.dtype, beta2: float | None) -> to
     return out
 
 
-#: A round solves the due factors of one (n, p) in chunks of at most this many bytes per (c, n, n)
-#: batch (at least one factor). Every temporary of a solve (the bias-corrected copy, the psd
-#: Cholesky tests, eigh's eigenvectors, the root) is then chunk-sized: glibc serves it from the heap,
-#: where the previous chunk's blocks are still mapped, instead of a fresh mmap of the whole batch that
-#: the kernel faults in page by page (at d_model 1024 a 1536 x 256 x 256 fp32 batch is 400 MB per
-#: temporary). CPU only. Measured (experiments/profile_step.py --size 1024, ``--chunk-mib 8`` vs 0):
-#: a round 5102 -> 4626 ms CPU, 503k -> 14 page faults, peak resident memory 5.6 -> 4.1 GB.
-ROUND_CHUNK_BYTES = 8 * 2**20
-
-
 def _chunks(
-    group: list[RootJob], matrix_bytes: int, device: torch.device | None = None
+    group: list[RootJob], rows: int | None, device: torch.device | None = None
 ) -> list[list[RootJob]]:
-    """``group`` cut into consecutive slices of at most ROUND_CHUNK_BYTES // matrix_bytes rows
-    (jobs cut at row boundaries; the order of the rows is kept). Only on the CPU, whose allocator the
-    limit is about: on a GPU one batched solve per (n, p) is kept (each call costs host syncs)."""
-    if device is not None and device.type != "cpu":
+    """``group`` cut into consecutive slices of at most ``rows`` rows (None: one slice; from
+    :meth:`ShampooImplementation.chunk_rows`), jobs cut at row boundaries, the order of the rows
+    kept. Every temporary of a solve (the bias-corrected copy, the psd Cholesky tests, eigh's
+    eigenvectors, the root) is then chunk-sized: glibc serves it from the heap, where the previous
+    chunk's blocks are still mapped, instead of a fresh mmap of the whole batch (docs/design.md §6).
+    Only on the CPU, whose allocator the limit is about: on a GPU one batched solve per (n, p) is
+    kept (each call costs host syncs)."""
+    if rows is None or (device is not None and device.type != "cpu"):
         return [group]
-    rows = max(1, ROUND_CHUNK_BYTES // max(matrix_bytes, 1))
     out: list[list[RootJob]] = []
     cur: list[RootJob] = []
     room = rows

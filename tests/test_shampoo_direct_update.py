@@ -1,4 +1,4 @@
-"""The update added straight from the buckets (shampoo.optimizer.APPLY_FROM_BUCKETS) and the
+"""The update added straight from the buckets (``ShampooImplementation(apply_from_buckets=...)``) and the
 direction finiteness proved from the grafting norms (GroupEngine.finite_directions).
 
 * With the switch on and off the parameters agree to rounding over steps with root rounds, for
@@ -22,7 +22,6 @@ from _refs import fwd_bound
 from torch import nn
 
 import shampoo
-from shampoo import optimizer as opt_mod
 from shampoo.engine import BucketDirections
 from shampoo.errors import NonFiniteGradientWarning
 
@@ -46,20 +45,19 @@ class Net(nn.Module):
 
 
 def run(flag: bool, steps: int = 12, noncontiguous: bool = False, **kw) -> dict[str, torch.Tensor]:
-    net, opt, batches = _setup(noncontiguous, steps, **kw)
-    with _switch(flag):
-        for x in batches:
-            _step(net, opt, x)
+    net, opt, batches = _setup(noncontiguous, steps, direct=flag, **kw)
+    for x in batches:
+        _step(net, opt, x)
     return {k: v.detach().clone() for k, v in net.named_parameters()}
 
 
-def _setup(noncontiguous: bool, steps: int, **kw):
+def _setup(noncontiguous: bool, steps: int, direct: bool = False, **kw):
     net = Net(noncontiguous)
     settings = dict(
         lr=0.01, max_preconditioner_dim=32, precondition_frequency=5, start_preconditioning_step=3
     )
     settings.update(kw)
-    opt = shampoo.Shampoo(net.named_parameters(), **settings)
+    opt = shampoo.Shampoo(net.named_parameters(), implementation=_impl(direct), **settings)
     g = torch.Generator().manual_seed(1)
     return net, opt, [torch.randn(16, 64, generator=g) for _ in range(steps)]
 
@@ -72,16 +70,9 @@ def _step(net: Net, opt: shampoo.Shampoo, x: torch.Tensor, drop: str = "") -> No
     opt.step()
 
 
-class _switch:
-    def __init__(self, flag: bool) -> None:
-        self.flag = flag
-
-    def __enter__(self) -> None:
-        self.before = opt_mod.APPLY_FROM_BUCKETS
-        opt_mod.APPLY_FROM_BUCKETS = self.flag
-
-    def __exit__(self, *exc: object) -> None:
-        opt_mod.APPLY_FROM_BUCKETS = self.before
+def _impl(direct: bool) -> shampoo.ShampooImplementation:
+    """The optimizer's implementation setting with the update from the buckets on or off."""
+    return shampoo.ShampooImplementation(apply_from_buckets=direct)
 
 
 def one_step_each_way(at: int, dtype: torch.dtype = torch.float32, drop: str = "", **kw):
@@ -93,17 +84,15 @@ def one_step_each_way(at: int, dtype: torch.dtype = torch.float32, drop: str = "
     torch.set_default_dtype(dtype)
     try:
         net, opt, batches = _setup(False, at + 1, **kw)
-        with _switch(False):
-            for x in batches[:at]:
-                _step(net, opt, x)
+        for x in batches[:at]:
+            _step(net, opt, x)
         start = {k: v.detach().clone() for k, v in net.named_parameters()}
         deltas = []
         for flag in (True, False):
             n2 = copy.deepcopy(net)
-            o2 = type(opt)(n2.named_parameters(), **{k: v for k, v in opt.defaults.items()})
+            o2 = type(opt)(n2.named_parameters(), implementation=_impl(flag), **opt.defaults)
             o2.load_state_dict(copy.deepcopy(opt.state_dict()))
-            with _switch(flag):
-                _step(n2, o2, batches[at], drop)
+            _step(n2, o2, batches[at], drop)
             deltas.append({k: v.detach() - start[k] for k, v in n2.named_parameters()})
     finally:
         torch.set_default_dtype(default)
@@ -172,12 +161,11 @@ def test_non_contiguous_parameter_keeps_the_direction_tensors(monkeypatch):
     assert not used  # one parameter is a transposed view: its merged shape would be a copy
     net, opt, batches = _setup(False, 12)  # the contiguous twin through the direction tensors
     moved = {k: 0.0 for k, _ in net.named_parameters()}
-    with _switch(False):
-        for x in batches:
-            before = {k: v.detach().clone() for k, v in net.named_parameters()}
-            _step(net, opt, x)
-            for k, v in net.named_parameters():
-                moved[k] += float((v.detach() - before[k]).abs().max())
+    for x in batches:
+        before = {k: v.detach().clone() for k, v in net.named_parameters()}
+        _step(net, opt, x)
+        for k, v in net.named_parameters():
+            moved[k] += float((v.detach() - before[k]).abs().max())
     assert not used
     u = 2.0**-24
     m = max(v.numel() for v in net.parameters())
@@ -302,19 +290,36 @@ def test_a_non_finite_direction_skips_only_its_parameter(flag):
     torch.manual_seed(0)
     p, q = nn.Parameter(torch.randn(64, 64)), nn.Parameter(torch.randn(64, 64))
     opt = shampoo.Shampoo([p, q], lr=0.01, max_preconditioner_dim=32, precondition_frequency=100,
-                          start_preconditioning_step=1)  # fmt: skip
-    with _switch(flag):
-        p.grad, q.grad = torch.randn_like(p), torch.randn_like(q)
+                          start_preconditioning_step=1, implementation=_impl(flag))  # fmt: skip
+    p.grad, q.grad = torch.randn_like(p), torch.randn_like(q)
+    opt.step()
+    eng = opt._engines[0]
+    bucket = eng.buckets[0]
+    j = next(j for j, i in enumerate(eng.members[0]) if i == 1)  # a block of q
+    bucket.state.preconditioner.roots[0][j, 0, 0] = float("inf")
+    p0, q0 = p.detach().clone(), q.detach().clone()
+    p.grad, q.grad = torch.randn_like(p), torch.randn_like(q)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
         opt.step()
-        eng = opt._engines[0]
-        bucket = eng.buckets[0]
-        j = next(j for j, i in enumerate(eng.members[0]) if i == 1)  # a block of q
-        bucket.state.preconditioner.roots[0][j, 0, 0] = float("inf")
-        p0, q0 = p.detach().clone(), q.detach().clone()
-        p.grad, q.grad = torch.randn_like(p), torch.randn_like(q)
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
-            opt.step()
     assert any(issubclass(x.category, NonFiniteGradientWarning) and "update" in str(x.message) for x in w)
     assert torch.equal(q.detach(), q0) and opt.state[q].skipped_steps == 1
     assert not torch.equal(p.detach(), p0) and bool(torch.isfinite(p).all())
+
+
+def test_two_optimizers_in_one_process_take_their_own_path():
+    """The fast path is a setting of each optimizer (``implementation=``), not of the process: two
+    optimizers stepped in turn, one from the buckets and one through the direction tensors, each
+    give bitwise what it gives alone (same kernels in the same order), and report their path."""
+    alone = {flag: run(flag, steps=8) for flag in (True, False)}
+    pairs = {flag: _setup(False, 8, direct=flag) for flag in (True, False)}
+    for k in range(8):
+        for net, opt, batches in pairs.values():
+            _step(net, opt, batches[k])
+    for flag, (net, opt, _) in pairs.items():
+        assert opt.implementation.apply_from_buckets is flag
+        params = list(net.parameters())
+        opts = shampoo.GroupOptions.from_group(opt.param_groups[0])
+        assert opt._apply_path(opts, params) == ("buckets" if flag else "directions")
+        for name, v in net.named_parameters():
+            assert torch.equal(v.detach(), alone[flag][name]), (flag, name)

@@ -1,4 +1,4 @@
-"""Adam grafting in one pass (``shampoo.grafting.FUSED_ADAM``): torch's fused Adam kernel on a zeroed
+"""Adam grafting in one pass (``ShampooImplementation(fused_adam=...)``): torch's fused Adam kernel on a zeroed
 buffer with lr = -1 updates the first moment and v and writes the graft direction.
 
 What must hold: the same optimizer to rounding as the separate passes (fp64 1e-12, fp32 1e-5) over
@@ -15,13 +15,11 @@ import pytest
 import torch
 
 import shampoo
-import shampoo.grafting as grafting_mod
 
 
 def _run(
     monkeypatch: pytest.MonkeyPatch, fused: bool, dtype: torch.dtype, steps: int = 8, skip: bool = False, **kw
 ) -> tuple[list[torch.Tensor], shampoo.Shampoo, int]:
-    monkeypatch.setattr(grafting_mod, "FUSED_ADAM", fused)
     calls = {"n": 0}
     real = torch._fused_adam_
 
@@ -37,7 +35,7 @@ def _run(
     opts = dict(lr=0.02, betas=(0.9, 0.99), weight_decay=0.01, precondition_frequency=2,
                 start_preconditioning_step=3, factor_dtype=dtype, root_dtype=dtype)  # fmt: skip
     opts.update(kw)
-    opt = shampoo.Shampoo(params, **opts)
+    opt = shampoo.Shampoo(params, implementation=shampoo.ShampooImplementation(fused_adam=fused), **opts)
     for t in range(steps):
         for p in params:
             # gradients that do not depend on the parameters: both runs then accumulate bitwise the

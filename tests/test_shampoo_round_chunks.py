@@ -1,6 +1,6 @@
-"""The root round in chunks (``shampoo.roots.ROUND_CHUNK_BYTES``).
+"""The root round in chunks (``ShampooImplementation(round_chunk_bytes=...)``).
 
-A round solves the due factors of one (n, p) in consecutive chunks of at most ROUND_CHUNK_BYTES per
+A round solves the due factors of one (n, p) in consecutive chunks of at most round_chunk_bytes per
 (c, n, n) batch, so that every temporary of a solve is chunk-sized. What must hold:
 
 * the chunks partition the due rows in order, jobs cut at row boundaries, steps and update counts
@@ -58,11 +58,12 @@ def _rows(chunk: list[RootJob]) -> int:
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 100])
-def test_chunks_partition_the_due_rows_in_order(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+def test_chunks_partition_the_due_rows_in_order(rows: int) -> None:
     jobs = [_job(5, [0, 1, 2, 3, 4], updates=True), _job(3, [0, 2]), _job(4, [1, 2, 3], updates=True)]
     matrix_bytes = 4 * 4 * 4
-    monkeypatch.setattr(roots_mod, "ROUND_CHUNK_BYTES", rows * matrix_bytes + matrix_bytes // 2)
-    chunks = roots_mod._chunks(jobs, matrix_bytes)
+    impl = shampoo.ShampooImplementation(round_chunk_bytes=rows * matrix_bytes + matrix_bytes // 2)
+    assert impl.chunk_rows(matrix_bytes) == rows
+    chunks = roots_mod._chunks(jobs, impl.chunk_rows(matrix_bytes))
 
     def flat(js: list[RootJob]) -> list[tuple]:
         out = []
@@ -81,9 +82,9 @@ def test_chunks_partition_the_due_rows_in_order(monkeypatch: pytest.MonkeyPatch,
             assert j.roots is src.roots and j.records is src.records and j.p == src.p
 
 
-def test_chunks_hold_at_least_one_factor(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(roots_mod, "ROUND_CHUNK_BYTES", 1)
-    chunks = roots_mod._chunks([_job(3, [0, 1, 2])], 4 * 4 * 4)
+def test_chunks_hold_at_least_one_factor() -> None:
+    rows = shampoo.ShampooImplementation(round_chunk_bytes=1).chunk_rows(4 * 4 * 4)
+    chunks = roots_mod._chunks([_job(3, [0, 1, 2])], rows)
     assert [_rows(c) for c in chunks] == [1, 1, 1]
 
 
@@ -96,13 +97,16 @@ def _model(seed: int = 0) -> torch.nn.Module:
     )  # fmt: skip
 
 
-def _train(monkeypatch: pytest.MonkeyPatch, chunk_bytes: int, steps: int = 9, **kw) -> shampoo.Shampoo:
-    monkeypatch.setattr(roots_mod, "ROUND_CHUNK_BYTES", chunk_bytes)
+def _impl(chunk_bytes: int | None) -> shampoo.ShampooImplementation:
+    return shampoo.ShampooImplementation(round_chunk_bytes=chunk_bytes)
+
+
+def _train(chunk_bytes: int | None, steps: int = 9, **kw) -> shampoo.Shampoo:
     model = _model()
     opt = shampoo.Shampoo(
         model.parameters(), lr=0.05, betas=(0.9, 0.99), eps=1e-10, max_preconditioner_dim=16,
         precondition_frequency=3, start_preconditioning_step=1, grafting="adam",
-        factor_dtype=F64, root_dtype=F64, **kw,
+        factor_dtype=F64, root_dtype=F64, implementation=_impl(chunk_bytes), **kw,
     )  # fmt: skip
     g = torch.Generator().manual_seed(1)
     X, Y = torch.randn(64, 32, generator=g, dtype=F64), torch.randn(64, 40, generator=g, dtype=F64)
@@ -123,8 +127,8 @@ def _factors(opt: shampoo.Shampoo) -> list[tuple[FactorState, int]]:
     return out
 
 
-def test_one_factor_per_chunk_is_the_direct_solve_of_that_factor(monkeypatch: pytest.MonkeyPatch) -> None:
-    opt = _train(monkeypatch, chunk_bytes=1, steps=7)  # last round at step 7: roots of the step-7 factors
+def test_one_factor_per_chunk_is_the_direct_solve_of_that_factor() -> None:
+    opt = _train(chunk_bytes=1, steps=7)  # last round at step 7: roots of the step-7 factors
     checked = 0
     for f, step in _factors(opt):
         assert f.converged and f.root_step == 7, (f.solver, f.error)
@@ -141,9 +145,9 @@ def test_one_factor_per_chunk_is_the_direct_solve_of_that_factor(monkeypatch: py
 
 
 @pytest.mark.parametrize("chunk_matrices", [1, 5])
-def test_chunking_changes_nothing_but_rounding(monkeypatch: pytest.MonkeyPatch, chunk_matrices: int) -> None:
-    one = _train(monkeypatch, chunk_bytes=2**62)
-    chunked = _train(monkeypatch, chunk_bytes=chunk_matrices * 16 * 16 * 8)
+def test_chunking_changes_nothing_but_rounding(chunk_matrices: int) -> None:
+    one = _train(chunk_bytes=None)
+    chunked = _train(chunk_bytes=chunk_matrices * 16 * 16 * 8)
     p1 = [p.detach() for g in one.param_groups for p in g["params"]]
     p2 = [p.detach() for g in chunked.param_groups for p in g["params"]]
     for a, b in zip(p1, p2, strict=True):
@@ -153,18 +157,17 @@ def test_chunking_changes_nothing_but_rounding(monkeypatch: pytest.MonkeyPatch, 
         assert fa.converged and fb.converged
 
 
-def test_a_failure_stays_in_its_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failure_stays_in_its_chunk() -> None:
     """psd='none' with a tiny eps: the rank-deficient factors of one block cannot be solved by eigh
     (NotPositiveDefiniteError for their batch). One factor per chunk: those fail alone (the fallback
     solves them) and every other factor's primary solve succeeds; one batch: all of them fail."""
     W = torch.zeros(48, 16, dtype=F64, requires_grad=True)  # 3 blocks of 16 x 16
 
-    def run(chunk_bytes: int) -> list[FactorState]:
-        monkeypatch.setattr(roots_mod, "ROUND_CHUNK_BYTES", chunk_bytes)
+    def run(chunk_bytes: int | None) -> list[FactorState]:
         opt = shampoo.Shampoo(
             [W], lr=0.0, betas=(0.0, 0.99), eps=1e-30, psd="none", grafting="none",
             max_preconditioner_dim=16, precondition_frequency=1, start_preconditioning_step=1,
-            factor_dtype=F64, root_dtype=F64,
+            factor_dtype=F64, root_dtype=F64, implementation=_impl(chunk_bytes),
         )  # fmt: skip
         g = torch.Generator().manual_seed(3)
         grad = torch.randn(48, 16, generator=g, dtype=F64)
@@ -180,7 +183,7 @@ def test_a_failure_stays_in_its_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [f.primary_failures for f in chunked] == [1, 1, 0, 0, 0, 0]
     assert all(f.converged for f in chunked[2:]) and all(f.solver == "eigh" for f in chunked[2:])
     assert not any(f.converged for f in chunked[:2])  # the fallback (eigh, fp64, psd 'none') fails too
-    whole = run(2**62)
+    whole = run(None)
     assert [f.primary_failures for f in whole] == [1] * 6
 
 

@@ -1,6 +1,6 @@
 """The trusted fast path (``SolveOptions.trusted``) and the root round's cheaper equivalents.
 
-* Shampoo's root round declares its own factors trusted; with ``shampoo.roots.TRUST_FACTORS`` off
+* Shampoo's root round declares its own factors trusted; with ``ShampooImplementation(trust_factors=False)``
   the same run re-validates every factor. Both give bitwise the same parameters and state, for
   every registered root solver, fp32 and fp64, on rank-deficient factors (a layer with more rows
   than the batch, a 1-wide layer), over several root rounds; and the validated run really did
@@ -27,7 +27,6 @@ from torch import nn
 
 import matroots
 import shampoo
-import shampoo.roots as roots_mod
 from matroots import SolveOptions
 from matroots.core import psd
 from matroots.core.errors import NonFiniteInputError, NotSymmetricError
@@ -62,7 +61,9 @@ class Net(nn.Module):
         return self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
 
 
-def train(solver: str, dtype: torch.dtype, steps: int = 5) -> tuple[nn.Module, shampoo.Shampoo]:
+def train(
+    solver: str, dtype: torch.dtype, steps: int = 5, trusted: bool = True
+) -> tuple[nn.Module, shampoo.Shampoo]:
     torch.manual_seed(0)
     model = Net().to(dtype)
     g = torch.Generator().manual_seed(1)
@@ -75,6 +76,7 @@ def train(solver: str, dtype: torch.dtype, steps: int = 5) -> tuple[nn.Module, s
         root_solver=solver,
         factor_dtype=dtype,
         root_dtype=dtype,
+        implementation=shampoo.ShampooImplementation(trust_factors=trusted),
     )
     for _ in range(steps):  # roots at steps 1, 3, 5
         x = torch.randn(6, 12, generator=g, dtype=dtype)
@@ -134,12 +136,10 @@ def symmetry_tests(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_trusted_round_is_bitwise_the_validated_one(
     solver: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch, symmetry_tests: list[int]
 ) -> None:
-    monkeypatch.setattr(roots_mod, "TRUST_FACTORS", False)
-    m_val, o_val = train(solver, dtype)
+    m_val, o_val = train(solver, dtype, trusted=False)
     validated_tests = len(symmetry_tests)
-    monkeypatch.setattr(roots_mod, "TRUST_FACTORS", True)
     symmetry_tests.clear()
-    m_tr, o_tr = train(solver, dtype)
+    m_tr, o_tr = train(solver, dtype, trusted=True)
     assert validated_tests > 0, "the validated run did not test symmetry: the comparison would be vacuous"
     assert not symmetry_tests, f"the trusted run re-tested symmetry {len(symmetry_tests)} times"
     assert o_tr.timing.root_rounds == o_val.timing.root_rounds >= 3
@@ -234,7 +234,7 @@ def test_shampoo_counts_a_non_finite_trusted_root_as_a_failure() -> None:
         start_preconditioning_step=1,
         root_solver=NaNRoot(),
     )
-    assert roots_mod.TRUST_FACTORS
+    assert opt.implementation.trust_factors  # the default
     with pytest.warns(shampoo.RootFailureWarning):
         model(torch.randn(16, 6)).sum().backward()
         opt.step()

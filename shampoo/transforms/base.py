@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from ..implementation import DEFAULT_IMPLEMENTATION, ShampooImplementation
 from ..refresh import RootJob
 
 if TYPE_CHECKING:
@@ -73,6 +74,8 @@ class StepContext:
     steps: list[int]
     sel: torch.Tensor | None
     device: torch.device
+    # the optimizer's fast paths (its ``implementation=``): Adam grafting reads ``fused_adam``
+    impl: ShampooImplementation = DEFAULT_IMPLEMENTATION
 
     def take(self, t: torch.Tensor) -> torch.Tensor:
         """The selected rows of a stacked state (the storage itself when every row is selected)."""
