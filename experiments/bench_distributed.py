@@ -40,7 +40,16 @@ column stays at 0.56-0.66.
 state 44.8 MB per rank. ``--memory --size 512``, 2 ranks: Shampoo state per rank 316.7 MB (one process),
 158.4 (DDP), 158.8 (FSDP2); parameters 52.8 (DDP) vs 26.4 MB (FSDP2); AdamW under FSDP2 52.8 MB.
 4 ranks (``--world-sizes 4``): 86.7 (FSDP2, 1.095 x 1/4), 78.8-79.6 (DDP); parameters 13.2 MB (FSDP2);
-AdamW under FSDP2 26.4 MB.
+AdamW under FSDP2 26.4 MB. The "owner" strategy (2026-12-02, same command): state 158.4 / 78.8-79.6
+MB per rank at 2 / 4 ranks, step buffers 264.0 / 237.8 MB (local_shard 26.4 / 13.2, DDP 132.0 /
+119.0; see docs/design.md §6).
+
+``--fsdp --strategy owner`` / ``--hsdp R [--no-share]``: the step under the other FSDP strategies;
+``comm`` then counts every optimizer collective (agreement words, status word, gradient rows,
+direction all-gather), waits included. 2026-12-02, load average 18-31 (wall times are mostly other
+jobs', only CPU time counts), ``--steps 10 --warmup 10``, 2 ranks, CPU seconds per step (one
+process 0.130): local_shard 0.075 (comm 13-18% of the wall step), owner 0.088 (19-25%), HSDP 2 x 1
+with share_roots 0.087 (17-19%), without 0.137 (every replica computes every root; 16-17%).
 """
 
 from __future__ import annotations
@@ -93,12 +102,16 @@ def _rank_main(rank: int, ws: int, port: int, args: argparse.Namespace, outdir: 
     model = W1Model()
     net: nn.Module = model
     if ws > 1 and args.fsdp:
-        shard_model(model, torch.device("cpu"), ws, None)
+        shard_model(model, torch.device("cpu"), ws, args.hsdp)
     elif ws > 1:
         net = nn.parallel.DistributedDataParallel(model)
     if ws > 1:
         cfg: object = (
-            shampoo.FSDPConfig() if args.fsdp else shampoo.DDPConfig(communication_dtype=args.comm_dtype)
+            shampoo.FSDPConfig(
+                strategy=args.strategy, share_roots=not args.no_share, communication_dtype=args.comm_dtype
+            )
+            if args.fsdp
+            else shampoo.DDPConfig(communication_dtype=args.comm_dtype)
         )
     opt = shampoo.Shampoo(
         model.named_parameters(),
@@ -111,6 +124,12 @@ def _rank_main(rank: int, ws: int, port: int, args: argparse.Namespace, outdir: 
         distributed=cfg if ws > 1 else None,
     )
     sharding = sd.sharding_of(opt)
+    fsdp = opt._fsdp
+    # every optimizer collective: DDP's direction all-gather; FSDP's agreement, status word,
+    # gradient rows ("owner") and direction all-gathers ("owner", share_roots)
+    comm_seconds = (
+        (lambda: sharding.comm.seconds) if sharding else fsdp.comm_seconds if fsdp else (lambda: 0.0)
+    )
     shard = slice(rank * BATCH // ws, (rank + 1) * BATCH // ws)
     opt_times, opt_cpu, comm_times, root_times, losses = [], [], [], [], []
     for step in range(args.warmup + args.steps):
@@ -119,7 +138,7 @@ def _rank_main(rank: int, ws: int, port: int, args: argparse.Namespace, outdir: 
         loss = nn.functional.cross_entropy(net(x[shard]).reshape(-1, VOCAB), y[shard].reshape(-1))
         loss.backward()
         dist.barrier()
-        c0 = sharding.comm.seconds if sharding else 0.0
+        c0 = comm_seconds()
         r0 = opt.timing.root_seconds
         t0, p0 = time.perf_counter(), time.process_time()
         opt.step()
@@ -127,7 +146,7 @@ def _rank_main(rank: int, ws: int, port: int, args: argparse.Namespace, outdir: 
         if step >= args.warmup:
             opt_times.append(t1 - t0)
             opt_cpu.append(p1 - p0)
-            comm_times.append((sharding.comm.seconds if sharding else 0.0) - c0)
+            comm_times.append(comm_seconds() - c0)
             root_times.append(opt.timing.root_seconds - r0)
             losses.append(float(loss.detach()))
     gather_only: list[float] = []
@@ -152,8 +171,9 @@ def _rank_main(rank: int, ws: int, port: int, args: argparse.Namespace, outdir: 
         "gather_only": statistics.median(gather_only) if gather_only else 0.0,
         "gather_bytes": sharding.comm.bytes_sent // max(sharding.comm.calls, 1) if sharding else 0,
         "state": sd.state_bytes(opt),
-        "blocks_owned": len(sharding.assignment.owned_by(rank)) if sharding else None,
+        "blocks_owned": sum(b.owned for e in opt._engines if e for st in e.states for b in st.blocks),
         "imbalance": sharding.assignment.imbalance if sharding else 1.0,
+        "workspace": workspace_bytes(opt),
         "exchange_bytes": (exchange.world_size + 1) * exchange.bytes_per_rank if sharding else 0,
         "last_loss": losses[-1],
     }
@@ -167,6 +187,20 @@ def _finish() -> None:
     dist.barrier()
     dist.destroy_process_group()
     os._exit(0)
+
+
+def workspace_bytes(opt) -> int:
+    """Bytes of Shampoo's per-step buffers on this rank besides its state: the direction tensors,
+    the direction exchange's send/receive buffers and, under FSDP "owner", the whole gradients."""
+    total = sum(d.numel() * d.element_size() for e in opt._engines if e for d in e.directions)
+    fsdp = opt._fsdp
+    gatherer = opt._sharding or (fsdp.gatherer if fsdp else None)
+    if gatherer is not None:
+        total += sum((ex.world_size + 1) * ex.bytes_per_rank for _, (_, ex, _) in gatherer._plans.values())
+    for g in fsdp._gathers.values() if fsdp else ():
+        total += sum(f.numel() * f.element_size() for f, pc in zip(g.full, g.pieces, strict=True) if pc)
+        total += sum(t.numel() * t.element_size() for t in (g._send, g._recv) if t is not None)
+    return total
 
 
 def _local_bytes(tensors) -> int:
@@ -187,13 +221,13 @@ def _memory_main(rank: int, ws: int, port: int, args: argparse.Namespace, outdir
     )  # fmt: skip
     size = SIZES[str(args.size)]
     batch = torch.randint(0, size.vocab, (ws, size.seq + 1), generator=torch.Generator().manual_seed(0))
-    configs = ["shampoo_1"] if ws == 1 else ["shampoo_ddp", "shampoo_fsdp", "adamw_fsdp"]
+    configs = ["shampoo_1"] if ws == 1 else ["shampoo_ddp", "shampoo_fsdp", "shampoo_owner", "adamw_fsdp"]
     recs = []
     for name in configs:
         torch.manual_seed(0)
         model = EncoderLM(size)
         net: nn.Module = model
-        if name.endswith("fsdp"):
+        if name.endswith(("fsdp", "owner")):
             shard_model(model, torch.device("cpu"), ws, None)
         elif name == "shampoo_ddp":
             net = nn.parallel.DistributedDataParallel(model)
@@ -204,6 +238,7 @@ def _memory_main(rank: int, ws: int, port: int, args: argparse.Namespace, outdir
                 "shampoo_1": None,
                 "shampoo_ddp": shampoo.DDPConfig(),
                 "shampoo_fsdp": shampoo.FSDPConfig(),
+                "shampoo_owner": shampoo.FSDPConfig(strategy="owner"),
             }
             opt = shampoo.Shampoo(
                 model.parameters(), lr=1e-3, max_preconditioner_dim=256, precondition_frequency=10,
@@ -215,14 +250,21 @@ def _memory_main(rank: int, ws: int, port: int, args: argparse.Namespace, outdir
             logits.reshape(-1, size.vocab), batch[rank : rank + 1, 1:].reshape(-1)
         ).backward()
         opt.step()
+        work = 0
         if name.startswith("adamw"):
             state = _local_bytes(
                 t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)
             )
         else:
-            state = sd.state_bytes(opt)["total"]
+            state, work = sd.state_bytes(opt)["total"], workspace_bytes(opt)
         recs.append(
-            {"config": name, "rank": rank, "state": state, "params": _local_bytes(model.parameters())}
+            {
+                "config": name,
+                "rank": rank,
+                "state": state,
+                "params": _local_bytes(model.parameters()),
+                "workspace": work,
+            }
         )
         del net, model, opt
     torch.save(recs, Path(outdir) / f"rank{rank}.pt")
@@ -246,12 +288,13 @@ def memory(args: argparse.Namespace) -> dict:
     print(
         f"W1 family d_model {args.size}: per-rank bytes after one step (MB); share = state / (one process's / world)"
     )
-    print("world config        rank  optimizer state  parameters  share")
+    print("world config        rank  optimizer state  parameters  share  step buffers")
     for ws, recs in per_world.items():
         for r in sorted(recs, key=lambda r: (r["config"], r["rank"])):
             share = r["state"] / (single["state"] / ws) if r["config"].startswith("shampoo") else float("nan")
             print(
                 f"{ws:5d} {r['config']:13s} {r['rank']:4d}  {r['state'] / 1e6:15.2f}  {r['params'] / 1e6:10.2f}  {share:5.3f}"
+                f"  {r.get('workspace', 0) / 1e6:12.2f}"
             )
     return {str(ws): recs for ws, recs in per_world.items()}
 
@@ -268,12 +311,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=1, help="interleaved repeats; the best is reported")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) + FSDPConfig instead of DDP")
+    p.add_argument("--strategy", default="local_shard", choices=["local_shard", "owner"], help="under --fsdp")
+    p.add_argument("--hsdp", type=int, default=None, metavar="R", help="--fsdp on an R x (world/R) mesh")
+    p.add_argument("--no-share", action="store_true", help="under --hsdp: FSDPConfig(share_roots=False)")
     p.add_argument("--memory", action="store_true", help="per-rank state bytes of each configuration")
     p.add_argument(
         "--size", type=int, default=512, choices=[128, 256, 512, 1024], help="d_model for --memory"
     )
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    args.fsdp = args.fsdp or args.hsdp is not None
     if args.memory:
         args.world_sizes = [ws for ws in args.world_sizes if ws > 1]
         out = memory(args)
@@ -294,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"{args.root_solver}, communication {args.comm_dtype}, best of {args.repeats}"
     )
     head = "world rank  opt_step[s] ratio  cpu[s] ratio  comm[s] comm%  gather_only[s] roots[s]"
-    print(head + "  state[MB] (blocks+repl)  exchange buffers[MB]  blocks owned")
+    print(head + "  state[MB] (blocks+repl)  step buffers[MB]  blocks owned")
     for ws, recs in results.items():
         for r in recs:
             st = r["state"]
@@ -303,7 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{r['opt_step_cpu']:6.4f} {r['opt_step_cpu'] / base_cpu:5.2f}  {r['comm']:7.4f} "
                 f"{100 * r['comm'] / r['opt_step']:4.1f}%  {r['gather_only']:14.4f} {r['root']:8.4f}  "
                 f"{st['total'] / 1e6:9.2f} ({st['blocks'] / 1e6:.2f}+{st['replicated'] / 1e6:.2f})  "
-                f"{r['exchange_bytes'] / 1e6:20.2f}  {r['blocks_owned']}"
+                f"{r['workspace'] / 1e6:16.2f}  {r['blocks_owned']}"
             )
     summary = {
         "config": vars(args) | {"out": str(args.out) if args.out else None},

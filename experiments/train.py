@@ -14,7 +14,9 @@ shares them. The losses printed match the single-process run to floating-point t
 ``--fsdp`` shards the model with FSDP2 (``fully_shard`` on each top-level submodule, then the
 model) and gives Shampoo an ``FSDPConfig``: each rank preconditions blocks of its own rows
 (:mod:`shampoo.fsdp`); ``--hsdp R`` does the same on an R x (world / R) mesh (replicate x shard).
-The same run on one process is ``--row-shards W`` (the blocking the W shards make). Under --fsdp,
+The same run on one process is ``--row-shards W`` (the blocking the W shards make).
+``--fsdp-strategy owner`` keeps the single-process blocks instead, each on one owner rank (the
+same run on one process is then the plain one; checkpoints load at any world size). Under --fsdp,
 ``--save`` writes a ``torch.distributed.checkpoint`` directory; ``--resume DIR`` reads one at any
 world size whose shards split the saved blocks (one process included; pass the saving run's
 ``--row-shards``).
@@ -100,7 +102,9 @@ def make_optimizer(model: nn.Module, args: argparse.Namespace, distributed: bool
     if args.optimizer == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     if args.fsdp:
-        cfg: object = shampoo.FSDPConfig(timeout=args.timeout)
+        cfg: object = shampoo.FSDPConfig(
+            strategy=args.fsdp_strategy, communication_dtype=args.comm_dtype, timeout=args.timeout
+        )
     elif distributed:
         cfg = shampoo.DDPConfig(
             communication_dtype=args.comm_dtype, cost_model=args.cost_model, timeout=args.timeout
@@ -159,6 +163,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--fsdp", action="store_true", help="shard the model with FSDP2 (fully_shard) under torchrun"
     )
     p.add_argument("--hsdp", type=int, default=None, metavar="R", help="--fsdp on an R x (world/R) mesh")
+    p.add_argument(
+        "--fsdp-strategy",
+        choices=["local_shard", "owner"],
+        default="local_shard",
+        help="FSDPConfig(strategy=): blocks of each rank's rows, or single-process blocks on owner ranks",
+    )
     p.add_argument(
         "--row-shards", type=int, default=None, help="block as W row shards do (Shampoo row_shards)"
     )

@@ -42,7 +42,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ import torch.distributed as dist
 from .blocking import MergedDim, ParamLayout, layout_param, row_pieces
 from .comm import DistributedError, RemoteRankError, all_gather_flat
 from .config import GroupOptions
-from .distributed import BlockSharding, DDPConfig, _as_timedelta
+from .distributed import BlockSharding, CommStats, DDPConfig, _as_timedelta
 from .engine import GroupEngine, GroupPlan, state_dtype
 
 logger = logging.getLogger(__name__)
@@ -231,13 +232,13 @@ class GradientGather:
 
     Each rank sends the rows of every parameter it holds, padded to ceil(d_0 / S) rows (S ranks
     along the shard dim of the mesh, ``torch.chunk`` rows), in one flat buffer; one
-    ``all_gather_into_tensor`` over the shard dim's group (bounded by ``timeout``) moves the
+    ``all_gather_into_tensor`` over the shard dim's group (bounded by the timeout) moves the
     group's gradients, and the rows are copied into one whole-gradient buffer per parameter (the
     engine's view of the parameter). Parameters that are not sharded pass through.
     """
 
-    def __init__(self, params: Sequence[Any], timeout: datetime.timedelta) -> None:
-        self.timeout = timeout
+    def __init__(self, params: Sequence[Any], gather: Callable[..., None]) -> None:
+        self._all_gather = gather  # all_gather_flat(out, inp, group, what), timed and bounded
         self.group: Any = None
         self.size = 1
         self.pieces: list[list[tuple[int, int]] | None] = []
@@ -291,8 +292,8 @@ class GradientGather:
             if self.pieces[i] is not None and g.numel():
                 self._send[self.offsets[i] : self.offsets[i] + g.numel()].copy_(g.reshape(-1))
         assert self._recv is not None
-        all_gather_flat(
-            self._recv, self._send, self.group, self.timeout,
+        self._all_gather(
+            self._recv, self._send, self.group,
             "the all-gather of gradient rows (FSDPConfig(strategy='owner'))",
         )  # fmt: skip
         table = self._recv.view(self.size, self.segment)
@@ -342,6 +343,20 @@ class FSDPSharding:
         self.gatherer: BlockSharding | None = None
         self._set_up = False
         self._gathers: dict[int, GradientGather] = {}  # "owner": per param group
+        #: time in this strategy's own collectives (agreement, status word, gradient rows); the
+        #: direction all-gather's is ``gatherer.comm`` (:meth:`comm_seconds` adds them)
+        self.comm = CommStats()
+
+    def comm_seconds(self) -> float:
+        """Cumulative seconds in every optimizer collective of this rank (waits included)."""
+        return self.comm.seconds + (self.gatherer.comm.seconds if self.gatherer is not None else 0.0)
+
+    def _gather(self, out: torch.Tensor, inp: torch.Tensor, group: Any, what: str) -> None:
+        t0 = time.perf_counter()
+        all_gather_flat(out, inp, group, self.config.timeout, what)  # type: ignore[arg-type]
+        self.comm.seconds += time.perf_counter() - t0
+        self.comm.calls += 1
+        self.comm.bytes_sent += inp.numel() * inp.element_size()
 
     def _ddp(self, group: Any) -> DDPConfig:
         c = self.config
@@ -403,7 +418,7 @@ class FSDPSharding:
         gradients (the gathered buffers of :class:`GradientGather`)."""
         if not self.owner:
             return self.local(params)
-        gather = self._gathers[gi] = GradientGather(params, self.config.timeout)
+        gather = self._gathers[gi] = GradientGather(params, self._gather)
         return list(gather.full)
 
     def localise(self, eng: GroupEngine, params: Sequence[Any]) -> None:
@@ -492,8 +507,8 @@ class FSDPSharding:
         out = torch.empty(self.world_size, device=device)
         if error is not None:
             logger.error("shampoo fsdp: rank %d failed: %s", self.rank, error)
-        all_gather_flat(
-            out, inp, self.config.process_group, self.config.timeout,  # type: ignore[arg-type]
+        self._gather(
+            out, inp, self.config.process_group,
             "the status word of the Shampoo step (FSDPConfig.status_check)",
         )  # fmt: skip
         failed = [r for r, s in enumerate(out.tolist()) if s != 0.0 and r != self.rank]
@@ -528,8 +543,8 @@ class FSDPSharding:
             if bad:
                 inp[1 + torch.tensor(bad, device=device)] = 1.0
         out = torch.empty(self.world_size * (1 + count), device=device)
-        all_gather_flat(
-            out, inp, self.config.process_group, self.config.timeout,  # type: ignore[arg-type]
+        self._gather(
+            out, inp, self.config.process_group,
             f"the agreement on non-finite {what} (FSDPConfig.consistent_skips)",
         )  # fmt: skip
         table = out.view(self.world_size, 1 + count)
