@@ -30,12 +30,18 @@ minimum over the whole (n, dtype) block is used.
     python experiments/bench_solvers.py --to-target  # GEMM-equivalents to reach an error target
 
 ``--to-target`` (issue 27): for fp32 (target 1e-3) and bf16 (target 1e-2), kappa in {1e2, 1e4, 1e6}
-and n = 256 (``--sizes``), the GEMM-equivalents each method needs to reach the target relative error
-against the root of the matrix actually solved (A rounded to the format; reference: float64 LAPACK
-eigh of it, accurate to ~kappa 1e-16, far below the targets). Iterative methods: the fewest products
-(``res.matmuls``) over runs with max_iter = k whose error meets the target (k found by doubling and
-bisection: the error of these iterations decreases with k once they converge); multi-stage methods
-(newton_schulz) cap every stage at k. eigh: its wall time over one GEMM's of the same n and format.
+and n = 256 (``--sizes 256 1024`` for more), the GEMM-equivalents each method needs to reach the target
+relative error against the root of the matrix actually solved: the geometric-spectrum matrix rounded to
+the format, shifted first where rounding moved its condition number by more than 5% (bf16 at kappa >=
+1e4 rounds to an indefinite matrix; the shift makes the rounded one SPD at the kappa asked, or the
+closest reachable: ``solved`` column). Reference: ``matroots.reference`` (certified by flint when installed; ``--reference lapack``:
+float64 eigh). Iterative methods: the fewest products over runs with max_iter = k whose error meets the
+target (k doubled then bisected; multi-stage methods cap every stage at k); eigh: its wall time over
+one GEMM's of the same n and format. Beside them, Meta's and pytorch-optimizer's coupled Newton (and
+Meta's higher-order coupled iteration) on the same matrices, when their packages import
+(``root_peers.py`` says how each is called, its defaults, and how its products are counted); the
+header says which were found. The ``default`` columns are each method at its own defaults (its own
+stopping rule and iteration cap): the error and the products it spends.
 """
 
 from __future__ import annotations
@@ -55,6 +61,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import root_peers
+from root_peers import PEERS
 
 import matroots
 from matroots.solvers.base import matmul_count_power
@@ -200,87 +210,169 @@ def _fmt(r: dict) -> str:
 
 
 TARGETS = {"fp32": 1e-3, "bf16": 1e-2}
+TARGET_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TARGET_METHODS = ("eigh", "coupled_newton", "newton_schulz", "polar_express", "halley")
+TARGET_KAPPAS = (1e2, 1e4, 1e6)
+K_MAX = 64
 
 
-def _error_after(A: torch.Tensor, p: int, method: str, k: int, ref: np.ndarray) -> tuple[float, float]:
-    """(relative error, matmuls) of ``method`` run with max_iter = k; (inf, inf) on a refusal."""
-    try:
-        res = matroots.inverse_root(A, p, method=method, max_iter=k, quiet=True)
-    except matroots.MatrootsError:
-        return math.inf, math.inf
-    X = res.root.double().numpy()
-    return float(np.linalg.norm(X - ref) / np.linalg.norm(ref)), float(res.matmuls)
+def matrix_in_format(n: int, kappa: float, dtype: torch.dtype, p: int) -> tuple[torch.Tensor, float, float]:
+    """(A in ``dtype``, kappa of that rounded matrix, shift s): build(n, kappa) rounded to ``dtype``.
+
+    Where rounding moved the condition number more than 5% (bf16 at kappa >= 1e4: the rounded matrix is
+    indefinite, its eigenvalues moved by ~u ||A||), A + s I is rounded instead, s found by bisection so
+    that the rounded matrix is positive definite with a condition number within 5% of ``kappa``, or the
+    closest found where the format's spacing on the diagonal is coarser than lambda_min (bf16 at kappa
+    1e6). Its value is reported: every error is against the root of the matrix actually solved.
+    """
+    A64, _ = build(n, kappa, p, seed=n)
+
+    def rounded(s: float) -> tuple[torch.Tensor, float]:
+        B = torch.from_numpy(A64 + s * np.eye(n)).to(dtype)
+        w = np.linalg.eigvalsh(B.double().numpy())
+        return B, (w[-1] / w[0] if w[0] > 0 else math.inf)
+
+    B, k = rounded(0.0)
+    if abs(math.log(k / kappa)) <= math.log(1.05):
+        return B, k, 0.0
+    lo, hi = 0.0, 1.0 / kappa + 64 * precision_u(dtype) * math.sqrt(n)
+    best = (B, k, 0.0)
+    for _ in range(48):
+        s = 0.5 * (lo + hi)
+        B, k = rounded(s)
+        if abs(math.log(k / kappa)) < abs(math.log(best[1] / kappa)):
+            best = (B, k, s)
+        if abs(math.log(k / kappa)) <= math.log(1.05):
+            break
+        lo, hi = (s, hi) if k > kappa else (lo, s)
+    return best
 
 
-def gemms_to_target(A: torch.Tensor, p: int, method: str, target: float, k_max: int = 128) -> dict:
-    """Fewest products of ``method`` reaching ``target`` (doubling then bisection on max_iter)."""
+def precision_u(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).eps) / 2
+
+
+def reference_root(A: torch.Tensor, p: int, kind: str) -> np.ndarray:
+    """A^{-1/p} of the matrix solved: matroots' certified reference (flint when installed) or LAPACK."""
     W = A.double().numpy()
-    w, V = np.linalg.eigh(0.5 * (W + W.T))
-    if w[0] <= 0:
-        return {"gemms": math.inf, "error": math.inf, "note": "rounded matrix not positive definite"}
-    ref = (V * w ** (-1.0 / p)) @ V.T
-    lo, hi, best = 0, 1, None
-    while hi <= k_max:
-        err, mm = _error_after(A, p, method, hi, ref)
+    if kind == "certified":
+        return np.asarray(matroots.reference.inverse_root(W, p).root)
+    w, V = np.linalg.eigh(W)
+    return (V * w ** (-1.0 / p)) @ V.T
+
+
+def fewest(run_k: Callable[[int], tuple[np.ndarray | None, float]], ref: np.ndarray, target: float) -> dict:
+    """Fewest GEMM-equivalents of a k-capped iteration reaching ``target`` (k doubled, then bisected).
+
+    ``run_k(k) -> (root or None, products)``. The error of these iterations decreases with k once they
+    converge; the doubling stops at K_MAX, or once an error below 0.1 no longer falls by 10% per doubling
+    (k >= 8: it has reached its rounding floor above the target; in a slow linear phase errors are ~1).
+    """
+
+    def error(k: int) -> tuple[float, float]:
+        X, mm = run_k(k)
+        if X is None:
+            return math.inf, mm
+        err = float(np.linalg.norm(X - ref) / np.linalg.norm(ref))
+        return (err if math.isfinite(err) else math.inf), mm
+
+    lo, hi, prev = 0, 1, math.inf
+    while True:
+        err, mm = error(hi)
         if err <= target:
             best = (err, mm)
             break
-        if not math.isfinite(err) and not math.isfinite(mm):
-            return {"gemms": math.inf, "error": math.inf, "note": "refused"}
-        lo, hi = hi, 2 * hi
-    if best is None:
-        return {"gemms": math.inf, "error": err, "note": f"not reached in {k_max} iterations"}
+        if hi >= K_MAX or (hi >= 8 and err < 0.1 and err > 0.9 * prev):
+            note = (
+                "failed"
+                if not math.isfinite(err)
+                else ("floor" if hi < K_MAX else f"not reached by k = {K_MAX}")
+            )
+            return {"gemms": math.inf, "error": err, "k": None, "note": note}
+        prev, lo, hi = min(err, prev), hi, 2 * hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        err, mm = _error_after(A, p, method, mid, ref)
+        err, mm = error(mid)
         if err <= target:
             hi, best = mid, (err, mm)
         else:
             lo = mid
-    return {"gemms": best[1], "error": best[0], "iterations": hi, "note": ""}
+    return {"gemms": best[1], "error": best[0], "k": hi, "note": ""}
 
 
-def run_to_target(args: argparse.Namespace) -> list[dict]:
+def _ours(
+    A: torch.Tensor, p: int, method: str
+) -> Callable[[int | None], tuple[np.ndarray | None, float, str]]:
+    def run_k(k: int | None):
+        try:
+            res = matroots.inverse_root(A, p, method=method, max_iter=k, quiet=True)
+        except matroots.MatrootsError as exc:
+            return None, math.inf, type(exc).__name__
+        return (
+            res.root.double().numpy(),
+            float(res.matmuls),
+            "converged" if res.converged else "not converged",
+        )
+
+    return run_k
+
+
+def _peer(peer, mod, A: torch.Tensor, p: int) -> Callable[[int | None], tuple[np.ndarray | None, float, str]]:
+    def run_k(k: int | None):
+        X, mm = peer.solve(mod, A, p, k)
+        return (None if X is None else X.double().numpy()), mm, ("raised" if X is None else "")
+
+    return run_k
+
+
+def run_to_target(args: argparse.Namespace, peers: dict) -> list[dict]:
     torch.set_num_threads(args.threads)
     rows = []
-    for dname, target in TARGETS.items():
-        dtype = torch.float32 if dname == "fp32" else torch.bfloat16
+    for dname in args.target_dtypes:
+        dtype, target = TARGET_DTYPES[dname], TARGETS[dname]
         for n in args.sizes:
             gemm = GemmClock(n, dtype)
-            for kappa in (1e2, 1e4, 1e6):
-                A64, _ = build(n, kappa, args.p, seed=n)
-                A = torch.from_numpy(A64).to(dtype)
-                for method in args.methods:
-                    W = A.double().numpy()
-                    if np.linalg.eigvalsh(W)[0] <= 0:  # rounding made it indefinite: no root to reach
-                        out = {
-                            "gemms": math.inf,
-                            "error": math.inf,
-                            "note": "rounded matrix not positive definite",
-                        }
-                    elif method == "eigh":
+            for kappa in TARGET_KAPPAS:
+                A, k_solved, shift = matrix_in_format(n, kappa, dtype, args.p)
+                ref = reference_root(A, args.p, args.reference)
+                base = {"n": n, "dtype": dname, "target": target, "kappa": kappa, "kappa_solved": k_solved}
+                base["shift"] = shift
+                runners = {m: _ours(A, args.p, m) for m in args.methods}
+                runners.update(
+                    {pr.name: _peer(pr, peers[pr.name], A, args.p) for pr in PEERS if peers[pr.name]}
+                )
+                for method, run_k in runners.items():
+                    X, mm_d, status = run_k(None)
+                    err_d = math.inf if X is None else float(np.linalg.norm(X - ref) / np.linalg.norm(ref))
+                    row = {**base, "method": method, "default_error": err_d, "default_gemms": mm_d}
+                    row["default_status"] = status
+                    if method == "eigh":  # not an iteration: its time in GEMMs of the same n and format
                         runs = timed_runs(lambda A=A: matroots.inverse_root(A, args.p, method="eigh"), 3)
                         gemm.sample(10)
-                        w, V = np.linalg.eigh(W)
-                        ref = (V * w ** (-1.0 / args.p)) @ V.T
-                        X = runs[-1][1].root.double().numpy()
-                        err = float(np.linalg.norm(X - ref) / np.linalg.norm(ref))
                         t = min(r[0] for r in runs) / gemm.best
-                        out = {"gemms": t if err <= target else math.inf, "error": err, "note": "time/GEMM"}
+                        row.update(gemms=t if err_d <= target else math.inf, error=err_d, k=None)
+                        row.update(default_gemms=t, note="time/GEMM")
                     else:
-                        out = gemms_to_target(A, args.p, method, target)
-                    row = {"n": n, "dtype": dname, "target": target, "kappa": kappa, "method": method, **out}
+                        row.update(fewest(lambda k, run_k=run_k: run_k(k)[:2], ref, target))
                     rows.append(row)
                     print(_fmt_target(row), flush=True)
     return rows
 
 
+TARGET_HEADER = (
+    f"{'n':>5} {'dtype':>5} {'target':>6} {'kappa':>6} {'solved':>8} {'method':>32} {'GEMMs':>7} {'k':>3} "
+    f"{'error':>8}  {'default: error':>14} {'GEMMs':>7} status"
+)
+
+
 def _fmt_target(r: dict) -> str:
-    g = f"{r['gemms']:8.1f}" if math.isfinite(r["gemms"]) else "       -"
+    g = f"{r['gemms']:7.1f}" if math.isfinite(r["gemms"]) else "      -"
+    gd = f"{r['default_gemms']:7.1f}" if math.isfinite(r["default_gemms"]) else "      -"
+    k = f"{r['k']:3d}" if r.get("k") else "  -"
     return (
-        f"{r['n']:5d} {r['dtype']:>5} {r['target']:7.0e} {r['kappa']:6.0e} {r['method']:>15} {g} "
-        f"{r['error']:9.2e}  {r.get('iterations', '')!s:>5} {r['note']}"
+        f"{r['n']:5d} {r['dtype']:>5} {r['target']:6.0e} {r['kappa']:6.0e} {r['kappa_solved']:8.2e} "
+        f"{r['method']:>32} {g} {k} {r['error']:8.1e}  {r['default_error']:14.1e} {gd} "
+        f"{r['default_status']} {r['note']}".rstrip()
     )
 
 
@@ -310,20 +402,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the rows and provenance here")
     ap.add_argument("-v", "--verbose", action="store_true", help="print rows as they are measured")
     ap.add_argument("--to-target", action="store_true", help="GEMM-equivalents to an error target (n = 256)")
+    ap.add_argument("--target-dtypes", nargs="+", default=list(TARGETS), choices=list(TARGETS))
+    ap.add_argument(
+        "--reference",
+        choices=["certified", "lapack"],
+        default="certified",
+        help="--to-target reference: matroots.reference (flint-certified when installed) or float64 LAPACK eigh",
+    )
     args = ap.parse_args(argv)
     if args.to_target:
         if args.sizes == [128, 256, 512, 1024]:
             args.sizes = [256]
         if args.methods == list(METHODS):
             args.methods = list(TARGET_METHODS)
-        print(f"torch {torch.__version__}, {args.threads} threads, p={args.p}; load {_load()}")
+        peers = root_peers.found()
         print(
-            f"{'n':>5} {'dtype':>5} {'target':>7} {'kappa':>6} {'method':>15} {'GEMMs':>8} {'error':>9}  iters"
+            f"torch {torch.__version__}, {args.threads} threads, p={args.p}; load {_load()}; reference {args.reference}"
         )
-        rows = run_to_target(args)
+        for pr in PEERS:
+            state = "found" if peers[pr.name] else f"ABSENT ({pr.install})"
+            print(f"peer {pr.name}: {state}; its defaults: {pr.defaults}")
+        print(TARGET_HEADER)
+        rows = run_to_target(args, peers)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({"argv": sys.argv, "rows": rows}, indent=1))
+            found = {k: v is not None for k, v in peers.items()}
+            args.json.write_text(json.dumps({"argv": sys.argv, "peers": found, "rows": rows}, indent=1))
         return 0
     if args.quick:
         args.sizes, args.kappas, args.repeats = [64, 128], [1e2], 2

@@ -1,0 +1,89 @@
+"""experiments/bench_solvers.py --to-target and its peer adaptors (experiments/root_peers.py)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+
+import bench_solvers as bs
+import root_peers
+
+from matroots.solvers.base import matmul_count_power
+
+
+def test_fewest_finds_the_least_k_meeting_the_target() -> None:
+    ref = np.eye(4)
+
+    def run_k(k: int):  # error 2^-k exactly (a root (1 + 2^-k) I), 3 products per iteration
+        return (1.0 + 2.0**-k) * np.eye(4), 3.0 * k
+
+    out = bs.fewest(run_k, ref, 1e-3)
+    assert out["k"] == 10 and out["gemms"] == 30.0  # 2^-10 < 1e-3 < 2^-9
+    assert out["error"] == 2.0**-10
+
+
+def test_fewest_reports_a_floor_and_a_failure() -> None:
+    ref = np.eye(3)
+    floor = bs.fewest(lambda k: ((1.0 + 2e-3 + 2.0**-k) * np.eye(3), float(k)), ref, 1e-3)
+    assert math.isinf(floor["gemms"]) and floor["note"].startswith("floor")
+    assert floor["error"] < 4e-3  # stopped at the floor, not at K_MAX
+    failed = bs.fewest(lambda k: (None, math.inf), ref, 1e-3)
+    assert math.isinf(failed["gemms"]) and failed["note"] == "failed"
+
+
+def test_slow_linear_phase_is_not_taken_for_a_floor() -> None:
+    # error ~1 for 12 iterations, then converging: a slow start is not a rounding floor
+    def run_k(k: int):
+        return (1.0 + (0.6 if k < 12 else 2.0 ** (12 - k))) * np.eye(2), float(k)
+
+    out = bs.fewest(run_k, np.eye(2), 1e-3)
+    assert out["k"] == 22
+
+
+@pytest.mark.parametrize("kappa", [1e4, 1e6])
+def test_bf16_matrix_is_spd_and_its_kappa_reported(kappa: float) -> None:
+    A, k_solved, shift = bs.matrix_in_format(64, kappa, torch.bfloat16, 4)
+    assert A.dtype == torch.bfloat16 and shift > 0  # rounding alone gives an indefinite matrix here
+    w = np.linalg.eigvalsh(A.double().numpy())  # bf16 entries are exact in float64
+    assert w[0] > 0
+    assert k_solved == pytest.approx(w[-1] / w[0], rel=1e-12)
+    if kappa == 1e4:  # reachable: the diagonal's bf16 spacing (~5e-4 at 0.1) is below lambda_min
+        assert abs(math.log(k_solved / kappa)) <= math.log(1.05)
+    else:  # kappa 1e6: lambda_min 1e-6 is below that spacing; the closest found, within a decade
+        assert abs(math.log10(k_solved / kappa)) < 1
+
+
+def test_fp32_matrix_is_the_rounded_construction() -> None:
+    A, _, shift = bs.matrix_in_format(32, 1e2, torch.float32, 4)
+    A64, _ = bs.build(32, 1e2, 4, seed=32)
+    assert shift == 0.0 and torch.equal(A, torch.from_numpy(A64).float())
+
+
+def test_power_products_match_binary_powering() -> None:
+    assert all(root_peers.power_products(p) == matmul_count_power(p) for p in range(1, 33))
+
+
+def test_absent_peers_are_reported_absent() -> None:
+    def importer(name: str):
+        raise ImportError(name)
+
+    assert root_peers.found(importer) == {p.name: None for p in root_peers.PEERS}
+
+
+def test_pytorch_optimizer_peer_counts_its_iterations() -> None:
+    mod = pytest.importorskip("pytorch_optimizer.optimizer.utils")
+    peer = next(p for p in root_peers.PEERS if p.module == "pytorch_optimizer")
+    A, _, _ = bs.matrix_in_format(32, 1e2, torch.float64, 4)
+    _, mm = peer.solve(mod, A, 4, 5)
+    assert mm == 5 * 4 + 101 / 32  # X M', M'^4 (2 products), M'^4 M; 101 matrix-vector products
+    X_default, mm_default = peer.solve(mod, A, 4, None)
+    assert torch.equal(X_default, mod.compute_power_schur_newton(A, 4, ridge_epsilon=0.0))
+    its = (mm_default - 101 / 32) / 4
+    assert its == int(its) and 1 <= its <= 100
