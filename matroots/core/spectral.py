@@ -71,13 +71,18 @@ def power_lambda_max(A: torch.Tensor, iters: int = 20) -> tuple[torch.Tensor, in
     work = A if A.dtype in (torch.float32, torch.float64) else A.float()
     b, n, _ = work.shape
     v = _start_vectors(b, n, work.dtype, work.device)
-    est = torch.zeros(b, dtype=work.dtype, device=work.device)
-    for _ in range(iters):
+    if iters < 1:
+        return torch.zeros(b, dtype=torch.float64, device=work.device), 0
+    # the Rayleigh quotient of the last step only (each step's overwrote the one before), and no
+    # normalisation after it: the same numbers in fewer small operations (their dispatch is the cost)
+    one = torch.ones((), dtype=work.dtype, device=work.device)
+    for i in range(iters):
         w = _matvec(work, v)
-        est = (v * w).sum(-1)
+        if i == iters - 1:
+            break
         nrm = w.norm(dim=-1, keepdim=True)
-        v = w / torch.where(nrm > 0, nrm, torch.ones_like(nrm))
-    return est.double(), iters
+        v = w / torch.where(nrm > 0, nrm, one)
+    return (v * w).sum(-1).double(), iters
 
 
 def lanczos_extremes(A: torch.Tensor, steps: int | None = None) -> SpectrumEstimate:

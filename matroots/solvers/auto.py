@@ -57,7 +57,7 @@ import torch
 
 from ..core import arguments, precision
 from ..core.errors import InvalidArgumentError, MatrootsNumericalError
-from ..core.inputs import check_shape, parse_exponent, to_tensor
+from ..core.inputs import all_finite, check_shape, parse_exponent, to_tensor
 from ..core.psd import check_policy
 from ..core.result import RootResult
 from . import registry
@@ -397,11 +397,12 @@ class AutoConfig(SolverConfig):
         device = self.device or t.device.type
         target = float(self.target) if self.target is not None else default_target(wdtype)
         target_src = "argument" if self.target is not None else f"default for {precision.info(wdtype).name}"
-        sym = bool(kwargs.get("trusted")) or self._symmetric(flat.detach(), t.dtype)  # trusted: symmetric
+        det = flat.detach()  # once: every look at the input below is outside autograd
+        sym = bool(kwargs.get("trusted")) or self._symmetric(det, t.dtype)  # trusted: symmetric
         plan = self._plan(device, wdtype, n, frac, target, sym)
         est = _Estimate([math.nan] * b, "none (non-symmetric input)", 0.0, False)
-        if sym and (hint is not None or bool(torch.isfinite(flat).all())):
-            est = self._estimate(flat, hint, warm_start, eps, eps_mode, wdtype, t.dtype, frac, kwargs)
+        if sym and (hint is not None or all_finite(det)):
+            est = self._estimate(det, hint, warm_start, eps, eps_mode, wdtype, t.dtype, frac, kwargs)
         est_seconds = time.perf_counter() - t0
         # the estimate errs low unless it is exact (eigenvalues): the lookup uses kappa * kappa_safety
         safety = 1.0 if est.exact else self.kappa_safety
@@ -423,7 +424,7 @@ class AutoConfig(SolverConfig):
                 d, A, flat, idx, frac, eps, eps_mode, dtype, inverse, warm_start, kwargs
             )
             kap = [est.kappa[i] for i in idx]
-            expected, source = self._expected(d, failed, sym, kap, flat[idx], frac, inverse, wdtype)
+            expected, source = self._expected(d, failed, sym, kap, det, idx, frac, inverse, wdtype)
             groups.append((d, idx, res, used, note, list(cells.values()), expected, source))
         # the table cannot promise the target (unattainable), or the error to expect exceeds it
         missed = [g for g in groups if g[0].status == "unattainable" or not (g[6] <= target)]
@@ -507,8 +508,9 @@ class AutoConfig(SolverConfig):
         frac: Any,
         kwargs: dict[str, Any],
     ) -> _Estimate:
-        """kappa(A + eps I) per element: the hint, else :func:`matroots.study.tuning.estimate.estimate_kappa`
-        (exact at small sizes; from the previous root when a warm start is given)."""
+        """kappa(A + eps I) per element of ``flat`` (detached): the hint, else
+        :func:`matroots.study.tuning.estimate.estimate_kappa` (exact at small sizes; from the previous
+        root when a warm start is given)."""
         from ..study.tuning.estimate import estimate_kappa
 
         if hint is not None:
@@ -519,9 +521,9 @@ class AutoConfig(SolverConfig):
         if (kwargs.get("psd") or self.psd) == "shift":
             from ..core.psd import floor_level
 
-            floor = floor_level(flat.detach().to(wdtype), source)
+            floor = floor_level(flat.to(wdtype), source)
         ke = estimate_kappa(
-            flat.detach(),
+            flat,
             eps=float(eps),
             eps_mode=str(eps_mode),
             power_iters=self.power_iters,
@@ -539,14 +541,15 @@ class AutoConfig(SolverConfig):
         sym: bool,
         kappa: list[float],
         flat: torch.Tensor,
+        idx: list[int],
         p: Any,
         inverse: bool,
         wdtype: Any,
     ) -> tuple[float, str]:
         """The error to expect from what a group got: the cell's measured worst error (chosen) or the
         best effort's (unattainable), else cond(f, A) u of the working format (outside the table, or
-        re-solved with the safe choice after the chosen solver failed). ``kappa``, ``flat``: the
-        group's elements."""
+        re-solved with the safe choice after the chosen solver failed). ``kappa``: the group's
+        elements'; ``flat[idx]``: the group's matrices (only looked at for general input)."""
         if not failed and d.cell is not None:
             key = "worst_error" if d.status == "chosen" else "best_effort_error"
             v = d.cell.get(key)
@@ -559,11 +562,13 @@ class AutoConfig(SolverConfig):
             return _cond_spd(k, q) * u, f"cond(f, A) u, cond from kappa ~{k:.3g} (SPD)"
         from ..core.conditioning import cond_root
 
-        cond = cond_root(flat.detach().to(torch.float64), p, inverse=inverse)
+        cond = cond_root(flat[idx].to(torch.float64), p, inverse=inverse)
         return cond * u, "cond(f, A) u (matroots.core.conditioning.cond_root of the general input)"
 
     @staticmethod
     def _symmetric(flat: torch.Tensor, source: torch.dtype) -> bool:
+        if torch.equal(flat, flat.mT):  # exactly symmetric (the common case): one comparison
+            return True
         f64 = flat.to(torch.float64)
         nrm = torch.linalg.matrix_norm(f64).clamp_min(1e-300)
         defect = torch.linalg.matrix_norm(f64 - f64.mT) / nrm
@@ -629,8 +634,17 @@ class AutoConfig(SolverConfig):
         warm = self._previous_root(warm_start, flat.shape[0], flat.shape[-1])
         if warm is not None and d.config.capabilities.warm_start == "root":
             kw["warm_start"] = warm_start if everything else warm[idx]
+        # only the options that differ from the defaults: a call with none reuses the solver's cached
+        # default SolveOptions instead of building and validating a new one (as a direct call does)
+        given = (
+            ("eps", eps, type(eps) in (int, float) and eps == 0),
+            ("eps_mode", eps_mode, eps_mode == "absolute" and type(eps_mode) is str),
+            ("dtype", dtype, dtype is None),
+            ("inverse", inverse, inverse is True),
+        )
+        kw.update({k: v for k, v, default in given if not default})
         try:
-            res = d.config.solve(sub, pp, eps=eps, eps_mode=eps_mode, dtype=dtype, inverse=inverse, **kw)
+            res = d.config.solve(sub, pp, **kw)
             return res, d.label, "", False
         except MatrootsNumericalError as exc:
             safe = self.safe_choice(True)
@@ -638,7 +652,7 @@ class AutoConfig(SolverConfig):
                 raise
             kw.pop("warm_start", None)
             kw = {k: v for k, v in kw.items() if k not in SOLVE_OPTIONS or k in kwargs}
-            res = safe.solve(sub, pp, eps=eps, eps_mode=eps_mode, dtype=dtype, inverse=inverse, **kw)
+            res = safe.solve(sub, pp, **kw)
             note = f"{d.label} raised {type(exc).__name__}; re-solved with the safe choice {safe.name}"
             log.info("method='auto': %s", note)
             return res, f"{safe.name}[after {d.label} failed]", note, True
