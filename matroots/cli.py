@@ -456,6 +456,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; finished work is saved (rerun with --resume)", file=sys.stderr)
+        if argv is None:  # this process is the command: end it now, without the slow finalisation
+            from .study.runner import exit_after_interrupt
+
+            exit_after_interrupt(130)
         return 130
     return 2
 

@@ -254,6 +254,28 @@ def test_sigint_stops_tune_and_validate_promptly(tmp_path: Path) -> None:
     _interrupt([*cmd, "--no-progress"], env, out, hold, keys)
 
 
+def test_exit_after_interrupt_runs_atexit_handlers_and_skips_finalisation(tmp_path: Path) -> None:
+    """An interrupted command ends without the interpreter's finalisation (the seconds between the
+    "interrupted" line and the exit under load were the collection of every module's objects): the
+    atexit handlers still run and the output is flushed, but no object is finalised."""
+    code = (
+        "import atexit, sys\n"
+        "from matroots.study.runner import exit_after_interrupt\n"
+        "class Finalised:\n"
+        "    def __del__(self):\n"
+        "        print('finalised', flush=True)\n"
+        "keep = Finalised()\n"
+        "atexit.register(print, 'atexit ran')\n"
+        "print('interrupted', file=sys.stderr, end='')\n"
+        "sys.stdout.write('unflushed')\n"
+        "exit_after_interrupt(130)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, timeout=120)
+    assert res.returncode == 130
+    assert res.stdout.decode().split() == ["unflushedatexit", "ran"]
+    assert res.stderr.decode() == "interrupted"
+
+
 # --- a dask scheduler that dies mid-run ------------------------------------------------------------
 
 

@@ -143,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("matroots validate: interrupted; finished work is saved (rerun with --resume)", file=sys.stderr)
+        if argv is None:  # this process is the command: end it now, without the slow finalisation
+            from ..runner import exit_after_interrupt
+
+            exit_after_interrupt(130)
         return 130
 
 
