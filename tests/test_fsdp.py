@@ -336,7 +336,11 @@ def _dcp_run(rank: int, ws: int, path: str, phase: str, strategy: str = "local_s
     )
 
     model = _dcp_model()
-    if ws > 1:
+    if ws > 1 and strategy == "share":  # HSDP, ws replicas x 1 shard: the replicas split the blocks
+        from torch.distributed.device_mesh import init_device_mesh
+
+        model = _shard(model, mesh=init_device_mesh("cpu", (ws, 1), mesh_dim_names=("replicate", "shard")))
+    elif ws > 1:
         model = _shard(model)
     opt = _dcp_opt(model, FSDPConfig(timeout=30) if ws > 1 else None, strategy)
     X, Y = _dcp_data()

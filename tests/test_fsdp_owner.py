@@ -140,6 +140,12 @@ def test_owner_dcp_save_on_2_load_on_1_continues(tmp_path):
     _dcp_check(tmp_path, (1,), "owner")
 
 
+def test_hsdp_share_roots_dcp_save_on_2_load_on_1_continues(tmp_path):
+    # 2 replicas x 1 shard: each replica saves its half of the blocks (the check that the ranks'
+    # block keys are disjoint), one process loads the union and continues
+    _dcp_check(tmp_path, (1,), "share")
+
+
 @pytest.mark.slow
 def test_owner_dcp_save_on_2_load_on_4_continues(tmp_path):
     _dcp_check(tmp_path, (4,), "owner")
