@@ -1,12 +1,18 @@
-"""Measure the durations the README promises: wall and CPU time of what `make demo` and `make figures`
-run, each command in a child process, CPU time from ``resource.getrusage(RUSAGE_CHILDREN)`` (user +
-system of the command and every worker it started), with the machine's load average beside them.
+"""Measure the durations the README promises: wall and CPU time of what `make demo`, `make figures`,
+`matroots validate experiments/configs/validate_demo.toml` and `make test` run, each command in a child
+process, CPU time from ``resource.getrusage(RUSAGE_CHILDREN)`` (user + system of the command and every
+worker it started), with the machine's load average beside them (at the start, at the end, and the
+mean of samples every few seconds while the command ran).
 
-    python experiments/time_claims.py --out runs/time_claims            # demo, figures
+    python experiments/time_claims.py                                   # demo, figures
+    python experiments/time_claims.py --only validate_demo test         # the long ones
     python experiments/time_claims.py --only figures --make             # through make itself
 
 Without ``--make`` the targets' commands run with this interpreter (no .venv set-up), into fresh
-folders under ``--out`` with a cold reference cache (so nothing is resumed or reused). Results: ``--out/time_claims.json``.
+folders under ``--out`` with a cold reference cache (so nothing is resumed or reused). Each result is
+merged into ``--record`` (default ``experiments/time_claims.json``, the file the README's numbers are
+taken from and tests/test_readme.py checks them against), keyed by target, with the date, commit and
+machine of its own measurement: measuring one target keeps the others' last results.
 """
 
 from __future__ import annotations
@@ -19,17 +25,27 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TARGETS = ("demo", "figures", "validate_demo", "test")
+RECORD = ROOT / "experiments" / "time_claims.json"
+LOAD_SAMPLE_S = 5.0
 
 
 def commands(name: str, out: Path, make: bool) -> list[list[str]]:
-    """What the Makefile target ``name`` runs (Makefile: demo, figures)."""
+    """What the Makefile target ``name`` runs (Makefile: demo, figures, test; validate_demo is the
+    README's `matroots validate experiments/configs/validate_demo.toml`)."""
+    py = sys.executable
+    if name == "validate_demo":
+        cfg = "experiments/configs/validate_demo.toml"
+        return [
+            [py, "-m", "matroots.cli", "validate", cfg, "--out", str(out / "validate_demo"), "--no-progress"]
+        ]
     if make:
         return [["make", name] + ([f"DEMO_RUN={out / 'demo'}"] if name == "demo" else [])]
-    py = sys.executable
     if name == "demo":
         run = str(out / "demo")
         return [
@@ -39,52 +55,93 @@ def commands(name: str, out: Path, make: bool) -> list[list[str]]:
         ]
     if name == "figures":
         return [[py, "paper_figs/figures.py", "--out", str(out / "figures"), "--runs", str(out / "runs")]]
-    raise ValueError(f"unknown target {name!r}")
+    if name == "test":
+        return [[py, "-m", "pytest", "-q", "tests"]]
+    raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}")
+
+
+class _LoadSampler(threading.Thread):
+    """The 1-minute load average every ``LOAD_SAMPLE_S`` seconds until stopped."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples = [os.getloadavg()[0]]
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(LOAD_SAMPLE_S):
+            self.samples.append(os.getloadavg()[0])
 
 
 def measure(cmds: list[list[str]], cache: Path) -> dict[str, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    load0 = os.getloadavg()[0]
+    sampler = _LoadSampler()
+    sampler.start()
     t0 = time.perf_counter()
-    for cmd in cmds:
-        subprocess.run(
-            cmd,
-            cwd=ROOT,
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "MATROOTS_CACHE_DIR": str(cache)},  # cold references, as on a fresh clone
-        )
-    wall = time.perf_counter() - t0
+    try:
+        for cmd in cmds:
+            subprocess.run(
+                cmd,
+                cwd=ROOT,
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={**os.environ, "MATROOTS_CACHE_DIR": str(cache)},  # cold references, as on a fresh clone
+            )
+    finally:
+        wall = time.perf_counter() - t0
+        sampler.stop.set()
+        sampler.join()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall_s": wall, "cpu_s": cpu, "load_start": load0, "load_end": os.getloadavg()[0]}
+    s = [*sampler.samples, os.getloadavg()[0]]
+    return {"wall_s": wall, "cpu_s": cpu, "load_start": s[0], "load_end": s[-1], "load_mean": sum(s) / len(s)}
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+        return out.stdout.strip()
+    except OSError:
+        return ""
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "time_claims")
-    ap.add_argument("--only", nargs="+", default=["demo", "figures"], choices=["demo", "figures"])
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "time_claims", help="run folders")
+    ap.add_argument("--record", type=Path, default=RECORD, help="results JSON, merged per target")
+    ap.add_argument("--only", nargs="+", default=["demo", "figures"], choices=TARGETS)
     ap.add_argument("--make", action="store_true", help="run `make TARGET` instead of its commands")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    machine = {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-    }
-    results: dict[str, object] = {"machine": machine}
-    for sub in ("demo", "figures", "runs", "cache"):
+    machine = {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()}
+    record = json.loads(args.record.read_text()) if args.record.exists() else {}
+    for sub in ("demo", "figures", "runs", "cache", "validate_demo"):
         shutil.rmtree(args.out / sub, ignore_errors=True)
     for name in args.only:
         r = measure(commands(name, args.out, args.make), args.out / "cache")
-        results[name] = r
+        r.update(
+            date=time.strftime("%Y-%m-%d", time.gmtime()), commit=_commit(), machine=machine, make=args.make
+        )
+        record[name] = r
         print(
-            f"{name:8s} wall {r['wall_s'] / 60:6.1f} min   CPU {r['cpu_s'] / 60:6.1f} min   "
-            f"load average {r['load_start']:.1f} -> {r['load_end']:.1f} on {machine['cores']} cores",
+            f"{name:13s} wall {r['wall_s'] / 60:6.1f} min   CPU {r['cpu_s'] / 60:6.1f} min   load average "
+            f"{r['load_start']:.1f} -> {r['load_end']:.1f} (mean {r['load_mean']:.1f}) on {machine['cores']} cores",
             flush=True,
         )
-    (args.out / "time_claims.json").write_text(json.dumps(results, indent=2))
+        args.record.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":
