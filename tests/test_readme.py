@@ -31,3 +31,28 @@ def test_the_manual_install_line_has_the_makefile_extras() -> None:
     assert installs, "the README has a manual `pip install -e` line"
     for extras in installs:
         assert set(extras.split(",")) == set(makefile_extras.split(","))
+
+
+#: How the README names each target of experiments/time_claims.py.
+TIME_CLAIM_LABELS = {
+    "demo": "`make demo`",
+    "figures": "`make figures`",
+    "test": "`make test`",
+    "validate_demo": "`matroots validate experiments/configs/validate_demo.toml`",
+}
+
+
+def test_the_readme_durations_are_the_latest_measured_ones() -> None:
+    """Every target in experiments/time_claims.json (the script's latest results) is stated in the
+    README with that wall and CPU time (minutes, one decimal) and its load average."""
+    import json
+
+    record = json.loads((ROOT / "experiments" / "time_claims.json").read_text())
+    assert set(record) <= set(TIME_CLAIM_LABELS)
+    for target, r in record.items():
+        label = re.escape(TIME_CLAIM_LABELS[target])
+        found = re.findall(rf"{label} (\d+\.\d) min wall, (\d+\.\d) min CPU \(load average (\d+)", README)
+        assert found, f"the README states no measured duration for {target}"
+        wall, cpu, load = found[0]
+        assert (wall, cpu) == (f"{r['wall_s'] / 60:.1f}", f"{r['cpu_s'] / 60:.1f}"), (target, found[0])
+        assert int(load) == round(r["load_mean"]), (target, load, r["load_mean"])
