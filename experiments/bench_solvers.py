@@ -332,7 +332,7 @@ def run_to_target(args: argparse.Namespace, peers: dict) -> list[dict]:
         dtype, target = TARGET_DTYPES[dname], TARGETS[dname]
         for n in args.sizes:
             gemm = GemmClock(n, dtype)
-            for kappa in TARGET_KAPPAS:
+            for kappa in args.target_kappas:
                 A, k_solved, shift = matrix_in_format(n, kappa, dtype, args.p)
                 ref = reference_root(A, args.p, args.reference)
                 base = {"n": n, "dtype": dname, "target": target, "kappa": kappa, "kappa_solved": k_solved}
@@ -403,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="print rows as they are measured")
     ap.add_argument("--to-target", action="store_true", help="GEMM-equivalents to an error target (n = 256)")
     ap.add_argument("--target-dtypes", nargs="+", default=list(TARGETS), choices=list(TARGETS))
+    ap.add_argument("--target-kappas", type=float, nargs="+", default=list(TARGET_KAPPAS))
     ap.add_argument(
         "--reference",
         choices=["certified", "lapack"],

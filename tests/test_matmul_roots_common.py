@@ -28,12 +28,16 @@ def test_families_every_dtype_accurate_or_reported(
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("dtype", ["fp32", "fp64"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
 def test_real_shampoo_factors(method: str, dtype: str) -> None:
+    """The factors shipped in matroots/data/shampoo_factors, with Shampoo's relative 1e-6 shift: in
+    fp32/fp64 most must converge within the bound; in bf16 (u = 3.9e-3 against the shift's 1e-6, so the
+    rounded factor is as ill-conditioned as the data) each is accurate, reported or refused."""
     solved = 0
     for task, n in (("digits", 64), ("bytes_lm", 32), ("wide1", 32)):
         for stage in ("early", "mid", "late"):
             A, _ = matrices.generate("shampoo", n, task=task, stage=stage, index=0)
             A = A + 1e-6 * np.abs(A).max() * np.eye(n)  # a relative regularisation, as Shampoo applies
             solved += check_accurate_or_reported(method, A, 4, DTYPES[dtype]) == "converged"
-    assert solved >= 8, (method, dtype, solved)
+    if dtype != "bf16":
+        assert solved >= 8, (method, dtype, solved)
