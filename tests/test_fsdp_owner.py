@@ -13,14 +13,17 @@ owner, and a batched solve over another stack may round differently (~1e-7 relat
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from _dist import run_ranks
-from test_fsdp import AlwaysFails, _data, _dcp_check, _full, _model, _opt, _shard, _train
+from test_fsdp import STEPS, AlwaysFails, _data, _dcp_check, _full, _model, _opt, _shard, _train
 from test_fsdp_skips import _counts, _run
+from torch import nn
 
 import shampoo
-from shampoo.comm import RemoteRankError
+from shampoo.comm import DistributedTimeoutError, RemoteRankError
 from shampoo.fsdp import FSDPConfig
 
 OWNER_SOLVERS = ["eigh", "soap"]  # the two kinds of block transform (root solvers share one path)
@@ -90,6 +93,32 @@ def _ranks(rank: int, ws: int) -> dict:
             out[name] = f"remote: {err}"
         except shampoo.ShampooError as err:
             out[name] = f"own: {type(err).__name__}"
+    # bf16 parameters under "owner" (bf16 gradient rows gathered, fp32 optimizer state): it trains
+    model = _shard(_model().to(torch.bfloat16))
+    opt = _opt(model.named_parameters(), "eigh", FSDPConfig(strategy="owner", timeout=30))
+    Xb, Yb = X[:1].expand(STEPS, -1, -1).to(torch.bfloat16), Y[:1].expand(STEPS, -1, -1)
+    out["bf16"] = _train(model, opt, Xb, Yb)
+    out["bf16 state"] = next(
+        b.first_moment.dtype for st in opt._engines[0].states for b in st.blocks if b.owned
+    )
+    # rank 1 crashes after its backward at step 3 and hangs: rank 0's step (waiting in the
+    # agreement before the gradient rows' all-gather) ends with a clear error within the timeout
+    model = _shard(_model())
+    opt = _opt(model.named_parameters(), "eigh", FSDPConfig(strategy="owner", timeout=3))
+    t0 = time.monotonic()
+    try:
+        for t in range(3):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(X[t]), Y[t]).backward()
+            if rank == 1 and t == 2:
+                raise ValueError("simulated crash")
+            opt.step()
+    except ValueError:
+        time.sleep(6)
+        out["hang"] = "crashed"
+    except DistributedTimeoutError as err:
+        out["hang"] = f"timeout: {err}"
+        out["seconds"] = time.monotonic() - t0
     return out
 
 
@@ -124,6 +153,12 @@ def test_owner_strategy_and_hsdp_shared_roots_equal_one_process():
     for k, v in r0["skips"].items():
         torch.testing.assert_close(v, ref[k], rtol=1e-6, atol=1e-6, msg=f"skips {k}")
     assert r0["skips counts"] == r1["skips counts"] == _counts(opt)
+    # bf16: one batch, the loss falls as fp32's does (1.095 -> 0.342 in 20 steps, tests/test_fsdp.py)
+    assert r0["bf16 state"] == torch.float32
+    assert r0["bf16"][-1] < 0.5 * r0["bf16"][0], r0["bf16"]
+    assert r1["hang"] == "crashed"
+    assert r0["hang"].startswith("timeout:") and "within 3 s" in r0["hang"], r0["hang"]
+    assert r0["seconds"] < 15, r0["seconds"]
     for name in ("fail owner", "fail share"):
         assert r1[name].startswith("own:"), (name, r1[name])
         assert r0[name].startswith("remote:") and "rank(s) [1]" in r0[name], (name, r0[name])
