@@ -26,6 +26,7 @@ import torch
 
 from .checks import check_beta, check_eps
 from .transforms.base import Grafting, Stack, StepContext, block_norms, reuse_buffer
+from .transforms.moments import SecondMoment
 
 if TYPE_CHECKING:
     from .state import BlockState
@@ -38,12 +39,12 @@ class GraftState:
     # set by AdamGraft.fused_update: work holds this step's direction, and its per-block scale
     fused_scale: torch.Tensor | float | None = None
 
-    def denominator(self, v: torch.Tensor) -> torch.Tensor:
-        """sqrt(v) into :attr:`work` (kept while v's shape holds): the direction is written there
-        (valid until the next step) instead of into a fresh (b, *shape) tensor each step, whose
-        allocation costs page faults on CPU (glibc returns blocks of >= 128 KiB to the kernel)."""
+    def buffer(self, v: torch.Tensor) -> torch.Tensor:
+        """:attr:`work`, kept while v's shape holds: the direction is written there (valid until the
+        next step) instead of into a fresh (b, *shape) tensor each step, whose allocation costs page
+        faults on CPU (glibc returns blocks of >= 128 KiB to the kernel)."""
         self.work = reuse_buffer(self.work, v.shape, v)
-        return torch.sqrt(v, out=self.work)
+        return self.work
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,13 @@ class SGDGraft(_Graft):
 
 @dataclass(frozen=True)
 class _SecondMomentGraft(_Graft):
+    """Grafting to a diagonal second-moment method: the step's one rule,
+    :class:`~shampoo.transforms.moments.SecondMoment`, on the grafting state v."""
+
     eps: float
+    beta2: float = 1.0  # 1: AdaGrad's sum of squares
+    # whether the direction divides v by 1 - beta2^t (Adam, under the group's use_bias_correction)
+    bias_corrected: ClassVar[bool] = False
 
     def init(self, stack: Stack) -> GraftState:
         return GraftState(stack.zeros())
@@ -142,38 +149,39 @@ class _SecondMomentGraft(_Graft):
     def update(self, state: GraftState | None, G: torch.Tensor, ctx: StepContext) -> None:
         assert state is not None
         v = ctx.take(state.v)
-        self.accumulate(v, G)
+        SecondMoment(self.beta2, self.eps).update(v, G)
         ctx.put(state.v, v)
-
-    def accumulate(self, v: torch.Tensor, G: torch.Tensor) -> None:
-        raise NotImplementedError
 
     def direction(
         self, state: GraftState | None, m: torch.Tensor, ctx: StepContext
     ) -> tuple[torch.Tensor, torch.Tensor | float]:
+        """The direction is written into the state's reused buffer (:meth:`GraftState.buffer`)."""
         assert state is not None
-        denom = state.denominator(ctx.take(state.v))
-        denom.add_(self.eps)
-        return torch.div(m, denom, out=denom), 1.0
+        v = ctx.take(state.v)
+        bc = self.bias_corrected and ctx.opts.use_bias_correction
+        return SecondMoment(self.beta2, self.eps).direction(
+            v, m, ctx.steps, bias_correction=bc, out=state.buffer(v)
+        )
 
 
 @dataclass(frozen=True)
 class AdaGradGraft(_SecondMomentGraft):
-    def accumulate(self, v: torch.Tensor, G: torch.Tensor) -> None:
-        v.addcmul_(G, G)
+    """AdaGrad: v += g^2, d = m / (sqrt(v) + eps)."""
 
 
 @dataclass(frozen=True)
 class RMSpropGraft(_SecondMomentGraft):
-    beta2: float = 0.99
+    """RMSprop: v = beta2 v + (1 - beta2) g^2, d = m / (sqrt(v) + eps) (no bias correction)."""
 
-    def accumulate(self, v: torch.Tensor, G: torch.Tensor) -> None:
-        v.mul_(self.beta2).addcmul_(G, G, value=1.0 - self.beta2)
+    beta2: float = 0.99
 
 
 @dataclass(frozen=True)
 class AdamGraft(RMSpropGraft):
+    """Adam: v as RMSprop, d = m_hat / (sqrt(v / (1 - beta2^t)) + eps)."""
+
     beta2: float = 0.999
+    bias_corrected: ClassVar[bool] = True
 
     def fused_update(
         self, state: GraftState | None, m: torch.Tensor, G: torch.Tensor, ctx: StepContext, beta1: float
@@ -216,25 +224,13 @@ class AdamGraft(RMSpropGraft):
     def direction(
         self, state: GraftState | None, m: torch.Tensor, ctx: StepContext
     ) -> tuple[torch.Tensor, torch.Tensor | float]:
-        """sqrt(v / (1 - beta2^t)) + eps is computed as (sqrt(v) + eps sqrt(1 - beta2^t)) / sqrt(1 -
-        beta2^t), which saves a pass over the state. The group's ``use_bias_correction`` applies.
-        After :meth:`fused_update` the direction is the one it computed."""
+        """Adam's direction (the group's ``use_bias_correction`` applies); after :meth:`fused_update`
+        the direction is the one it computed."""
         if state is not None and state.fused_scale is not None:
             scale, state.fused_scale = state.fused_scale, None
             assert state.work is not None
             return state.work, scale
-        if not ctx.opts.use_bias_correction:
-            return super().direction(state, m, ctx)
-        assert state is not None
-        steps = ctx.steps_arg()
-        denom = state.denominator(ctx.take(state.v))
-        if isinstance(steps, int):
-            scale: torch.Tensor | float = (1.0 - self.beta2**steps) ** 0.5
-            denom.add_(self.eps * scale)
-        else:
-            scale = (1.0 - torch.pow(self.beta2, steps.double())).sqrt().to(denom.dtype)
-            denom.add_((self.eps * scale).view(-1, *([1] * (denom.ndim - 1))))
-        return torch.div(m, denom, out=denom), scale
+        return super().direction(state, m, ctx)
 
 
 @dataclass(frozen=True, kw_only=True)

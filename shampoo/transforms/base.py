@@ -90,12 +90,6 @@ class StepContext:
         """A float when all blocks agree (the common case), else a (b,) float64 tensor."""
         return per_block(list(values), 1, self.device)
 
-    def steps_arg(self) -> int | torch.Tensor:
-        first = self.steps[0]
-        if all(s == first for s in self.steps):
-            return first
-        return torch.tensor(self.steps, device=self.device)
-
 
 class Preconditioner(Protocol):
     """A per-block preconditioner (Kronecker, diagonal, ...); see the module docstring."""

@@ -111,8 +111,9 @@ from matroots.solvers.eigh_warm import EighWarmConfig
 
 from ..refresh import Result, RootJob, Round, Snapshot, SolveOutcome, finite_rows
 from ..state import FactorState, declare, mirror_upper_
-from .base import Stack, StepContext, col
+from .base import Stack, StepContext
 from .kronecker import Kronecker, KroneckerState, kronecker_for
+from .moments import SecondMoment
 
 if TYPE_CHECKING:
     from ..state import BlockState
@@ -227,11 +228,7 @@ class SOAP:
             self._refresh_pending(state, ctx)
             Gr = rotate(G, self._bases(state, ctx))
         V = ctx.take(state.v)
-        b2 = self._beta2(ctx)
-        if b2 == 1.0:
-            V.addcmul_(Gr, Gr)
-        else:
-            V.mul_(b2).addcmul_(Gr, Gr, value=1.0 - b2)
+        self._second_moment(ctx).update(V, Gr)
         ctx.put(state.v, V)
         if st is not None:
             _statistics_transform(ctx).update(st, G, ctx)
@@ -241,17 +238,10 @@ class SOAP:
     ) -> tuple[torch.Tensor, torch.Tensor | float]:
         bases = self._bases(state, ctx) if state.stats is not None else []
         mr = rotate(m, bases) if bases else m
-        denom = ctx.take(state.v).sqrt()
-        b2 = self._beta2(ctx)
-        scale: torch.Tensor | float = 1.0
-        if ctx.opts.use_bias_correction and b2 < 1.0:
-            # sqrt(V / c2) + eps = (sqrt(V) + eps sqrt(c2)) / sqrt(c2): 1 / sqrt(c2) goes to the scale
-            c = ctx.per_block([(1.0 - b2**t) ** 0.5 for t in ctx.steps])
-            denom.add_(col(c, denom.ndim, denom.dtype) * self.eps)
-            scale = c
-        else:
-            denom.add_(self.eps)
-        N = torch.div(mr, denom, out=denom)
+        V = ctx.take(state.v)
+        N, scale = self._second_moment(ctx).direction(
+            V, mr, ctx.steps, bias_correction=ctx.opts.use_bias_correction
+        )
         return (rotate(N, bases, back=True) if bases else N), scale
 
     def ready(self, state: SOAPState, j: int) -> bool:
@@ -275,8 +265,9 @@ class SOAP:
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _beta2(self, ctx: StepContext) -> float:
-        return ctx.opts.beta2 if self.beta2 is None else self.beta2
+    def _second_moment(self, ctx: StepContext) -> SecondMoment:
+        """Adam (AdaGrad at beta2 = 1) on the rotated gradient: beta2 (None: the group's betas[1]), eps."""
+        return SecondMoment(ctx.opts.beta2 if self.beta2 is None else self.beta2, self.eps)
 
     def _bases(self, state: SOAPState, ctx: StepContext) -> list[torch.Tensor | None]:
         st = state.stats
