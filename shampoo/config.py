@@ -284,8 +284,8 @@ class GroupOptions:
         check_beta(self.betas[1], "betas[1] (factor EMA; 1.0 = sum)", allow_one=True)
         if self.betas[1] == 0.0:
             raise ValueError("betas[1] must be > 0 (0 would keep only the last gradient's statistics)")
-        check_eps(self.eps, "eps")
-        check_eps(self.diagonal_eps, "diagonal_eps")
+        object.__setattr__(self, "eps", check_eps(self.eps, "eps"))
+        object.__setattr__(self, "diagonal_eps", check_eps(self.diagonal_eps, "diagonal_eps"))
         if self.eps_mode not in EPS_MODES:
             raise InvalidShampooArgumentError("eps_mode", self.eps_mode, f"one of {EPS_MODES}")
         if self.psd is not None and self.psd not in PSD_POLICIES:
@@ -293,7 +293,7 @@ class GroupOptions:
                 f"psd must be one of {PSD_POLICIES} (see matroots.core.psd) or None (the root solver "
                 f"config's own policy), got {self.psd!r}"
             )
-        check_eps(self.weight_decay, "weight_decay")
+        object.__setattr__(self, "weight_decay", check_eps(self.weight_decay, "weight_decay"))
         flags = ("decoupled_weight_decay", "nesterov", "use_bias_correction", "merge_dims")
         flags += ("warm_start", "maximize")
         for name in flags:

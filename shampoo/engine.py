@@ -380,7 +380,7 @@ class GroupEngine:
             if due:
                 pos, ts = [j for j, _ in due], [t for _, t in due]
                 label = lambda j, d, bi=bi: self.label(bi, j, d)  # noqa: E731
-                jobs.extend(bucket.pipeline.refresh(bucket.state, pos, ts, label))
+                jobs.extend(bucket.refresh(pos, ts, label))
         report = compute_roots(jobs, opts, diag, self.impl) if jobs else None
         out = []
         for bi, bucket, positions, sel, m, steps in work:

@@ -272,7 +272,7 @@ class AdaGradGrafting(GraftingConfig):
     eps: float = 1e-10
 
     def __post_init__(self) -> None:
-        check_eps(self.eps, "AdaGradGrafting.eps")
+        object.__setattr__(self, "eps", check_eps(self.eps, "AdaGradGrafting.eps"))
 
     def transform(self) -> Grafting:
         return AdaGradGraft(eps=self.eps)
@@ -289,7 +289,7 @@ class RMSpropGrafting(GraftingConfig):
 
     def __post_init__(self) -> None:
         check_beta(self.beta2, "RMSpropGrafting.beta2", allow_one=False)
-        check_eps(self.eps, "RMSpropGrafting.eps")
+        object.__setattr__(self, "eps", check_eps(self.eps, "RMSpropGrafting.eps"))
 
     def transform(self) -> Grafting:
         return RMSpropGraft(eps=self.eps, beta2=self.beta2)
@@ -308,7 +308,7 @@ class AdamGrafting(GraftingConfig):
 
     def __post_init__(self) -> None:
         check_beta(self.beta2, "AdamGrafting.beta2", allow_one=False)
-        check_eps(self.eps, "AdamGrafting.eps")
+        object.__setattr__(self, "eps", check_eps(self.eps, "AdamGrafting.eps"))
 
     def transform(self) -> Grafting:
         return AdamGraft(eps=self.eps, beta2=self.beta2)

@@ -10,11 +10,14 @@ into that storage.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .blocking import BlockKind
 from .config import GroupOptions
 from .implementation import DEFAULT_IMPLEMENTATION, ShampooImplementation
+from .refresh import RootJob
 from .state import BlockState, mirror_upper_
 from .transforms import (
     Diagonal,
@@ -55,7 +58,9 @@ def pipeline_for(kind: BlockKind, opts: GroupOptions) -> Pipeline:
 
 
 class BlockBucket:
-    """Same-shape, same-kind blocks of one param group, with stacked state.
+    """Same-shape, same-kind blocks of one param group, with stacked state: the engine's one handle
+    on a stack (it reaches the pipeline and its state only through the methods below: statistics,
+    refresh jobs, directions, readiness, the accumulator reset).
 
     Args:
         blocks: the (owned) blocks, all with the same ``spec.bucket_key``.
@@ -90,11 +95,6 @@ class BlockBucket:
     def __len__(self) -> int:
         return len(self.blocks)
 
-    @property
-    def factors(self) -> list[torch.Tensor]:
-        """The stacked Kronecker statistics, one (b, n, n) tensor per factor dim ([] otherwise)."""
-        return list(getattr(self.state.preconditioner, "factors", []))
-
     def context(self, sel: torch.Tensor | None, opts: GroupOptions, steps: list[int]) -> StepContext:
         return StepContext(opts, steps, sel, self.device, self.impl)
 
@@ -118,6 +118,14 @@ class BlockBucket:
         :meth:`shampoo.transforms.Pipeline.direction_with_norms`)."""
         ctx = self.context(sel, opts, steps)
         return self.pipeline.direction_with_norms(self.state, m, ctx, use_preconditioner)
+
+    def refresh(
+        self, positions: list[int], steps: list[int], label: Callable[[int, int], str]
+    ) -> list[RootJob]:
+        """The periodic work of the due blocks at ``positions`` (their parameter ``steps``): the
+        preconditioner's root jobs for the refresh engine (:mod:`shampoo.refresh`); ``label(j, d)``
+        names factor d of block j in messages."""
+        return self.pipeline.refresh(self.state, positions, steps, label)
 
     def ready(self, position: int) -> bool:
         """Whether the block at ``position`` may use its preconditioner (e.g. has a root)."""

@@ -88,3 +88,34 @@ def test_grafting_config_errors_are_typed(make, name) -> None:
     """The grafting configs share shampoo.checks with the group options: the same typed error."""
     with pytest.raises(shampoo.InvalidShampooArgumentError, match=f"^{name.replace('.', '[.]')} must be "):
         make()
+
+
+@pytest.mark.parametrize("bad", [True, float("inf"), "1e-8", torch.ones(2)])
+def test_eps_follows_matroots_rule_at_construction(bad) -> None:
+    """eps is checked once, by matroots' own rule (the one every solve applies again): a bool, an
+    infinite value, a string or a tensor of two elements is refused when the optimizer is built (a
+    bool passed before and failed at the first root round)."""
+    with pytest.raises(shampoo.InvalidShampooArgumentError, match=r"^eps must be a finite number >= 0"):
+        _make(eps=bad)
+    with pytest.raises(shampoo.InvalidShampooArgumentError, match=r"^AdamGrafting\.eps must be"):
+        shampoo.AdamGrafting(eps=bad)
+
+
+def test_numpy_and_0d_tensor_eps_are_accepted_as_matroots_accepts_them() -> None:
+    """A numpy or 0-d torch scalar eps (refused before, though every solve accepts it) is the float."""
+    import numpy as np
+
+    W = torch.nn.Parameter(torch.randn(4, 3))
+    opt = shampoo.Shampoo(
+        [W], eps=np.float32(1e-6), diagonal_eps=torch.tensor(1e-8), precondition_frequency=1,
+        start_preconditioning_step=1, grafting=shampoo.AdamGrafting(eps=np.float64(1e-8)),
+    )  # fmt: skip
+    from shampoo.config import GroupOptions
+
+    opts = GroupOptions.from_group(opt.param_groups[0])
+    assert type(opts.eps) is float and opts.eps == float(np.float32(1e-6))
+    assert type(opts.diagonal_eps) is float and type(opts.grafting.eps) is float
+    for _ in range(3):
+        W.grad = torch.randn(4, 3)
+        opt.step()
+    assert all(f.has_root for f in opt.state[W].blocks[0].factors)
