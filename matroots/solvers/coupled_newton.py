@@ -90,7 +90,7 @@ by a float64 Cholesky test: a rounding-level eigenvalue can be "resolved" within
 is checked for eigenvalues on the closed negative real axis (NegativeRealEigenvalueError, from LAPACK's
 eigenvalues of the matrix actually solved, with their condition numbers: an eigenvalue whose rounding
 uncertainty reaches the axis is decided by the distance sigma_min(A - zI) to a matrix with an eigenvalue
-z <= 0, :func:`~matroots.solvers.newton_core.refuse_near_negative_axis`) and, after the run, for convergence to a non-principal root (complex eigenvalues far from
+z <= 0, :func:`~matroots.solvers.newton_checks.negative_axis_status`) and, after the run, for convergence to a non-principal root (complex eigenvalues far from
 the positive axis can be drawn to another p-th root): the eigenvalues of X_k are the scalar iteration
 applied to those of A (:func:`~matroots.solvers.newton_core.scalar_limits`), and a non-principal limit
 is reported as ``converged=False`` with stop reason ``"non_principal_root"``.
@@ -128,6 +128,7 @@ from ..core.regularize import working_shift
 from ..core.result import RootResult
 from ..core.spectral import SpectrumEstimate, lanczos_extremes, power_lambda_max
 from .base import Capabilities, RawResult, SolverConfig
+from .newton_checks import axis_error, negative_axis_status
 from .newton_core import (
     NewtonOutcome,
     capped_start,
@@ -139,7 +140,6 @@ from .newton_core import (
     optimal_c_power,
     predicted_iterations,
     principal_branch_ok,
-    refuse_near_negative_axis,
     scalar_limits,
 )
 from .newton_schulz import newton_schulz_inverse
@@ -259,7 +259,7 @@ class CoupledNewtonConfig(SolverConfig):
             est = shifted_estimate(est, shift)
         if eigs is not None:
             eigs = eigs + shift.numpy()[:, None]
-            self._refuse_negative_real(A, eigs, kappas, shift, prob)
+            eigs = self._refuse_negative_real(A, eigs, kappas, shift, prob, info)
         tol = prob.tol if prob.tol is not None else precision.default_tol(cdt, n, p)
         max_iter = prob.max_iter if prob.max_iter is not None else 100
         accept = self.stagnation_accept * tol
@@ -492,15 +492,34 @@ class CoupledNewtonConfig(SolverConfig):
 
     @staticmethod
     def _refuse_negative_real(
-        A: torch.Tensor, eigs: np.ndarray, kappas: np.ndarray, shift: torch.Tensor, prob: Problem
-    ) -> None:
+        A: torch.Tensor, eigs: np.ndarray, kappas: np.ndarray, shift: torch.Tensor, prob: Problem, info: dict
+    ) -> np.ndarray:
         """NegativeRealEigenvalueError when an eigenvalue of the matrix solved (after rounding and the
-        eps shift) is on the closed negative real axis, or within its rounding uncertainty of it."""
+        eps shift) is on the closed negative real axis, or within its rounding uncertainty of it.
+
+        Where the working format is coarser than float64 and its eigenvalues are not clear of the axis,
+        those of the same rounded matrix (exact in float64) are recomputed in float64 and decide: fp32
+        frank(10)'s small eigenvalues (condition numbers ~1e6) are within fp32's rounding of the axis,
+        not within float64's (issue 22, class 4). They then replace the working format's (returned;
+        ``info["eigvals_fp64"]`` lists the batch elements)."""
         u = precision.unit_roundoff(A.dtype)
+        u64 = precision.unit_roundoff(torch.float64)
+        eigs = eigs.copy()
         for i in range(eigs.shape[0]):
             Ai = _materialise(A[i : i + 1], shift[i : i + 1], torch.float64)[0]
-            eta = eigenvalue_backward_error(float(torch.linalg.matrix_norm(Ai)), prob.n, u)
-            refuse_near_negative_axis(Ai.numpy(), eigs[i], kappas[i], eta, "coupled_newton", prob.prescale)
+            fro = float(torch.linalg.matrix_norm(Ai))
+            a = Ai.numpy()
+            eta = eigenvalue_backward_error(fro, prob.n, u)
+            kind, why = negative_axis_status(a, eigs[i], kappas[i], eta, prob.prescale)
+            if kind != "clear" and u > u64:
+                w64, k64 = eigenvalue_conditions(a)
+                eta = eigenvalue_backward_error(fro, prob.n, u64)
+                kind, why = negative_axis_status(a, w64, k64, eta, prob.prescale)
+                eigs[i] = w64
+                info.setdefault("eigvals_fp64", []).append(i)
+            if kind != "clear":
+                raise axis_error("coupled_newton", why, kind)
+        return eigs
 
     @staticmethod
     def _check_principal(eigs: np.ndarray, p: int, cp: torch.Tensor, out: NewtonOutcome, info: dict) -> None:

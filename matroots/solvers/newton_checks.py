@@ -65,25 +65,27 @@ def eigenvalue_backward_error(fro_norm: float, n: int, u: float) -> float:
     return 4.0 * math.sqrt(n) * u * fro_norm
 
 
-def refuse_near_negative_axis(
+def negative_axis_status(
     A: np.ndarray,
     eigs: np.ndarray,
     kappas: np.ndarray,
     eta: float,
-    method: str,
     prescale: float = 1.0,
-) -> None:
-    """NegativeRealEigenvalueError when the matrix actually solved, ``A`` (rounded, eps-shifted), has an
-    eigenvalue on the closed negative real axis, or is within ``eta`` of a matrix that has one.
+) -> tuple[str, str]:
+    """Where the matrix actually solved, ``A`` (rounded, eps-shifted), stands to the closed negative real
+    axis, as (kind, sentence): ``"on_axis"`` when a computed eigenvalue lies on it, ``"near"`` when none
+    does but a matrix within ``eta`` of ``A`` has an eigenvalue there, ``"clear"`` otherwise ("" then).
 
     ``eigs`` are its computed eigenvalues (exact for a matrix within ``eta``, the eigensolver's backward
-    error) and ``kappas`` their condition numbers. A nearly nilpotent matrix (e.g. a spectral
-    differentiation matrix) has computed eigenvalues scattered on a circle of radius ~u^{1/n}, and the
-    fp32 and fp64 Schur forms put them on different sides of the branch cut: a root computed from either
-    is O(1) wrong, since the principal root is not determined to working precision. Screening: an
-    eigenvalue whose first-order disc (radius kappa eta) misses (-inf, 0] is safe. The others are
-    decided by the distance to the axis, min_z sigma_min(A - zI) at the axis points nearest to them
-    (:func:`matroots.core.conditioning.axis_distance`): refused when it is <= eta.
+    error) and ``kappas`` their condition numbers. Screening: an eigenvalue whose first-order disc
+    (radius kappa eta) misses (-inf, 0] is safe. The others are decided by the distance to the axis,
+    min_z sigma_min(A - zI) at the axis points nearest to them
+    (:func:`matroots.core.conditioning.axis_distance`): "near" when it is <= eta. "near" is a property
+    of non-normality, not proof that ``A`` has no principal root: the Al-Mohy-Higham triangle with
+    eigenvalues ~0.3 is within 4e-16 of a singular matrix. What it does mean is that the computed
+    Schur form (exact for some matrix within eta) may put eigenvalues on the other side of the branch
+    cut, so a root computed from it has no promised digit (a nearly nilpotent matrix, whose computed
+    eigenvalues scatter on a circle of radius ~u^{1/n}: fp32 and fp64 roots O(1) apart).
     """
     from ..core.conditioning import axis_distance
 
@@ -94,24 +96,54 @@ def refuse_near_negative_axis(
         dist = np.where(w.real <= 0, np.abs(w.imag), np.abs(w))  # distance to the closed negative axis
     suspect = ~(dist > radius)
     if not suspect.any():
-        return
+        return "clear", ""
     on_axis = (w.imag == 0) & (w.real <= 0)
     if on_axis.any():
         lam = w[on_axis][np.argmin(w[on_axis].real)] / prescale
-        why = f"has the eigenvalue {lam.real:.3e} on the closed negative real axis"
-    else:
-        sig, z = axis_distance(A, np.concatenate([[0.0], w[suspect]]))
-        if sig > eta:
-            return
-        why = (
-            f"is within {sig / prescale:.2e} (2-norm; its eigensolver's backward error is ~{eta / prescale:.2e}) "
-            f"of a matrix with the eigenvalue {z / prescale:.3e} on the closed negative real axis, so in this "
-            "precision it is not determined which side of the branch cut its eigenvalues are on"
+        return "on_axis", f"has the eigenvalue {lam.real:.3e} on the closed negative real axis"
+    sig, z = axis_distance(A, np.concatenate([[0.0], w[suspect]]))
+    if sig > eta:
+        return "clear", ""
+    return "near", (
+        f"is within {sig / prescale:.2e} (2-norm; its eigensolver's backward error is ~{eta / prescale:.2e}) "
+        f"of a matrix with the eigenvalue {z / prescale:.3e} on the closed negative real axis, so in this "
+        "precision it is not determined which side of the branch cut its eigenvalues are on"
+    )
+
+
+def refuse_near_negative_axis(
+    A: np.ndarray,
+    eigs: np.ndarray,
+    kappas: np.ndarray,
+    eta: float,
+    method: str,
+    prescale: float = 1.0,
+) -> None:
+    """NegativeRealEigenvalueError when the matrix actually solved, ``A`` (rounded, eps-shifted), has an
+    eigenvalue on the closed negative real axis, or is within ``eta`` of a matrix that has one
+    (:func:`negative_axis_status`)."""
+    kind, why = negative_axis_status(A, eigs, kappas, eta, prescale)
+    if kind != "clear":
+        raise axis_error(method, why, kind)
+
+
+def axis_error(method: str, why: str, kind: str = "on_axis") -> NegativeRealEigenvalueError:
+    """The refusal for a matrix solved that :func:`negative_axis_status` found on (``kind`` "on_axis")
+    or near ("near") the closed negative real axis. Near it a principal root may exist (the refusal
+    says so): only which root the computation reaches is not determined."""
+    if kind == "near":
+        what = (
+            "its principal root may exist but is not determined in this precision, and the iteration cannot "
+            "be trusted to reach it. Use method='schur_newton' (computes it and flags it not converged), a "
+            "wider dtype, or eps"
         )
-    raise NegativeRealEigenvalueError(
-        f"{method}: the matrix actually solved (rounded to the working format, after the eps shift) {why}; "
-        "no principal root can be computed. Shift it with eps if the eigenvalues should be positive, or "
-        "use a wider dtype"
+    else:
+        what = (
+            "no principal root can be computed. Shift it with eps if the eigenvalues should be positive, or "
+            "use a wider dtype"
+        )
+    return NegativeRealEigenvalueError(
+        f"{method}: the matrix actually solved (rounded to the working format, after the eps shift) {why}; {what}"
     )
 
 

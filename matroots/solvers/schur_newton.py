@@ -12,7 +12,10 @@ Higham's Matrix Function Toolbox, ``rootpm_schur_newton``).
 5. Square the result k1 - k0 times: (U^{-1/q})^{2^(k1-k0)} = R^{-1/(2^k0 q)} = R^{-1/p}.
 6. Back-transform: A^{-1/p} = Q R^{-1/p} Q^T.
 
-Requires no eigenvalue on the closed negative real axis. Not batched (a loop over batch elements).
+Requires no eigenvalue on the closed negative real axis; the domain test (:mod:`.schur_domain`)
+refuses a matrix solved that has one and computes, flagged ``"not_determined"``, the root of one that is
+only within rounding of such a matrix (``info["not_determined"]`` says why; ``info["schur_fp64"]`` lists
+the batch elements whose Schur form was computed in float64). Not batched (a loop over batch elements).
 """
 
 from __future__ import annotations
@@ -21,30 +24,43 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg
 import torch
 
 from ..core import arguments, precision
-from ..core.conditioning import eigenvalue_conditions
-from ..core.errors import FormatRangeError, NotPositiveDefiniteError
+from ..core.errors import FormatRangeError
 from ..core.inputs import Problem, is_symmetric
 from .base import Capabilities, RawResult, SolverConfig
 from .newton_core import (
     check_resolvable_exponent,
     coupled_newton_iterate,
-    eigenvalue_backward_error,
     forward_backward_check,
     optimal_c_power,
-    refuse_near_negative_axis,
 )
 from .registry import register
-from .schur_sqrt import block_eigenvalues, diagonal_blocks, sqrtm_quasi_triangular
+from .schur_domain import (
+    U64,
+    general_domain,
+    schur_form,
+    stability_factor,
+    symmetric_domain,
+    symmetric_sign_unresolved,
+)
+from .schur_sqrt import sqrtm_quasi_triangular
 
 
 def split_exponent(p: int) -> tuple[int, int]:
     """(k0, q) with p = 2^k0 q and q odd."""
     k0 = (p & -p).bit_length() - 1
     return k0, p >> k0
+
+
+def _backward_threshold(base: float, alpha: float) -> float:
+    """The backward-error threshold of a forward root: ``base`` (the acceptance of a normal matrix) times
+    the stability factor alpha (:func:`.schur_domain.stability_factor`: the residual floor of the rounded
+    root itself), at most 1/2. X = 0 has the relative residual 1, so a threshold of 1 or more would pass
+    anything; the cap keeps the test a check for gross failures where alpha u is large (chebspec(10, 1)
+    in fp32: alpha = 6e4, base alpha = 3, residual 1.4e-3 at forward error 4e-4 = 0.15 cond u)."""
+    return min(base * alpha, 0.5)
 
 
 MAX_K1 = 64
@@ -105,7 +121,6 @@ class SchurNewtonConfig(SolverConfig):
         tol = prob.tol if prob.tol is not None else precision.default_tol(cdt, prob.n, q)
         max_iter = prob.max_iter if prob.max_iter is not None else 100
         roots, conv, iters, resid, hist = [], [], [], [], []
-        u_l = precision.unit_roundoff(ldt)
         bwd: dict = {}
         info: dict = {"k0": k0, "q": q, "k1": [], "stop_reason": [], "symmetric": [], "eps_abs": []}
         if ldt != cdt:
@@ -117,29 +132,32 @@ class SchurNewtonConfig(SolverConfig):
         for Ab in prob.A:
             a = Ab.to(ldt).numpy().astype(np.float64 if ldt == torch.float64 else np.float32)
             sym = prob.trusted or is_symmetric(Ab, prob.symmetry_tol(self.symmetry_tol))
-            if sym:
-                # driver "evd" (divide and conquer): scipy's default MRRR ("evr") loses orthogonality of Q
-                # (~n u instead of ~sqrt(n) u), which showed up as an error floor ~8x eigh's in fp32 at n=128.
-                w, Q = scipy.linalg.eigh(0.5 * (a + a.T), driver="evd")
-                R = np.diag(w).astype(a.dtype)
-                blocks = [(j, 1) for j in range(len(w))]
-                eigs = w.astype(complex)
-            else:
-                R, Q = scipy.linalg.schur(a, output="real")
-                blocks = diagonal_blocks(R)
-                eigs = block_eigenvalues(R, blocks)
+            form = schur_form(a, sym)
             # eps is in the user's units; the input was pre-scaled by prob.prescale (absolute eps scales too).
             # "relative" is relative to lambda_max = the largest eigenvalue modulus of the rounded matrix.
             if prob.eps_mode == "absolute":
                 shift = prob.eps * prob.prescale
             else:
-                shift = prob.eps * float(np.abs(eigs).max())
-            if not math.isfinite(shift) or not math.isfinite(shift + float(np.abs(eigs).max())):
+                shift = prob.eps * float(np.abs(form.eigs).max())
+            if not math.isfinite(shift) or not math.isfinite(shift + float(np.abs(form.eigs).max())):
                 raise FormatRangeError(
                     f"schur_newton: the eps shift {shift / prob.prescale:.3e} (plus the spectrum) overflows "
                     "float64 at the working scale; use a smaller eps"
                 )
             info["eps_abs"].append(shift / prob.prescale)
+            # The domain test applies to the matrix actually solved, the rounded, shifted matrix, whose
+            # computed eigenvalues are exact only for a nearby one (module doc of .schur_domain).
+            if sym:
+                if form.u > U64 and symmetric_sign_unresolved(form, shift, prob.n):
+                    form = schur_form(a.astype(np.float64), sym=True)
+                    info.setdefault("schur_fp64", []).append(len(roots))
+                undetermined = symmetric_domain(self.name, prob, a, form, shift, inverse)
+            else:
+                refined = form
+                form, undetermined = general_domain(self.name, prob, a, form, shift)
+                if form is not refined:
+                    info.setdefault("schur_fp64", []).append(len(roots))
+            R, Q, blocks, eigs = form.R, form.Q, form.blocks, form.eigs
             if shift:
                 R = R + np.asarray(shift, dtype=R.dtype) * np.eye(len(R), dtype=R.dtype)
                 eigs = eigs + shift
@@ -148,21 +166,6 @@ class SchurNewtonConfig(SolverConfig):
                     f"schur_newton: the eps-shifted Schur factor overflows {precision.info(ldt).name} "
                     f"(eps_abs {shift / prob.prescale:.3e}); use a wider dtype or a smaller eps"
                 )
-            if sym:
-                bad = eigs.real <= 0
-                if bad.any():
-                    worst = float(eigs.real[bad].min()) / prob.prescale
-                    raise NotPositiveDefiniteError(
-                        f"schur_newton: eigenvalue {worst:.3e} lies on the closed negative real axis "
-                        f"(after eps shift {shift / prob.prescale:.3e}); no principal root exists. "
-                        "Increase eps."
-                    )
-            else:
-                # The domain check applies to the matrix actually solved: the rounded, shifted matrix,
-                # whose computed eigenvalues are exact only for a matrix within eta of it.
-                w_c, kap = eigenvalue_conditions(R)
-                eta = eigenvalue_backward_error(float(np.linalg.norm(R.astype(np.float64))), prob.n, u_l)
-                refuse_near_negative_axis(R, w_c, kap, eta, self.name, prob.prescale)
             if p == 1 and not inverse:
                 # A^{1/1} = A + eps_abs I itself: no square roots, whose squaring back would cost 2^k1 u.
                 X = torch.from_numpy(np.ascontiguousarray(a)).to(cdt)
@@ -216,12 +219,24 @@ class SchurNewtonConfig(SolverConfig):
                     out,
                     # A forward root with relative error d has backward error ~p d (scale with p, not q),
                     # and squaring back k1 - k0 times multiplies the error of U^{1/q} by up to 2^(k1-k0).
-                    self.stagnation_accept
-                    * 2.0 ** (k1 - k0)
-                    * max(tol, precision.default_tol(cdt, prob.n, p)),
+                    _backward_threshold(
+                        self.stagnation_accept
+                        * 2.0 ** (k1 - k0)
+                        * max(tol, precision.default_tol(cdt, prob.n, p)),
+                        stability_factor(Xs, a, shift, p),
+                    ),
                     bwd,
                 )
                 info.setdefault("backward_error", []).append(float(bwd["backward_error"][0]))
+            if undetermined is not None and bool(out.converged[0]):
+                out.converged[0] = False
+                out.reason[0] = "not_determined"
+                info.setdefault("not_determined", []).append(f"batch element {len(roots)}: {undetermined}")
+                info["hint"] = (
+                    "info['not_determined']: the matrix solved is singular to working precision or within "
+                    "rounding of a matrix with an eigenvalue on the closed negative real axis, so its computed "
+                    "root has no promised digit; increase eps, or use a wider dtype"
+                )
             roots.append(X)
             conv.append(bool(out.converged[0]))
             iters.append(int(out.iterations[0]))
