@@ -1,14 +1,23 @@
 """A batched coupled Newton solve does not wait for its slowest element, and equals per-element solves.
 
-The tolerance is **bitwise** equality for fp64 and fp32 at n = 16: every element of a batch goes
-through exactly the arithmetic of its own solve. Batched MKL products over any subset of rows equal
-the 2-D products of each matrix alone at this n (each 16 x 16 element of a stack is 64-byte aligned,
-as a matrix alone is; at n = 33 fp64, or in the Lanczos projections, MKL on AVX-512 EPYC rounds an
-element by its alignment unless MKL_CBWR is set), the last active element runs on 2-D tensors, as a
-single solve does, and the per-step scalars (c, the dynamic scaling, the stopping tests) are per
-element. 16-bit products are not batch-invariant (fp16 in MKL at small n: a batch of 8 at n = 12
-differs from mm in the last bit; bf16 through oneDNN on AVX-512 EPYC: two of six elements below), so
-they ask for equal iteration counts and roots within the 16-bit rounding floor of the iteration.
+Every element of a batch goes through the arithmetic of its own solve: the per-step scalars (c, the
+dynamic scaling, the stopping tests) are per element, converged elements leave the active set, and the
+last active element runs on 2-D tensors as a single solve does. The products are not the same kernel
+calls, though: a batched product over a subset of rows and the 2-D product of one matrix alone are
+bitwise equal on some CPUs (MKL on AVX-512 EPYC at n = 16, where each 16 x 16 fp64/fp32 element is
+64-byte aligned) and not on others (n = 33 fp64 there, the Lanczos projections, 16-bit formats, other
+BLAS builds: docs/design.md, "Across CPUs"). So the roots are compared with a bound, the accuracy
+contract applied to both (triangle inequality: each is within B of the exact root of fl(A)),
+
+    ||X_batch - X_solo||_F / ||X_solo||_F <= 2 B,   B = C_FWD sqrt(n) (1 + cond) u,
+
+cond = kappa/p (inverse) or kappa^(1 - 1/p)/p (forward) of the element, C_FWD = 10 (tests/_refs.py),
+and the integer outcomes (iterations, flags, stop reasons, products spent) must be equal: the
+residuals of the two runs differ by rounding only, and they pass a threshold within rounding of it
+only by a coincidence the quadratic phase makes negligible (it has not happened on either kernel path
+of the CI). Bitwise equality is asserted only where it holds by construction: within one run (an
+element's history after it stopped repeats its final residual) and for the same call on the same
+bits (the reused work buffers).
 
 The matrices are scaled by exact powers of two so that max|A| lies in [1, 2): the API pre-scales a
 whole batch by one power of two when its magnitude leaves [1/4, 4] (matroots.core.inputs), and undoing a
@@ -25,7 +34,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from _refs import U, fwd_bound, haar_orthogonal, ref_inverse_root, ref_power, rel_err, spd_matrix
+from _refs import C_FWD, U, fwd_bound, haar_orthogonal, ref_inverse_root, ref_power, rel_err, spd_matrix
 
 import matroots
 from matroots.solvers.newton_core import coupled_newton_iterate
@@ -47,7 +56,19 @@ def _solve(A: np.ndarray, p: int, inverse: bool, **kw):
         return fn(torch.from_numpy(A), p, method="coupled_newton", record_history=True, **kw)
 
 
-def _assert_equals_per_element(A, p, inverse, bitwise=True, **kw):
+def _cond(kappa: float, p: int, inverse: bool) -> float:
+    """The root's relative condition number for an SPD matrix of condition number kappa."""
+    return kappa / p if inverse else kappa ** (1 - 1 / p) / p
+
+
+def _batch_bound(kappa: float, p: int, inverse: bool, u: float, n: int = N) -> float:
+    """2 B: twice the accuracy contract C_FWD sqrt(n) (1 + cond) u (module doc)."""
+    return 2.0 * C_FWD * math.sqrt(n) * (1.0 + _cond(kappa, p, inverse)) * u
+
+
+def _assert_equals_per_element(A, p, inverse, u=None, **kw):
+    """Integer outcomes equal; with ``u`` (the working format's unit roundoff), every root converged in
+    both runs within 2 B of its solo root (module doc), kappa from the fp64 spectrum of A."""
     res = _solve(A, p, inverse, **kw)
     b = A.shape[0]
     singles = [_solve(A[i], p, inverse, **kw) for i in range(b)]
@@ -55,16 +76,15 @@ def _assert_equals_per_element(A, p, inverse, bitwise=True, **kw):
         assert int(res.iterations[i]) == one.iterations, i
         assert bool(res.converged[i]) == one.converged, i
         assert res.info["stop_reason"][i] == one.info["stop_reason"][0], i
-        if bitwise:
-            assert torch.equal(res.root[i], one.root), (
-                i,
-                rel_err(res.root[i].double().numpy(), one.root.double().numpy()),
-            )
-            assert float(res.residual[i]) == one.residual, i
-            # the batch history repeats an element's final residual once it has stopped
-            h_batch = [float(h[i]) for h in res.history]
-            assert h_batch[: len(one.history)] == one.history, i
-            assert all(r == one.history[-1] for r in h_batch[len(one.history) :]), i
+        if u is not None and one.converged:
+            kappa = float(np.linalg.cond(A[i]))
+            diff = rel_err(res.root[i].double().numpy(), one.root.double().numpy())
+            assert diff <= _batch_bound(kappa, p, inverse, u), (i, diff)
+        # by construction within the batch run: the history repeats an element's final residual once it
+        # has stopped
+        h_batch = [float(h[i]) for h in res.history]
+        assert len(h_batch) >= len(one.history), i
+        assert all(r == h_batch[len(one.history) - 1] for r in h_batch[len(one.history) :]), i
         assert float(res.info["newton_matmuls"][i]) == float(one.info["newton_matmuls"][0]), i
     # matmuls is per matrix: a batch costs b * matmuls, the sum of its elements' costs
     assert res.matmuls * b == pytest.approx(sum(one.matmuls for one in singles), rel=1e-12)
@@ -76,19 +96,18 @@ def _assert_equals_per_element(A, p, inverse, bitwise=True, **kw):
 @pytest.mark.parametrize("p", [2, 4])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
 @pytest.mark.parametrize("scaling", ["auto", "dynamic"])
-def test_batch_equals_per_element_solves_bitwise(scaling, dtype, p, inverse):
+def test_batch_equals_per_element_solves(scaling, dtype, p, inverse):
     A = _mixed_stack()
-    res, _ = _assert_equals_per_element(A, p, inverse, dtype=dtype, scaling=scaling)
-    # and the roots are right: every converged one within the conditioning bound of the mpmath root
     u = U["fp64" if dtype == torch.float64 else "fp32"]
+    res, _ = _assert_equals_per_element(A, p, inverse, u=u, dtype=dtype, scaling=scaling)
+    # and the roots are right: every converged one within the conditioning bound of the mpmath root
     solved = A.astype(np.float32).astype(np.float64) if dtype == torch.float32 else A  # fl(A)
     assert int(res.converged.sum()) >= 4
     for i in range(A.shape[0]):
         if not bool(res.converged[i]):
             continue
         ref = ref_inverse_root(solved[i], p) if inverse else ref_power(solved[i], Fraction(1, p))
-        kappa = KAPPAS[i]
-        cond = kappa / p if inverse else kappa ** (1 - 1 / p) / p
+        cond = _cond(KAPPAS[i], p, inverse)
         assert rel_err(res.root[i].double().numpy(), ref) <= 5 * math.sqrt(N) * (cond + 1) * u, i
 
 
@@ -96,8 +115,9 @@ def test_frobenius_scaling_and_the_retry_merge_equal_per_element():
     """fp32 with kappa up to 1e8: the dynamic scaling diverges on the worst elements and they are rerun
     with Frobenius's c (the retry/merge path); the merged batch still equals each element's solve."""
     A = _mixed_stack(seed=0)
-    _assert_equals_per_element(A, 4, True, dtype=torch.float32, scaling="frobenius")
-    res, singles = _assert_equals_per_element(A, 4, True, dtype=torch.float32, scaling="dynamic")
+    u = U["fp32"]
+    _assert_equals_per_element(A, 4, True, u=u, dtype=torch.float32, scaling="frobenius")
+    res, singles = _assert_equals_per_element(A, 4, True, u=u, dtype=torch.float32, scaling="dynamic")
     retried = res.info.get("retried_frobenius", [])
     assert 1 <= len(retried) < A.shape[0]  # (if dynamic scaling stops diverging here, pick another case)
     assert [i for i, one in enumerate(singles) if "retried_frobenius" in one.info] == retried
@@ -113,7 +133,7 @@ def test_16bit_batch_is_within_its_rounding(inverse, dtype):
     outcomes carry the test."""
     kappas = np.logspace(1, 3, 6)
     A = _mixed_stack(kappas=kappas)
-    res, singles = _assert_equals_per_element(A, 2, inverse, bitwise=False, dtype=dtype)
+    res, singles = _assert_equals_per_element(A, 2, inverse, dtype=dtype)
     key = "bf16" if dtype == torch.bfloat16 else "fp16"
     for i, one in enumerate(singles):
         cond = (kappas[i] / 2) if inverse else math.sqrt(kappas[i]) / 2
@@ -134,7 +154,8 @@ def test_warm_start_batch_equals_per_element():
     for i in range(A.shape[0]):
         one = _solve(A2[i], 4, True, warm_start=prev.root[i])
         assert int(res.iterations[i]) == one.iterations
-        assert torch.equal(res.root[i], one.root)
+        kappa = float(np.linalg.cond(A2[i]))
+        assert rel_err(res.root[i].numpy(), one.root.numpy()) <= _batch_bound(kappa, 4, True, U["fp64"]), i
 
 
 def test_products_executed_are_the_sum_of_the_elements():
@@ -172,7 +193,10 @@ def test_products_executed_are_the_sum_of_the_elements():
     assert out.matmuls_each.tolist() == [per_iter * k for k in out.iterations.tolist()]
     assert out.compactions == len(set(its))
     for i, one in enumerate(alone):
-        assert torch.equal(out.X[i], one.X[0]) and int(out.iterations[i]) == int(one.iterations[0])
+        assert int(out.iterations[i]) == int(one.iterations[0])
+        # X^ -> (A/c^p)^{-1/p}: the same relative bound as the root (module doc)
+        kappa = float(np.linalg.cond(A[i].numpy()))
+        assert rel_err(out.X[i].numpy(), one.X[0].numpy()) <= _batch_bound(kappa, p, True, U["fp64"]), i
 
 
 def test_elements_done_at_the_start_never_iterate():
@@ -217,15 +241,18 @@ def test_relative_eps_certifies_lambda_max_per_element():
 
 
 @pytest.mark.parametrize("scaling", ["auto", "dynamic"])
-def test_wide_batch_is_bitwise_too(scaling):
+def test_wide_batch_equals_per_element_too(scaling):
     """32 elements fill whole SIMD lanes of the per-element scalar arithmetic (c = (c^p)^(1/p) and the
-    dynamic scale factors), which must round as it does for one element alone."""
+    dynamic scale factors): equal integer outcomes, roots within 2 B of their solo roots (module doc)."""
     kappas = np.logspace(1, 6, 32)
     A = _mixed_stack(n=8, kappas=kappas)
     res = _solve(A, 4, True, scaling=scaling)
     for i in range(A.shape[0]):
         one = _solve(A[i], 4, True, scaling=scaling)
-        assert torch.equal(res.root[i], one.root), i
+        kappa = float(np.linalg.cond(A[i]))
+        assert rel_err(res.root[i].numpy(), one.root.numpy()) <= _batch_bound(
+            kappa, 4, True, U["fp64"], n=8
+        ), i
         assert int(res.iterations[i]) == one.iterations, i
 
 
