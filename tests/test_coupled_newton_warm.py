@@ -219,3 +219,27 @@ def test_non_finite_warm_start_is_a_typed_input_error(p, bad):
     Zb = torch.stack([Z.nan_to_num(0.0), Z])
     with pytest.raises(matroots.NonFiniteInputError, match=r"warm_start.*\[1\]"):
         matroots.inverse_root(batch, p, method="coupled_newton", warm_start=Zb)
+
+
+def test_fp16_warm_start_with_a_frobenius_retry_merges_its_roots():
+    """The warm fuzz (experiments/robustness.py --warm --seed 20261203) crashed here: fp16, p = 1, a
+    batch of two exact diagonal matrices at kappa 10^13.2 warm-started from the roots of kappa-10 ones.
+    The dynamic scaling diverged on both and the Frobenius retry ended in another format than the first
+    run (RuntimeError "Index put requires the source and destination dtypes match" in the merge). Now
+    the merge keeps the wider format and the outcome is a flagged root or a typed refusal."""
+
+    def diag(log_kappa):
+        d = np.logspace(0, -log_kappa, 6)
+        return torch.tensor(np.stack([np.diag(d), np.diag(d[::-1])]))
+
+    kw = {"method": "coupled_newton", "eps": 4.15e-7, "eps_mode": "relative", "dtype": torch.float16}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", matroots.ConvergenceWarning)
+        prev = matroots.inverse_root(diag(1.03), 1, **kw)
+        try:
+            res = matroots.inverse_root(diag(13.2), 1, warm_start=prev, **kw)
+        except matroots.core.errors.MatrootsNumericalError:
+            return
+    # kappa u_16 ~ 8e9: no digit of the inverse is promised in fp16, so it is never "converged"
+    assert not bool(res.converged.any())
+    assert res.root.dtype == torch.float16

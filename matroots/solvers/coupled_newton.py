@@ -741,8 +741,10 @@ def _merge(out: NewtonOutcome, sub: NewtonOutcome, idx: list[int]) -> NewtonOutc
     the whole batch); the rerun's residual history is appended, the other elements repeating their
     final residual.
     """
-    X = out.X.clone()
-    X[idx] = sub.X
+    # the two runs may end in different formats (16-bit: one in the compute format, one already
+    # unscaled in float32): the merge keeps the wider, which holds either's entries exactly
+    X = out.X.to(torch.promote_types(out.X.dtype, sub.X.dtype), copy=True)
+    X[idx] = sub.X.to(X.dtype)
     conv, iters, res = out.converged.clone(), out.iterations.clone(), out.residual.clone()
     conv[idx] = sub.converged
     iters[idx] = iters[idx] + sub.iterations
