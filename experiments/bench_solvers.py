@@ -282,12 +282,10 @@ def fewest(run_k: Callable[[int], tuple[np.ndarray | None, float]], ref: np.ndar
         if err <= target:
             best = (err, mm)
             break
-        if hi >= K_MAX or (hi >= 8 and err < 0.1 and err > 0.9 * prev):
-            note = (
-                "failed"
-                if not math.isfinite(err)
-                else ("floor" if hi < K_MAX else f"not reached by k = {K_MAX}")
-            )
+        stalled = hi >= 8 and err < 0.1 and err > 0.9 * prev
+        if hi >= K_MAX or stalled:
+            note = "floor" if stalled else f"not reached by k = {K_MAX}"
+            note = note if math.isfinite(err) else "failed"
             return {"gemms": math.inf, "error": err, "k": None, "note": note}
         prev, lo, hi = min(err, prev), hi, 2 * hi
     while hi - lo > 1:
