@@ -33,9 +33,10 @@ import numpy as np
 import torch
 
 import matroots
+from matroots.solvers import auto_table as table
 from matroots.solvers.auto import AutoConfig
 from matroots.study import matrices
-from matroots.study.tuning import cost, table
+from matroots.study.tuning import cost
 from matroots.truth import reference
 from matroots.truth.metrics import relative_forward_error
 

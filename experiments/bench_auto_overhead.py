@@ -36,8 +36,8 @@ from torch import nn
 
 import shampoo
 from matroots.solvers.auto import AutoConfig
+from matroots.solvers.auto_table import load_table
 from matroots.study import matrices
-from matroots.study.tuning.table import load_table
 
 
 def _chosen(auto: AutoConfig, A: torch.Tensor, **kw: object) -> tuple[object, dict]:
@@ -91,7 +91,7 @@ def profile(n: int, calls: int) -> None:
         cum[(file.rsplit("/", 2)[-1], func)] = ct
     total = cum.get(("auto.py", "solve"), 0.0)
     parts = {
-        "kappa estimate": cum.get(("estimate.py", "estimate_kappa"), 0.0),
+        "kappa estimate": cum.get(("kappa_estimate.py", "estimate_kappa"), 0.0),
         "lookup + decision": cum.get(("auto.py", "_plan"), 0.0) + cum.get(("auto.py", "decision"), 0.0),
         "chosen solver": cum.get(("auto.py", "_solve_group"), 0.0),
     }

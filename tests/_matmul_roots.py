@@ -6,7 +6,7 @@ Bound (the solver contract, docs/design.md §3): a root flagged converged has re
 
 against the high-precision reference (matroots.truth.reference: python-flint or mpmath) of the matrix actually
 solved (the input rounded to the working format, plus eps_abs I), where cond(f, A) is the relative
-condition number of the root asked for (matroots.core.conditioning.cond_root, Frobenius norms). The
+condition number of the root asked for (matroots.truth.metrics.cond_root, Frobenius norms). The
 sqrt(n) is the rounding of the n x n output itself (as in tests/_refs.py).
 """
 
@@ -19,9 +19,8 @@ import numpy as np
 import torch
 
 import matroots
-from matroots.core import conditioning
 from matroots.study import matrices
-from matroots.truth import reference
+from matroots.truth import metrics, reference
 
 C = 10.0
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
@@ -52,7 +51,7 @@ def check_accurate_or_reported(
     ref = (reference.inverse_root if inverse else reference.root)(M, p, eps=eps_abs).root
     X = res.root.double().numpy()
     err = float(np.linalg.norm(X - ref) / np.linalg.norm(ref))
-    cond = conditioning.cond_root(M, p, inverse=inverse, eps=eps_abs)
+    cond = metrics.cond_root(M, p, inverse=inverse, eps=eps_abs)
     u = matroots.core.precision.unit_roundoff(dtype)
     bound = C * (cond + 1.0) * u * math.sqrt(A.shape[0])
     assert err <= bound, f"{method} p={p} {dtype}: error {err:.3e} > bound {bound:.3e} (cond {cond:.3e})"

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import matroots
+from matroots.solvers import auto_table as table
 from matroots.solvers.auto import AutoConfig, TargetWarning, default_target
 from matroots.study import matrices
-from matroots.study.tuning import table
 from matroots.study.tuning.select import TABLE_COLUMNS
 from matroots.truth import reference
 from matroots.truth.metrics import relative_forward_error

@@ -91,7 +91,8 @@ def test_shampoo_auto_parses_the_table_once_and_estimates_kappa_once_per_factor(
     a factor's kappa is estimated once per round at most: auto estimates it only in the first round
     (later rounds pass the previous round's kappa from the diagnostics as ``kappa_hint``), and the
     diagnostics estimate it only where the chosen solver reports no spectrum."""
-    from matroots.study.tuning import estimate, table
+    from matroots.solvers import auto_table as table
+    from matroots.solvers import kappa_estimate as estimate
 
     table._load_cached.cache_clear()
     table._RECENT.clear()

@@ -167,7 +167,7 @@ def _check(label: str, A: np.ndarray, dtype: torch.dtype, well_posed: bool) -> l
                 ref = (reference.inverse_root if inverse else reference.root)(Aw, p)
             except matroots.MatrootsError:
                 continue  # fl(A) has no principal root: every solver must refuse or flag (below)
-            cond = conditioning.cond_root(Aw, p, inverse=inverse)
+            cond = metrics.cond_root(Aw, p, inverse=inverse)
             bound = C * math.sqrt(n) * (cond + 1.0) * u
             for method in SPD_METHODS if sym else GENERAL_METHODS:
                 fn = matroots.inverse_root if inverse else matroots.root

@@ -20,7 +20,6 @@ from _refs import spd_matrix
 
 import matroots
 from matroots import cli
-from matroots.core import conditioning
 from matroots.solvers.schur_newton import choose_k1
 from matroots.study import matrices
 from matroots.truth import metrics, reference
@@ -30,7 +29,7 @@ U = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.float16: 2.0**-11, 
 
 
 def _bound(Aw: np.ndarray, p: int, inverse: bool, u: float, eps: float = 0.0) -> float:
-    cond = conditioning.cond_root(Aw, p, inverse=inverse, eps=eps)
+    cond = metrics.cond_root(Aw, p, inverse=inverse, eps=eps)
     return C * math.sqrt(Aw.shape[0]) * (cond + 1.0) * u
 
 

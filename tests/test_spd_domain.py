@@ -6,7 +6,7 @@ Every case gets its domain by construction: diagonal matrices whose entries are 
 in fp32, so the matrix solved is the one written), or the issue's rotated 8 x 8 matrix with one zero
 eigenvalue plus 1e-16 I, whose exact smallest eigenvalue (mpmath, matroots.truth.reference) is checked here.
 Accuracy is judged against the closed-form root of the diagonal matrix and cond(A^{-1/p}) from
-matroots.core.conditioning."""
+matroots.truth.metrics.cond_root."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch
 
 import matroots
 from matroots import reference
-from matroots.core.conditioning import cond_root
 from matroots.core.errors import NotPositiveDefiniteError
+from matroots.truth.metrics import cond_root
 
 METHODS = ("coupled_newton", "newton_schulz", "polar_express", "halley")
 U32 = 2.0**-24

@@ -11,8 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from matroots.solvers import auto_table as table
 from matroots.study import report
-from matroots.study.tuning import run, select, spec, table
+from matroots.study.tuning import run, select, spec
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "experiments" / "configs"

@@ -37,9 +37,8 @@ the closed negative real axis.
 
 from __future__ import annotations
 
-import hashlib
 import math
-from collections import OrderedDict
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -50,10 +49,6 @@ import torch
 
 from .errors import NotSquareError, UnsupportedDtypeError
 from .inputs import parse_exponent
-
-_U64 = 2.0**-53
-_SPECTRUM_CACHE: OrderedDict[str, np.ndarray] = OrderedDict()
-_SPECTRUM_CACHE_SIZE = 16
 
 
 def _f64(X: Any) -> np.ndarray:
@@ -69,28 +64,6 @@ def _batch(X: np.ndarray) -> np.ndarray:
     if X.ndim < 2 or X.shape[-1] != X.shape[-2]:
         raise NotSquareError(f"expected square matrices (..., n, n), got shape {X.shape}")
     return X.reshape(-1, X.shape[-1], X.shape[-1])
-
-
-def symmetric_spectrum(A: np.ndarray) -> np.ndarray:
-    """Ascending eigenvalues of the exactly symmetric float64 matrix A.
-
-    float64 LAPACK, or high precision (:func:`matroots.truth.reference.eigvalsh`) when float64 cannot resolve
-    the smallest (|lambda|_min < 1e3 n u |lambda|_max). Memoised by content hash.
-    """
-    key = hashlib.sha256(np.ascontiguousarray(A).tobytes() + str(A.shape).encode()).hexdigest()
-    if key in _SPECTRUM_CACHE:
-        _SPECTRUM_CACHE.move_to_end(key)
-        return _SPECTRUM_CACHE[key]
-    lam = np.linalg.eigvalsh(A)
-    big = float(np.abs(lam).max())
-    if big > 0 and float(np.abs(lam).min()) < 1e3 * A.shape[0] * _U64 * big:
-        from ..truth import reference
-
-        lam = reference.eigvalsh(A)
-    _SPECTRUM_CACHE[key] = lam
-    if len(_SPECTRUM_CACHE) > _SPECTRUM_CACHE_SIZE:
-        _SPECTRUM_CACHE.popitem(last=False)
-    return lam
 
 
 def _expm1(z: np.ndarray) -> np.ndarray:
@@ -368,6 +341,7 @@ def cond_root(
     inverse: bool = True,
     eps: float = 0.0,
     eigenvalues: np.ndarray | None = None,
+    spectrum: Callable[[np.ndarray], np.ndarray] | None = None,
     kron_max_n: int = 24,
 ) -> float:
     """Relative condition number cond(f, A + eps I) of f(A) = A^{-1/p} (``inverse``) or A^{1/p}.
@@ -375,8 +349,11 @@ def cond_root(
     Frobenius norms throughout (see the module docstring for the formulas and sources). Scale
     invariant, as cond(f, cA) = cond(f, A) for f(z) = z^q: A is first divided by a power of two
     near max|A_ij| (exact), so neither ||A|| nor ||f(A)|| under- or overflows. Exactly symmetric
-    input uses its eigenvalues (``eigenvalues`` if given, else :func:`symmetric_spectrum`, high
-    precision when float64 cannot resolve lambda_min); general input its complex Schur form and the
+    input uses its eigenvalues: ``eigenvalues`` if given, else ``spectrum(A)`` (ascending eigenvalues of
+    an exactly symmetric float64 matrix; default float64 LAPACK ``eigvalsh``, whose lambda_min carries
+    an absolute error of about n u lambda_max, so cond is then accurate to a relative ~ n u kappa;
+    :func:`matroots.truth.metrics.cond_root` passes the high-precision
+    :func:`matroots.truth.spectrum.symmetric_spectrum`); general input its complex Schur form and the
     Fréchet derivative from the block recurrence of :func:`_frechet_triu` (no eigenvectors, so
     defective and nearly defective matrices are handled). ``inf`` when A + eps I has an eigenvalue on
     the closed negative real axis (no principal root), or when the value exceeds float64. Max over a
@@ -394,7 +371,7 @@ def cond_root(
             lam = (
                 np.ldexp(np.sort(np.asarray(eigenvalues, dtype=float).reshape(-1)), -k)
                 if eigenvalues is not None
-                else symmetric_spectrum(As)
+                else (spectrum or np.linalg.eigvalsh)(As)
             )
             val = _cond_symmetric(lam, float(q))
         else:
@@ -474,5 +451,4 @@ __all__ = [
     "cond_u_line",
     "divided_differences",
     "eigenvalue_conditions",
-    "symmetric_spectrum",
 ]

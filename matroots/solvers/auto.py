@@ -1,11 +1,11 @@
 """``method="auto"``: the solver a measured selection table names for the problem at hand.
 
-For each matrix of the batch: get kappa(A + eps I) (:mod:`matroots.study.tuning.estimate`: exact from one
+For each matrix of the batch: get kappa(A + eps I) (:mod:`matroots.solvers.kappa_estimate`: exact from one
 float64 ``eigvalsh`` for small problems, else power iteration for lambda_max and Cholesky inverse
 iteration for lambda_min, or the previous root when a warm start is given; or ``kappa_hint``, which
 Shampoo passes from the previous round), multiply an inexact one by ``kappa_safety`` (such estimates
 err low), look up the cell (device kind, working dtype, n band, kappa band, p) of the selection table
-at the loosest tuned target that is <= ``target`` (:class:`matroots.study.tuning.table.SelectionTable`), and
+at the loosest tuned target that is <= ``target`` (:class:`matroots.solvers.auto_table.SelectionTable`), and
 solve the elements that chose the same configuration together, as one batch. The table's answers
 are memoised per question on the table object, so a repeated call costs the estimate and the solve.
 
@@ -60,7 +60,7 @@ from ..core.errors import InvalidArgumentError, MatrootsNumericalError
 from ..core.inputs import all_finite, check_shape, parse_exponent, to_tensor
 from ..core.psd import check_policy
 from ..core.result import RootResult
-from . import registry
+from . import auto_table, kappa_estimate, registry
 from .base import Capabilities, SolverConfig
 
 log = logging.getLogger("matroots.auto")
@@ -116,11 +116,9 @@ def _table_field(value: object) -> str | None:
         raise InvalidArgumentError(
             f"table must be None or the path of a selection table CSV, got {value!r} of type {type(value).__name__}"
         )
-    from ..study.tuning.table import load_table
-
     path = os.fspath(value)
     try:
-        load_table(path)
+        auto_table.load_table(path)
     except FileNotFoundError:
         raise InvalidArgumentError(
             f"table must be None or the path of a selection table CSV, got {path!r}: no such file"
@@ -161,9 +159,7 @@ def _fallback_field(value: object) -> SolverConfig | None:
 @functools.lru_cache(maxsize=256)
 def _config_from(label: str, method: str, options_json: str) -> tuple[SolverConfig, dict[str, Any]]:
     """The (frozen) config and solve options of a table row; memoised, callers do not mutate them."""
-    from ..study.tuning.select import options_of
-
-    opts = options_of(options_json)
+    opts = auto_table.options_of(options_json)
     cfg_opts = {k: v for k, v in opts.items() if k not in SOLVE_OPTIONS}
     return registry.get(method, **cfg_opts), {k: v for k, v in opts.items() if k in SOLVE_OPTIONS}
 
@@ -259,7 +255,7 @@ class AutoConfig(SolverConfig):
         table: path of a selection table CSV; None means the shipped table of the input's device kind.
         device: device kind to look up ("cpu", "cuda"); None means the input tensor's.
         kappa_safety: factor applied to the kappa estimate before the lookup (estimates err low).
-        power_iters, inverse_iters: effort of the kappa estimate (:mod:`matroots.study.tuning.estimate`).
+        power_iters, inverse_iters: effort of the kappa estimate (:mod:`matroots.solvers.kappa_estimate`).
         fallback: the safe choice outside the table; None means eigh (symmetric) / schur_newton.
         warn: warn (TargetWarning) when the target cannot be promised (see the module docstring).
     """
@@ -306,10 +302,8 @@ class AutoConfig(SolverConfig):
         self, *, device: str, dtype: Any, n: int, kappa: float, p: Any, target: float, symmetric: bool = True
     ) -> Decision:
         """The decision for one matrix (no solving): table lookup, or the safe choice and why."""
-        from ..study.tuning.table import load_table
-
         try:
-            table, why = load_table(self.table, device=device), ""
+            table, why = auto_table.load_table(self.table, device=device), ""
         except (InvalidArgumentError, FileNotFoundError) as exc:
             table, why = None, str(exc)
         return self._decide(table, why, device, dtype, n, kappa, p, target, symmetric)
@@ -473,10 +467,8 @@ class AutoConfig(SolverConfig):
         """The table's answers for (device, dtype, n, p, target, symmetry), memoised on the table
         object per configuration (a Shampoo run asks the same questions every round; a changed table
         file is a new table object, so nothing stale is reused)."""
-        from ..study.tuning.table import load_table
-
         try:
-            table = load_table(self.table, device=device)
+            table = auto_table.load_table(self.table, device=device)
         except (InvalidArgumentError, FileNotFoundError) as exc:
             return _Plan(None, f"none ({exc})", str(exc), np.empty(0), device, dtype, n, p, target, sym)
         key = (self, device, precision.info(dtype).name, int(n), p, float(target), sym)
@@ -509,10 +501,8 @@ class AutoConfig(SolverConfig):
         kwargs: dict[str, Any],
     ) -> _Estimate:
         """kappa(A + eps I) per element of ``flat`` (detached): the hint, else
-        :func:`matroots.study.tuning.estimate.estimate_kappa` (exact at small sizes; from the previous
+        :func:`matroots.solvers.kappa_estimate.estimate_kappa` (exact at small sizes; from the previous
         root when a warm start is given)."""
-        from ..study.tuning.estimate import estimate_kappa
-
         if hint is not None:
             return _Estimate(hint, "kappa_hint", 0.0, False)
         b, n = flat.shape[0], flat.shape[-1]
@@ -522,7 +512,7 @@ class AutoConfig(SolverConfig):
             from ..core.psd import floor_level
 
             floor = floor_level(flat.to(wdtype), source)
-        ke = estimate_kappa(
+        ke = kappa_estimate.estimate_kappa(
             flat,
             eps=float(eps),
             eps_mode=str(eps_mode),

@@ -55,7 +55,6 @@ import numpy as np
 import torch
 
 from .. import solvers
-from ..api import inverse_root, root
 from ..core import precision
 from ..core.errors import MatrootsInputError, MatrootsNumericalError
 from ..core.result import info_per_element
@@ -434,14 +433,14 @@ def classify(case: Case, method: str, *, warm_start: object = None) -> Outcome:
     A64 = build_matrices(case)
     A_in, snap = make_input(case, A64)
     warm_snaps = _warm_snapshots(warm_start)
-    fn = inverse_root if case.inverse else root
     kw = {} if warm_start is None else {"warm_start": warm_start}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            res = fn(
-                A_in, case.p, method=method, eps=case.eps, eps_mode=case.eps_mode, dtype=case.dtype, **kw
-            )
+            res = solvers.get(method).solve(
+                A_in, case.p, inverse=case.inverse, eps=case.eps, eps_mode=case.eps_mode, dtype=case.dtype,
+                **kw,
+            )  # fmt: skip
     except MatrootsInputError as exc:
         out = Outcome("refused_input", method, exception=f"{type(exc).__name__}: {exc}")
     except MatrootsNumericalError as exc:
@@ -629,14 +628,13 @@ def classify_warm(wcase: WarmCase, method: str) -> Outcome:
     solve raised (a typed refusal: nothing to start from); a crash there is a ``crash``."""
     prev_case = wcase.previous
     A_prev, _ = make_input(prev_case, build_matrices(prev_case))
-    fn = inverse_root if prev_case.inverse else root
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            prev = fn(
+            prev = solvers.get(method).solve(
                 A_prev,
                 prev_case.p,
-                method=method,
+                inverse=prev_case.inverse,
                 eps=prev_case.eps,
                 eps_mode=prev_case.eps_mode,
                 dtype=prev_case.dtype,

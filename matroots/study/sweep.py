@@ -56,7 +56,7 @@ def _lambda_max(A: np.ndarray, meta: dict[str, Any]) -> float:
 def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]:
     """Run every (solver, dtype) pair of one unit; return its rows (never raises on solver failure)."""
 
-    from .. import api
+    from ..solvers import registry
     from ..truth import reference
     from . import matrices
 
@@ -123,7 +123,7 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
                 gemm_seconds=gemm,
                 **fmt,
             )
-            cfg = api.resolve_method(spec.name, **spec.config_options)
+            cfg = registry.get(spec.name, **spec.config_options)
             # quiet: non-convergence is a result here (row failure "NotConverged"), not a warning line
             # per solve; run_sweep summarises it in one line per run (failure_summary)
             solve_kw = {

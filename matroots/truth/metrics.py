@@ -38,12 +38,12 @@ import torch
 
 from ..core import conditioning as _conditioning
 from ..core import precision
-from ..core.conditioning import cond_root, cond_u_line
-from ..core.conditioning import symmetric_spectrum as _spectrum
+from ..core.conditioning import cond_u_line
 from ..core.errors import InvalidArgumentError, NegativeRealEigenvalueError
 from ..core.inputs import parse_exponent
 from ..core.inputs import symmetry_defect as _symmetry_defect_tensor
 from ..core.result import info_per_element
+from .spectrum import symmetric_spectrum as _spectrum
 
 
 def _f64(X: Any) -> np.ndarray:
@@ -220,6 +220,23 @@ def _divided_differences_max(lam: np.ndarray, q: float) -> float:
             close, 0.5 * (fp[:, None] + fp[None, :]), (f[:, None] - f[None, :]) / np.where(close, 1, diff)
         )
     return float(np.abs(dd).max())
+
+
+def cond_root(
+    A: Any,
+    p: Any,
+    *,
+    inverse: bool = True,
+    eps: float = 0.0,
+    eigenvalues: np.ndarray | None = None,
+    kron_max_n: int = 24,
+) -> float:
+    """:func:`matroots.core.conditioning.cond_root` with the eigenvalues of symmetric input from
+    :func:`_spectrum` (high precision where float64 cannot resolve lambda_min): the yardstick of the
+    accuracy contract."""
+    return _conditioning.cond_root(
+        A, p, inverse=inverse, eps=eps, eigenvalues=eigenvalues, spectrum=_spectrum, kron_max_n=kron_max_n
+    )
 
 
 def cond_rel(A: Any, p: Any, *, eps: float = 0.0, eigenvalues: np.ndarray | None = None) -> float:

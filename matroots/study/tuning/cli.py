@@ -48,8 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_tune(args: argparse.Namespace) -> int:
     """Run the tune and print the summary."""
     from ...core.errors import InvalidArgumentError, MatrootsError
+    from ...solvers.auto_table import DATA_DIR
     from .. import atomic
-    from . import run, spec, table
+    from . import run, spec
 
     try:
         ts = spec.load_config(args.config)
@@ -64,7 +65,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         check_memory(g)
     check_scheduler(args.scheduler)
     out = args.out or Path("runs") / ts.name
-    install = table.DATA_DIR if args.install == "package" else args.install
+    install = DATA_DIR if args.install == "package" else args.install
     if args.select_only:
         rows = run.load_rows(ts, out)
         if rows.empty:

@@ -12,7 +12,7 @@ Layout of DIR:
 * ``summary.txt``: the human-readable summary (:func:`matroots.study.tuning.summary.format_summary`).
 
 Every file is written atomically (:mod:`matroots.study.atomic`: temp file, fsync, rename), so a kill
-leaves the previous table in place. ``matroots.study.tuning.table.SHIPPED`` is such a table copied into the package
+leaves the previous table in place. The shipped table (:func:`matroots.solvers.auto_table.shipped_path`) is such a table copied into the package
 (``make tune`` regenerates it from ``experiments/configs/tune_default.toml``).
 """
 

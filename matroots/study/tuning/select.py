@@ -27,7 +27,6 @@ still gets rows (choice "NA"). A missing case is placed in its cell by its nomin
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from typing import Any
@@ -36,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from ...core import precision
+from ...solvers.auto_table import options_of
 from .spec import TuneSpec
 
 log = logging.getLogger("matroots.tune")
@@ -384,12 +384,7 @@ def _empty_cell_rows(cell: tuple[Any, ...], want: int, spec: TuneSpec) -> list[d
     ]
 
 
-def options_of(entry_options: str) -> dict[str, Any]:
-    """The options dict of a table row (JSON text in the CSV)."""
-    return json.loads(entry_options) if entry_options else {}
-
-
 __all__ = [
     "MATRIX_CHANGING_OPTIONS", "TABLE_COLUMNS", "best_effort", "case_kappa", "changes_matrix", "dtype_order",
-    "options_of", "planned_cases", "select",
+    "planned_cases", "select",
 ]  # fmt: skip

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ...core.regularize import absolute_shift
-from ...core.spectral import power_lambda_max
+from ..core.regularize import absolute_shift
+from ..core.spectral import power_lambda_max
 
 # Largest b n^3 estimated exactly (eigvalsh): one n = 64 matrix, or eight n = 32 ones.
 EXACT_MAX_WORK = 64**3

@@ -1,6 +1,7 @@
-"""Selection tables on disk and their lookup (what ``method="auto"`` reads).
+"""Selection tables on disk and their lookup (what ``method="auto"`` reads at run time).
 
-The package ships ``matroots/data/selection_cpu.csv`` (+ ``selection_cpu.json``, its provenance),
+The study layer builds and writes these tables (:mod:`matroots.study.tuning.select`); this module only
+reads them. The package ships ``matroots/data/selection_cpu.csv`` (+ ``selection_cpu.json``, its provenance),
 written by ``make tune`` = ``matroots tune experiments/configs/tune_default.toml --out
 runs/tune_default --resume --install``. A table for another device kind is another
 ``selection_<device>.csv`` in the same folder, found by :func:`shipped`.
@@ -14,15 +15,17 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
-from ...core import precision
-from ...core.errors import InvalidArgumentError
+from ..core import precision
+from ..core.errors import InvalidArgumentError
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+if TYPE_CHECKING:
+    import pandas as pd
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 # the columns a lookup reads (of matroots.study.tuning.select.TABLE_COLUMNS)
 LOOKUP_COLUMNS = (
     "device", "dtype", "p", "n_lo", "n_hi", "kappa_lo", "kappa_hi", "target", "choice", "method", "options",
@@ -67,6 +70,8 @@ class SelectionTable:
     @classmethod
     def load(cls, path: str | Path) -> SelectionTable:
         """Read ``<name>.csv`` and its ``<name>.json`` provenance (when present)."""
+        import pandas as pd  # on the first table read: `import matroots` stays free of pandas
+
         p = Path(path)
         if not p.exists():
             raise FileNotFoundError(f"no selection table {p}; run `matroots tune CONFIG --out DIR` first")
@@ -190,6 +195,11 @@ class SelectionTable:
         return Lookup("chosen", str(row["reason"]), row, tu)
 
 
+def options_of(entry_options: str) -> dict[str, Any]:
+    """The options dict of a table row (JSON text in the CSV)."""
+    return json.loads(entry_options) if entry_options else {}
+
+
 @functools.lru_cache(maxsize=8)
 def _load_cached(path: str, mtime: float) -> SelectionTable:
     return SelectionTable.load(path)
@@ -220,4 +230,4 @@ def load_table(path: str | Path | None = None, device: str = "cpu") -> Selection
     return tab
 
 
-__all__ = ["DATA_DIR", "Lookup", "SelectionTable", "load_table", "shipped_path"]
+__all__ = ["DATA_DIR", "Lookup", "SelectionTable", "load_table", "options_of", "shipped_path"]
