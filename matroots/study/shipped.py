@@ -8,6 +8,9 @@ run was started or resumed at, machines, dates, units done and rows failed, wall
 :func:`load` reads a shipped set back and refuses one whose config no longer matches the config of
 the same name in the repository (a shipped result must be reproducible from the repo's config).
 
+The shipper itself (:func:`run_summary`, :func:`write_set`, :func:`load_set`) serves every kind of set:
+the sweep's here, the validation protocol's in :mod:`matroots.study.validation.ship`.
+
     matroots ship runs/precision_full results/precision_full --config experiments/configs/precision_full.toml
 """
 
@@ -15,14 +18,16 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from ..core.errors import MatrootsInputError
-from . import grid, provenance, runner
+from . import atomic, grid, provenance, runner
 
 ROWS = "rows.parquet"
 PROVENANCE = "provenance.json"
@@ -79,22 +84,30 @@ class ShippedResultsError(MatrootsInputError):
     """A shipped results set is missing, incomplete, or does not match the repository's config."""
 
 
-def config_hash_of(config_path: str | Path) -> str:
-    """The grid hash the runner records for ``config_path`` (:meth:`matroots.study.grid.Grid.config_hash`)."""
-    return grid.load_config(config_path).config_hash()
+# ------------------------------------------------------------------------------- the shipper of any set
+def repo_relative(config: str | Path) -> str:
+    """``config`` relative to this checkout's root when it lies inside it (as a provenance names it,
+    so that a set's config is found in any checkout), else as given."""
+    root = Path(__file__).resolve().parents[2]  # matroots/study/shipped.py -> the checkout
+    p = Path(config).resolve()
+    return p.relative_to(root).as_posix() if p.is_relative_to(root) else Path(config).as_posix()
 
 
-def _read_rows(run_dir: Path) -> pd.DataFrame:
-    final = run_dir / "results.parquet"
-    parts = sorted((run_dir / "parts").glob("*.parquet")) if (run_dir / "parts").is_dir() else []
-    if parts:  # the parts are the truth while a run is resumed; results.parquet is their concatenation
-        return pd.concat([pd.read_parquet(f) for f in parts], ignore_index=True)
-    if final.exists():
-        return pd.read_parquet(final)
-    raise ShippedResultsError(f"{run_dir} holds no rows (no parts/*.parquet, no results.parquet)")
+def check_run_config(run: Path, prov: dict[str, Any], config: str | Path, want: str) -> None:
+    """Refuse to ship a run that was not made from ``config`` (whose hash is ``want``)."""
+    if prov.get("config_hash") != want:
+        raise ShippedResultsError(
+            f"{run} was run from config hash {prov.get('config_hash')}, but {config} hashes to {want}: "
+            "ship a run of the repository's config (or rerun it)"
+        )
 
 
-def _summary(prov: dict[str, Any], rows: pd.DataFrame, units_total: int) -> dict[str, Any]:
+def run_summary(
+    run: Path, prov: dict[str, Any], rows: pd.DataFrame, units_total: int, *, allow_partial: bool, resume: str
+) -> dict[str, Any]:
+    """What a provenance records of the run: commits, starts, units done / total (one row per unit at
+    least, in ``rows``), failures by type, CPU and wall time. A run that has not done every unit is
+    refused unless ``allow_partial``; ``resume`` is the command that finishes it."""
     runs = prov.get("runs", [])
     commits = sorted({r["git"]["commit"] for r in runs if r.get("git") and r["git"].get("commit")})
     dirty = any(bool(r.get("git", {}).get("dirty")) for r in runs)
@@ -105,6 +118,11 @@ def _summary(prov: dict[str, Any], rows: pd.DataFrame, units_total: int) -> dict
     per_unit = rows.drop_duplicates("unit") if "unit" in rows else rows.iloc[:0]
     failures = rows["failure"].fillna("").astype(str) if "failure" in rows else pd.Series([], dtype=str)
     units_done = int(per_unit.shape[0])
+    if units_done < units_total and not allow_partial:
+        raise ShippedResultsError(
+            f"{run} has {units_done} of {units_total} units; finish it with `{resume}`, "
+            "or pass allow_partial=True (--partial)"
+        )
     return {
         "commits": commits,
         "dirty": dirty,
@@ -123,6 +141,91 @@ def _summary(prov: dict[str, Any], rows: pd.DataFrame, units_total: int) -> dict
     }
 
 
+def write_set(dest: str | Path, tables: dict[str, pd.DataFrame], record: dict[str, Any]) -> dict[str, Any]:
+    """Write each table as ``dest/<name>.parquet`` (zstd) and then ``dest/provenance.json``: ``record``
+    with the sha256 of every file (each written atomically, :mod:`matroots.study.atomic`)."""
+    out = Path(dest)
+    digests = {}
+    for name, df in tables.items():
+        buf = io.BytesIO()
+        df.to_parquet(buf, compression="zstd", index=False)
+        data = buf.getvalue()
+        atomic.write_bytes(out / f"{name}.parquet", data)
+        digests[name] = hashlib.sha256(data).hexdigest()
+    record = {**record, "sha256": digests}
+    atomic.write_text(out / PROVENANCE, json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return record
+
+
+def read_provenance(dest: str | Path) -> dict[str, Any]:
+    """The provenance record of a shipped set."""
+    path = Path(dest) / PROVENANCE
+    if not path.exists():
+        raise ShippedResultsError(f"{dest} is not a shipped results set (no {PROVENANCE})")
+    return json.loads(path.read_text())
+
+
+def load_set(
+    dest: str | Path,
+    names: tuple[str, ...],
+    *,
+    kind: str,
+    config_hash: Callable[[Path], str],
+    repo_root: str | Path | None = None,
+    require_complete: bool = False,
+    reship: str,
+) -> dict[str, pd.DataFrame]:
+    """The tables ``names`` of a shipped set of ``kind``, after checking each file's sha256 against the
+    provenance, with ``repo_root`` that the config it names still hashes (``config_hash``) to the
+    recorded hash in that checkout, and with ``require_complete`` that every unit was done.
+    ``reship``: the command that ships the set again."""
+    prov = read_provenance(dest)
+    if prov.get("kind") != kind:
+        raise ShippedResultsError(f"{dest} holds {prov.get('kind')!r} results, not {kind} results")
+    # a set shipped before the per-file record held one table, rows, under rows_sha256
+    recorded = prov.get("sha256") or {"rows": prov.get("rows_sha256")}
+    out = {}
+    for name in names:
+        path = Path(dest) / f"{name}.parquet"
+        if not path.exists():
+            raise ShippedResultsError(f"{dest} has a provenance record but no {path.name}")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != recorded.get(name):
+            raise ShippedResultsError(
+                f"{path} is not the file its provenance describes (sha256 {digest[:12]}, recorded "
+                f"{str(recorded.get(name))[:12]}): reship it with `{reship}`"
+            )
+        out[name] = pd.read_parquet(path)
+    if repo_root is not None:
+        now = config_hash(Path(repo_root) / prov["config"])
+        if now != prov["config_hash"]:
+            raise ShippedResultsError(
+                f"{dest} was shipped from {prov['config']} with hash {prov['config_hash']}, which now "
+                f"hashes to {now}: rerun and reship, or restore the config"
+            )
+    if require_complete and not prov.get("complete"):
+        raise ShippedResultsError(
+            f"{dest} is partial ({prov.get('units_done')} of {prov.get('units_total')} units)"
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------ a sweep's set
+def config_hash_of(config_path: str | Path) -> str:
+    """The grid hash the runner records for ``config_path`` (:meth:`matroots.study.grid.Grid.config_hash`)."""
+    return grid.load_config(config_path).config_hash()
+
+
+def _read_rows(run_dir: Path) -> pd.DataFrame:
+    final = run_dir / "results.parquet"
+    parts = sorted((run_dir / "parts").glob("*.parquet")) if (run_dir / "parts").is_dir() else []
+    if parts:  # the parts are the truth while a run is resumed; results.parquet is their concatenation
+        return pd.concat([pd.read_parquet(f) for f in parts], ignore_index=True)
+    if final.exists():
+        return pd.read_parquet(final)
+    raise ShippedResultsError(f"{run_dir} holds no rows (no parts/*.parquet, no results.parquet)")
+
+
 def ship(
     run_dir: str | Path, dest: str | Path, *, config: str | Path, allow_partial: bool = False
 ) -> dict[str, Any]:
@@ -132,85 +235,43 @@ def ship(
     A run that has not done every unit is refused unless ``allow_partial`` (then ``complete`` is
     false in the provenance and :func:`load` says so). Returns the provenance record written.
     """
-    run, out = Path(run_dir), Path(dest)
+    run = Path(run_dir)
     prov = runner.read_provenance(run)
     spec = grid.load_config(config)
     want = spec.config_hash()
-    if prov.get("config_hash") != want:
-        raise ShippedResultsError(
-            f"{run} was run from config hash {prov.get('config_hash')}, but {config} hashes to {want}: "
-            "ship a run of the repository's config (or rerun it)"
-        )
+    check_run_config(run, prov, config, want)
     rows = _read_rows(run)
-    units_total = len(grid.units(spec))
-    summary = _summary(prov, rows, units_total)
-    if not summary["complete"] and not allow_partial:
-        raise ShippedResultsError(
-            f"{run} has {summary['units_done']} of {units_total} units; finish it with "
-            "`matroots sweep CONFIG --out RUN --resume`, or pass allow_partial=True (--partial)"
-        )
+    summary = run_summary(
+        run, prov, rows, len(grid.units(spec)), allow_partial=allow_partial,
+        resume="matroots sweep CONFIG --out RUN --resume",
+    )  # fmt: skip
     keep = [c for c in COLUMNS if c in rows.columns]
     compact = rows[keep].copy()
     for c in _CATEGORICAL:
         if c in compact:
             compact[c] = compact[c].astype("category")
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (ROWS + ".tmp")
-    compact.to_parquet(tmp, compression="zstd", index=False)
-    tmp.replace(out / ROWS)
     record = {
         "kind": prov.get("kind", "sweep"),
         "name": spec.name,
-        "config": str(Path(config).as_posix()),
+        "config": repo_relative(config),
         "config_hash": want,
         "created": prov.get("created"),
         "shipped": provenance.now(),
-        "rows_sha256": hashlib.sha256((out / ROWS).read_bytes()).hexdigest(),
         "columns": keep,
         **summary,
     }
-    (out / PROVENANCE).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    return record
-
-
-def read_provenance(dest: str | Path) -> dict[str, Any]:
-    path = Path(dest) / PROVENANCE
-    if not path.exists():
-        raise ShippedResultsError(f"{dest} is not a shipped results set (no {PROVENANCE})")
-    return json.loads(path.read_text())
+    return write_set(dest, {"rows": compact}, record)
 
 
 def load(
     dest: str | Path, *, repo_root: str | Path | None = None, require_complete: bool = False
 ) -> pd.DataFrame:
-    """The rows of a shipped set, after checking them against their provenance.
-
-    Checks that ``rows.parquet`` is the file the provenance describes (sha256) and, with
-    ``repo_root``, that the config it names still hashes to the recorded hash in that checkout.
-    """
-    prov = read_provenance(dest)
-    path = Path(dest) / ROWS
-    if not path.exists():
-        raise ShippedResultsError(f"{dest} has a provenance record but no {ROWS}")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != prov.get("rows_sha256"):
-        raise ShippedResultsError(
-            f"{path} is not the file its provenance describes (sha256 {digest[:12]}, recorded "
-            f"{str(prov.get('rows_sha256'))[:12]}): reship it with `matroots ship`"
-        )
-    if repo_root is not None:
-        cfg = Path(repo_root) / prov["config"]
-        now = config_hash_of(cfg)
-        if now != prov["config_hash"]:
-            raise ShippedResultsError(
-                f"{dest} was shipped from {prov['config']} with hash {prov['config_hash']}, which now "
-                f"hashes to {now}: rerun the sweep and reship, or restore the config"
-            )
-    if require_complete and not prov.get("complete"):
-        raise ShippedResultsError(
-            f"{dest} is partial ({prov.get('units_done')} of {prov.get('units_total')} units)"
-        )
-    return pd.read_parquet(path)
+    """The rows of a shipped sweep set, after checking them against their provenance
+    (:func:`load_set`)."""
+    return load_set(
+        dest, ("rows",), kind="sweep", config_hash=config_hash_of, repo_root=repo_root,
+        require_complete=require_complete, reship="matroots ship",
+    )["rows"]  # fmt: skip
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -18,15 +18,21 @@ config no longer hashes to the recorded hash.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from .. import provenance, runner
-from ..shipped import ShippedResultsError, _summary
+from ..shipped import (
+    ShippedResultsError,
+    check_run_config,
+    load_set,
+    read_provenance,
+    repo_relative,
+    run_summary,
+    write_set,
+)
 from .config import load_config
 
 CURVE_COLUMNS = ("task", "config", "optimizer", "seed", "step", "test_loss", "test_metric", "val_loss",
@@ -36,7 +42,7 @@ RUN_COLUMNS = ("unit", "task", "config", "optimizer", "phase", "trial", "seed", 
                "final_test_metric", "metric_name", "train_cpu_s", "train_wall_s", "time_ratio_cpu",
                "unit_cpu_seconds", "unit_wall_seconds", "machine")  # fmt: skip
 FILES = ("curves", "runs", "protocol")
-PROVENANCE = "provenance.json"
+KIND = "validation"
 
 
 def ship(
@@ -45,88 +51,50 @@ def ship(
     """Write the shipped set of the protocol run in ``run_dir`` (made from ``config``) into ``dest``."""
     from . import run as vrun
 
-    run, out = Path(run_dir), Path(dest)
+    run = Path(run_dir)
     prov = runner.read_provenance(run)
     grid = load_config(config)
     if grid.protocol is None:
         raise ShippedResultsError(f"{config} is not a protocol config: only protocol runs are shipped")
-    if prov.get("config_hash") != grid.config_hash():
-        raise ShippedResultsError(
-            f"{run} was run from config hash {prov.get('config_hash')}, but {config} hashes to "
-            f"{grid.config_hash()}: ship a run of the repository's config"
-        )
+    check_run_config(run, prov, config, grid.config_hash())
     tables = vrun.collect(run)
     if tables["runs"].empty:
         raise ShippedResultsError(f"{run} holds no finished unit")
     expected = len(grid.units()) + len(grid.final_units(tables["chosen"]))
-    summary = _summary(prov, tables["runs"], expected)
-    if not summary["complete"] and not allow_partial:
-        raise ShippedResultsError(
-            f"{run} has {summary['units_done']} of {expected} units; resume it, or ship with --partial"
-        )
+    summary = run_summary(
+        run, prov, tables["runs"], expected, allow_partial=allow_partial,
+        resume="matroots validate CONFIG --out RUN --resume",
+    )  # fmt: skip
     curves = tables["curves"]
     compact = {
         "curves": curves[curves["phase"] == "final"][[c for c in CURVE_COLUMNS if c in curves]],
         "runs": tables["runs"][[c for c in RUN_COLUMNS if c in tables["runs"]]],
         "protocol": tables["protocol"],
     }
-    out.mkdir(parents=True, exist_ok=True)
-    digests = {}
-    for name, df in compact.items():
-        tmp = out / f".{name}.parquet.tmp"
-        df.reset_index(drop=True).to_parquet(tmp, compression="zstd", index=False)
-        tmp.replace(out / f"{name}.parquet")
-        digests[name] = hashlib.sha256((out / f"{name}.parquet").read_bytes()).hexdigest()
     record = {
-        "kind": "validation",
+        "kind": KIND,
         "name": grid.name,
-        "config": _repo_relative(config),
+        "config": repo_relative(config),
         "config_hash": grid.config_hash(),
         "created": prov.get("created"),
         "shipped": provenance.now(),
-        "sha256": digests,
         **summary,
     }
-    (out / PROVENANCE).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    return record
+    return write_set(dest, compact, record)
 
 
-def _repo_relative(config: str | Path) -> str:
-    """``config`` relative to this checkout's root when it lies inside it (as the provenance names it)."""
-    root = Path(__file__).resolve().parents[3]  # matroots/study/validation/ship.py -> the checkout
-    p = Path(config).resolve()
-    return p.relative_to(root).as_posix() if p.is_relative_to(root) else Path(config).as_posix()
-
-
-def read_provenance(dest: str | Path) -> dict[str, Any]:
-    path = Path(dest) / PROVENANCE
-    if not path.exists():
-        raise ShippedResultsError(f"{dest} is not a shipped validation set (no {PROVENANCE})")
-    return json.loads(path.read_text())
+def _config_hash(path: Path) -> str:
+    return load_config(path).config_hash()
 
 
 def load(dest: str | Path, *, repo_root: str | Path | None = None) -> dict[str, pd.DataFrame]:
     """The tables of a shipped set (``curves``, ``runs``, ``protocol``) after checking each file's sha256
-    and, with ``repo_root``, that the config it names still hashes to the recorded hash there."""
-    prov = read_provenance(dest)
-    if prov.get("kind") != "validation":
-        raise ShippedResultsError(f"{dest} holds {prov.get('kind')!r} results, not validation results")
-    out = {}
-    for name in FILES:
-        path = Path(dest) / f"{name}.parquet"
-        if not path.exists():
-            raise ShippedResultsError(f"{dest} has a provenance record but no {path.name}")
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        if digest != prov["sha256"].get(name):
-            raise ShippedResultsError(f"{path} is not the file its provenance describes: reship it")
-        out[name] = pd.read_parquet(path)
-    if repo_root is not None:
-        now = load_config(Path(repo_root) / prov["config"]).config_hash()
-        if now != prov["config_hash"]:
-            raise ShippedResultsError(
-                f"{dest} was shipped from {prov['config']} with hash {prov['config_hash']}, which now hashes "
-                f"to {now}: rerun and reship, or restore the config"
-            )
+    and, with ``repo_root``, that the config it names still hashes to the recorded hash there
+    (:func:`matroots.study.shipped.load_set`)."""
+    out = load_set(
+        dest, FILES, kind=KIND, config_hash=_config_hash, repo_root=repo_root,
+        reship="matroots validate CONFIG --out RUN --ship DEST",
+    )  # fmt: skip
     out["curves"] = out["curves"].assign(phase="final")
     return out
 
