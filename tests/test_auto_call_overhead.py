@@ -15,9 +15,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import matroots
 from matroots.core import options as options_mod
 from matroots.solvers.auto import AutoConfig
+from matroots.solvers.auto_table import load_table
+from matroots.solvers.kappa_estimate import EXACT_MAX_WORK, estimate_kappa
 from matroots.study import matrices
-from matroots.study.tuning.estimate import EXACT_MAX_WORK, estimate_kappa
-from matroots.study.tuning.table import load_table
 
 # auto's own checks beside the estimate: the exact-symmetry test (transpose + equal), the finiteness
 # test (one sum and its read), the batch view, and detaches (each a view, dispatched) -- at most 8.

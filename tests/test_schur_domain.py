@@ -9,7 +9,7 @@ float64 Schur form of the same rounded matrix.
 
 Errors are judged against the high-precision root of the matrix actually solved (matroots.truth.reference:
 mpmath / flint) with the bound C sqrt(n) (1 + cond(f, fl(A))) u, C = 5, of experiments/gallery_domain.py,
-cond from matroots.core.conditioning.cond_root. Every matrix gets its domain from construction: integer
+cond from matroots.truth.metrics.cond_root. Every matrix gets its domain from construction: integer
 (frank), exactly triangular (Al-Mohy-Higham) or power-of-two diagonal matrices, hilb(8) (its fp32
 rounding checked SPD here by the exact spectrum), chebspec(10, 1) (eigenvalues with Re < 0, far from the
 negative real axis relative to the rounding of either format).
@@ -25,10 +25,10 @@ import pytest
 import torch
 
 import matroots
-from matroots.core.conditioning import cond_root
 from matroots.core.errors import NegativeRealEigenvalueError, NotPositiveDefiniteError
 from matroots.study import matrices
 from matroots.truth import metrics, reference
+from matroots.truth.metrics import cond_root
 
 pytestmark = pytest.mark.numerics
 
