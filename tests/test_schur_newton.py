@@ -87,3 +87,20 @@ def test_batch_is_solved_element_by_element():
     res = matroots.inverse_root(torch.from_numpy(A), 2, method="schur_newton")
     assert res.converged.tolist() == [True, True, True]
     assert len(res.info["k1"]) == 3
+
+
+def test_fp16_newton_phase_never_rounds_a_subnormal_triangle():
+    """The fuzz's one silent wrong (robustness.py --cases 3000 --seed 20261202): in fp16 the square-rooted
+    factor U was rounded to fp16 before the Newton phase, and a 1 x 1 element of the matrix solved of
+    8e-7 (after the batch prescale) is subnormal there, rounded by up to 4%: its inverse cube root was
+    1% wrong and flagged converged. M_0 = U / c^p is now formed before the rounding (as coupled_newton
+    does). Exact: fp16 entries 0 and 1/8 plus eps = 1e-7 (added in the wider format), closed-form roots;
+    the yardstick of matroots.study.robustness, C n (1 + cond) u_16 with C = 10 and cond = 1/p."""
+    A = torch.tensor([[[0.0]], [[0.125]]], dtype=torch.float16)
+    res = matroots.inverse_root(
+        A, 3, method="schur_newton", eps=1e-7, eps_mode="absolute", dtype=torch.float16
+    )
+    exact = torch.tensor([1e-7, 0.125 + 1e-7], dtype=torch.float64) ** (-1.0 / 3.0)
+    err = (res.root.double().reshape(-1) - exact).abs() / exact
+    assert bool(res.converged.all())
+    assert bool((err <= 10.0 * 1 * (1.0 + 1.0 / 3.0) * 2.0**-11).all()), err

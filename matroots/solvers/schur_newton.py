@@ -186,7 +186,10 @@ class SchurNewtonConfig(SolverConfig):
                 U = np.diag(np.sqrt(np.diag(U))).astype(R.dtype) if sym else sqrtm_quasi_triangular(U, blocks)
             mod = np.exp(np.log(np.abs(eigs)) * 0.5**k1)
             cp = optimal_c_power(np.array([mod.min()]), np.array([mod.max()]), q)
-            Ut = torch.from_numpy(np.ascontiguousarray(U)).to(cdt).unsqueeze(0)
+            # U stays in the format of its square roots: M_0 = U / c^p is formed before the rounding to
+            # the compute format (newton_core._start_matrix), so a 16-bit run never rounds U itself,
+            # whose entries may be subnormal there (fp16, a 1 x 1 matrix 8.7e-8: 1% error before)
+            Ut = torch.from_numpy(np.ascontiguousarray(U)).unsqueeze(0)
             out = coupled_newton_iterate(
                 Ut,
                 q,
@@ -196,6 +199,7 @@ class SchurNewtonConfig(SolverConfig):
                 stagnation_accept=self.stagnation_accept * tol,
                 inverse=inverse,
                 record_history=prob.record_history,
+                compute_dtype=cdt,
             )
             X = out.X[0]
             for _ in range(k1 - k0):
