@@ -60,25 +60,48 @@ class _Pending:
 class RootSchedule:
     """Which factor rounds to submit and to install at each step (pure bookkeeping on step numbers).
 
-    ``frequency``: a round falls due at steps ``t`` with ``t % frequency == 0`` (the synchronous
-    ``precondition_frequency`` rule). ``delay``: the round submitted at ``t`` is installed at the start
-    of step ``t + delay``.
+    Whether a factor *falls due* at a step is the caller's synchronous rule (``precondition_frequency``
+    and ``start_preconditioning_step`` on the parameter's step); ``delay``: the round submitted at step
+    ``t`` is installed at the start of step ``t + delay``. Keys are any hashable names of what one round
+    refreshes (the optimizer uses blocks: all factors of a block are refreshed together, as in the
+    synchronous schedule).
     """
 
-    frequency: int
     delay: int
     _pending: dict[Hashable, _Pending] = field(default_factory=dict, repr=False)
+    _missed: set[Hashable] = field(default_factory=set, repr=False)
     _generation: dict[Hashable, int] = field(default_factory=dict, repr=False)
-    #: key -> the step whose factors the installed root was computed from
-    _installed_from: dict[Hashable, int] = field(default_factory=dict, repr=False)
+    #: key -> (generation, step whose factors the installed root was computed from)
+    _installed: dict[Hashable, tuple[int, int]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        for name, value, low in (
-            ("precondition_frequency", self.frequency, 1),
-            ("max_root_delay", self.delay, 0),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InvalidArgumentError(f"{name} must be an integer >= {low}, got {value!r}")
+        v = self.delay
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise InvalidArgumentError(f"max_root_delay must be an integer >= 0, got {v!r}")
+
+    def due(self, key: Hashable, falls_due: bool) -> bool:
+        """Whether ``key``'s round is submitted now: it falls due now (``falls_due``, the synchronous
+        rule) or fell due while its previous round was pending, and none of its rounds is pending.
+        A step at which it falls due while one is pending is remembered, so the round is submitted at
+        the step that installs the pending one (the in-step order installs first)."""
+        if key in self._pending:
+            if falls_due:
+                self._missed.add(key)
+            return False
+        return falls_due or key in self._missed
+
+    def submit(self, key: Hashable, step: int) -> _Pending:
+        if key in self._pending:
+            raise ShampooError(
+                f"a root round for {key!r} is already in flight (submitted at step "
+                f"{self._pending[key].submitted}); at most one per factor"
+            )
+        self._missed.discard(key)
+        gen = self._generation.get(key, 0) + 1
+        self._generation[key] = gen
+        p = _Pending(submitted=step, install_at=step + self.delay, generation=gen)
+        self._pending[key] = p
+        return p
 
     def installs(self, step: int) -> list[Hashable]:
         """Keys whose pending round must be installed at the start of ``step`` (in submission order)."""
@@ -97,42 +120,52 @@ class RootSchedule:
                 f"{p.install_at}, not {step} (max_root_delay = {self.delay})"
             )
         del self._pending[key]
-        self._installed_from[key] = p.submitted
+        self._installed[key] = (p.generation, p.submitted)
         return p.generation
 
-    def due(self, key: Hashable, step: int) -> bool:
-        """Whether ``key`` should be submitted at ``step``: it is due and none of its rounds is pending.
-
-        A factor never refreshed (its first round) is due at any step, so that the first round is never
-        skipped because a step count was not a multiple of the frequency.
-        """
-        if key in self._pending:
-            return False
-        if key not in self._installed_from:
-            return True
-        last = self._installed_from[key]
-        return step % self.frequency == 0 or step - last >= self.frequency
-
-    def submit(self, key: Hashable, step: int) -> _Pending:
-        if key in self._pending:
-            raise ShampooError(
-                f"a root round for {key!r} is already in flight (submitted at step "
-                f"{self._pending[key].submitted}); at most one per factor"
-            )
-        gen = self._generation.get(key, 0) + 1
-        self._generation[key] = gen
-        p = _Pending(submitted=step, install_at=step + self.delay, generation=gen)
-        self._pending[key] = p
-        return p
+    def drop(self, key: Hashable) -> None:
+        """Forget ``key``'s pending round (it raised, or the state it refreshes was replaced): the
+        factor keeps its installed root and is submitted again when it next falls due."""
+        self._pending.pop(key, None)
 
     def age(self, key: Hashable, step: int) -> int | None:
         """Steps since the installed root's factors were snapshotted (None: never installed)."""
-        last = self._installed_from.get(key)
-        return None if last is None else step - last
+        got = self._installed.get(key)
+        return None if got is None else step - got[1]
+
+    def installed(self, key: Hashable) -> tuple[int, int] | None:
+        """(generation, snapshot step) of ``key``'s installed root (None: never installed)."""
+        return self._installed.get(key)
 
     def pending(self) -> dict[Hashable, tuple[int, int]]:
         """key -> (submitted step, install step) of every round in flight (for state dicts)."""
         return {k: (p.submitted, p.install_at) for k, p in self._pending.items()}
+
+    def missed(self, key: Hashable) -> bool:
+        """Whether ``key`` fell due while its round was pending (submitted at that round's install)."""
+        return key in self._missed
+
+    def restore(
+        self,
+        key: Hashable,
+        *,
+        generation: int,
+        installed: tuple[int, int] | None,
+        pending: tuple[int, int] | None = None,
+        missed: bool = False,
+    ) -> None:
+        """Set ``key``'s bookkeeping from a checkpoint (see :meth:`installed`, :meth:`pending`)."""
+        self._generation[key] = generation
+        if installed is not None:
+            self._installed[key] = installed
+        if pending is not None:
+            self._pending[key] = _Pending(pending[0], pending[1], generation)
+        if missed:
+            self._missed.add(key)
+
+    def generation(self, key: Hashable) -> int:
+        """Rounds submitted for ``key`` so far (the installed one's generation is :meth:`installed`)."""
+        return self._generation.get(key, 0)
 
 
 # --- the executor ---------------------------------------------------------------------------------------
@@ -157,6 +190,7 @@ class RoundTicket:
         self.id = next(self._ids)
         self._event = threading.Event()
         self._outcome: RoundOutcome | None = None
+        self.cancelled = False  # a queued round that is no longer wanted is skipped by the worker
 
     def done(self) -> bool:
         return self._event.is_set()
@@ -176,6 +210,9 @@ def _worker(jobs: queue.SimpleQueue, num_threads: int) -> None:
         if item is _STOP:
             return
         ticket, fn, args = item
+        if ticket.cancelled:
+            ticket._finish(RoundOutcome(error=ShampooError("the root round was cancelled")))
+            continue
         t0 = time.perf_counter()
         try:
             outcome = RoundOutcome(value=fn(*args))
@@ -204,12 +241,7 @@ class RootExecutor:
     """
 
     def __init__(self, num_threads: int = 1, *, timeout: float | None = None, name: str = "shampoo-roots"):
-        if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
-            raise InvalidArgumentError(f"root_threads must be an integer >= 1, got {num_threads!r}")
-        if timeout is not None and not timeout > 0:
-            raise InvalidArgumentError(
-                f"root_timeout must be a positive number of seconds or None, got {timeout!r}"
-            )
+        self.check_arguments(num_threads, timeout)
         self.num_threads = num_threads
         self.timeout = timeout
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -220,6 +252,18 @@ class RootExecutor:
         self._closed = False
         self._finalizer = weakref.finalize(self, RootExecutor._stop_queue, self._jobs)
         _LIVE.add(self)
+
+    @staticmethod
+    def check_arguments(num_threads: object, timeout: object) -> None:
+        """The executor's arguments as the optimizer names them (``root_threads``, ``root_timeout``)."""
+        if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+            raise InvalidArgumentError(f"root_threads must be an integer >= 1, got {num_threads!r}")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+        ):
+            raise InvalidArgumentError(
+                f"root_timeout must be a positive number of seconds or None, got {timeout!r}"
+            )
 
     @staticmethod
     def _stop_queue(jobs: queue.SimpleQueue) -> None:

@@ -23,6 +23,7 @@ from .errors import FactorResetWarning
 from .implementation import DEFAULT_IMPLEMENTATION, ShampooImplementation
 from .preconditioner import BlockBucket, block_norms
 from .refresh import warn
+from .root_pipeline import GroupRounds, merge_reports
 from .roots import compute_roots
 from .state import BlockState, ParamState
 
@@ -340,6 +341,10 @@ class GroupEngine:
         )
         warn(msg, FactorResetWarning)
 
+    def block_key(self, bi: int, position: int) -> tuple[str | int, int]:
+        """(parameter key, block index) of bucket ``bi``'s block at ``position``."""
+        return self.states[self.members[bi][position]].key, self.buckets[bi].blocks[position].spec.index
+
     def label(self, bi: int, position: int, dim: int) -> str:
         """A factor's name in messages: ``key[block i, dim d]``."""
         spec = self.buckets[bi].blocks[position].spec
@@ -347,13 +352,22 @@ class GroupEngine:
         return f"{key!s}[block {spec.index}, dim {dim}]"
 
     def block_directions(
-        self, opts: GroupOptions, present: list[int], grads: list[torch.Tensor], diag: DiagnosticsConfig
+        self,
+        opts: GroupOptions,
+        present: list[int],
+        grads: list[torch.Tensor],
+        diag: DiagnosticsConfig,
+        rounds: GroupRounds | None = None,
     ) -> tuple[list[BucketDirections], Any]:
         """Stages 2-4 on the owned blocks of the present parameters.
 
         Returns the :class:`BucketDirections` of every bucket with present blocks (block j's
-        direction is s_j D_j), and the roots report.
+        direction is s_j D_j), and the roots report. ``rounds``: the root schedule of
+        ``root_schedule="async"`` (:mod:`shampoo.root_pipeline`): its rounds due now are installed
+        first, it decides which blocks are refreshed and runs their round; None: every due round
+        is computed here (:func:`~shampoo.roots.compute_roots`).
         """
+        installed = rounds.install() if rounds is not None else None
         merged = {i: self.states[i].layout.merged_view(g) for i, g in zip(present, grads, strict=True)}
         work = []
         for bi, (bucket, members) in enumerate(zip(self.buckets, self.members, strict=True)):
@@ -370,18 +384,29 @@ class GroupEngine:
         for _bi, bucket, _positions, _sel, _m, steps in work:
             if any(t % freq == 0 for t in steps):  # amortised: once per precondition_frequency steps
                 self._check_accumulators(bucket)
-        jobs = []
+        jobs, blocks = [], []
         for bi, bucket, positions, _sel, _m, steps in work:
             due = [
                 (j, t)
                 for j, t in zip(positions, steps, strict=True)
-                if t >= start and (t - start) % freq == 0
+                if t >= start
+                and (
+                    (t - start) % freq == 0
+                    if rounds is None
+                    else rounds.due(*self.block_key(bi, j), (t - start) % freq == 0)
+                )
             ]
             if due:
                 pos, ts = [j for j, _ in due], [t for _, t in due]
                 label = lambda j, d, bi=bi: self.label(bi, j, d)  # noqa: E731
-                jobs.extend(bucket.refresh(pos, ts, label))
-        report = compute_roots(jobs, opts, diag, self.impl) if jobs else None
+                new = bucket.refresh(pos, ts, label)
+                jobs.extend(new)
+                if new:
+                    blocks.extend(self.block_key(bi, j) for j in pos)
+        if rounds is None:
+            report = compute_roots(jobs, opts, diag, self.impl) if jobs else None
+        else:
+            report = merge_reports(installed, rounds.submit(jobs, blocks, opts, diag, self.impl))
         out = []
         for bi, bucket, positions, sel, m, steps in work:
             use = [t >= start and bucket.ready(j) for j, t in zip(positions, steps, strict=True)]

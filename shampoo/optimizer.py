@@ -62,6 +62,7 @@ from .optim_compat import (
     match_keys,
     unknown_option_error,
 )
+from .root_pipeline import GroupRounds, RootPipeline, RootStatus, check_schedule
 from .state import ParamState, flatten, plan_restore
 from .transforms.kronecker import statistics_updates
 
@@ -77,6 +78,10 @@ class StepTiming:
     root_seconds: float = 0.0
     root_rounds: int = 0
     roots_computed: int = 0
+    #: ``root_schedule="async"``: of ``root_seconds``, the time the step waited for background rounds
+    #: (the rest is preparing and installing them); and the rounds' own time on the background thread
+    root_wait_seconds: float = 0.0
+    root_background_seconds: float = 0.0
 
     def reset(self) -> None:
         self.steps, self.step_seconds, self.root_seconds, self.root_rounds, self.roots_computed = (
@@ -86,6 +91,7 @@ class StepTiming:
             0,
             0,
         )
+        self.root_wait_seconds = self.root_background_seconds = 0.0
 
     @property
     def root_share(self) -> float:
@@ -162,6 +168,18 @@ class Shampoo(torch.optim.Optimizer):
             step takes (fused Adam grafting, the update applied from the buckets, trusted factors,
             the root round's chunk size); None: all on, chunks of 8 MiB. Optimizer-wide and frozen,
             like torch.optim's ``foreach``/``fused``: two optimizers in one process may differ.
+        root_schedule: ``"sync"`` (default): a due root round is computed in the step that needs it.
+            ``"async"``: it is computed on a background thread from a copy of the bias-corrected
+            factors taken at the step it falls due (step t), and installed at the start of step
+            t + ``max_root_delay``, waiting for it if it is not finished; the steps in between use
+            the previous roots. At most one round per block in flight (a block falling due while its
+            round is pending is submitted at that round's install). ``max_root_delay=0`` computes
+            in the step: the synchronous optimizer, bit for bit. The failure policy (fallback,
+            counters, warnings, errors) acts at install, in the training thread. Optimizer-wide;
+            see :mod:`shampoo.root_pipeline` and docs/design.md §6.
+        root_threads: the background thread's intra-op thread budget (``torch.set_num_threads`` is
+            per thread: the training thread keeps its own). root_timeout: seconds an install waits
+            for its round before :class:`shampoo.errors.RootRoundTimeoutError` (None: no limit).
         distributed: a :class:`shampoo.DDPConfig` for data-parallel Shampoo (each rank computes its
             blocks' statistics, roots and directions; one all-gather shares them, see
             :mod:`shampoo.distributed`; gradients must already be identical on every rank:
@@ -188,7 +206,8 @@ class Shampoo(torch.optim.Optimizer):
     A keyword that is none of these raises :class:`shampoo.UnknownOptionError` (a TypeError) naming
     the closest option.
 
-    Every option except ``diagnostics``, ``distributed`` and the implementation flags can be set per
+    Every option except ``diagnostics``, ``distributed``, the root schedule (``root_schedule``,
+    ``max_root_delay``, ``root_threads``, ``root_timeout``) and the implementation flags can be set per
     param group (they are the fields of :class:`shampoo.config.GroupOptions`, the one definition of
     the hyperparameters and their validation).
 
@@ -236,6 +255,10 @@ class Shampoo(torch.optim.Optimizer):
         diagnostics: DiagnosticsConfig | None = None,
         implementation: ShampooImplementation | None = None,
         distributed: Any = None,
+        root_schedule: str = "sync",
+        max_root_delay: int = 1,
+        root_threads: int = 1,
+        root_timeout: float | None = None,
         maximize: bool = False,
         statistics_frequency: int = 1,
         statistics_dtype: torch.dtype | None = None,
@@ -262,6 +285,10 @@ class Shampoo(torch.optim.Optimizer):
             raise InvalidShampooArgumentError(
                 "diagnostics", diagnostics, "a shampoo.DiagnosticsConfig or None"
             )
+        check_schedule(root_schedule, max_root_delay)
+        self._roots = (
+            RootPipeline(max_root_delay, root_threads, root_timeout) if root_schedule == "async" else None
+        )
         self._engines: list[GroupEngine | None] = []
         self._global_step = 0
         self.timing = StepTiming()
@@ -416,16 +443,26 @@ class Shampoo(torch.optim.Optimizer):
             eng.states[i].step += 1
         if self._fsdp is not None:  # "owner": the whole gradients
             grads = self._fsdp.engine_grads(gi, idx, grads)  # type: ignore[arg-type]
+        pipe = self._roots
+        rounds = None if pipe is None else GroupRounds(pipe, gi, self._global_step)
+        before = (0.0, 0.0, 0.0) if pipe is None else pipe.seconds()
         try:
-            outputs, report = eng.block_directions(opts, idx, grads, self._diag)  # type: ignore[arg-type]
+            outputs, report = eng.block_directions(opts, idx, grads, self._diag, rounds)  # type: ignore[arg-type]
         except ShampooError as err:
             if self._sharding is not None:
                 self._sharding.report_failure(eng.plan, err)  # the other ranks raise instead of waiting
             elif self._fsdp is not None:  # in the collectives the other ranks are waiting in
                 self._fsdp.failed(eng.plan, len(params), err)
             raise
+        finally:
+            if pipe is not None:  # training-thread time on roots: preparing, waiting, installing
+                fg, wait, bg = (a - b for a, b in zip(pipe.seconds(), before, strict=True))
+                self.timing.root_seconds += fg + wait
+                self.timing.root_wait_seconds += wait
+                self.timing.root_background_seconds += bg
         if report is not None:
-            self.timing.root_seconds += report.seconds
+            if pipe is None:
+                self.timing.root_seconds += report.seconds
             self.timing.root_rounds += 1
             self.timing.roots_computed += report.factors
             log.info(
@@ -581,6 +618,21 @@ class Shampoo(torch.optim.Optimizer):
             for st in eng.states:
                 out.extend(block_diagnostics(st.key, st.step, b) for b in st.blocks if b.owned)
         return out
+
+    def root_status(self) -> list[RootStatus]:
+        """Under ``root_schedule="async"``, per owned block with factors: the generation of its
+        installed roots, the global step whose factors they came from, their age in steps and the
+        round in flight (:class:`shampoo.root_pipeline.RootStatus`); [] under ``"sync"``."""
+        if self._roots is None:
+            return []
+        return [
+            self._roots.status((gi, st.key, b.spec.index), self._global_step)
+            for gi, eng in enumerate(self._engines)
+            if eng is not None
+            for st in eng.states
+            for b in st.blocks
+            if b.owned and b.factors
+        ]
 
     def diagnostics_frame(self) -> Any:
         """:meth:`diagnostics` as a tidy pandas DataFrame (one row per factor)."""

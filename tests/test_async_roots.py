@@ -1,6 +1,6 @@
 """The asynchronous-roots building blocks (shampoo.async_roots): the bounded-staleness schedule is the
 synchronous one at delay 0 and installs exactly `delay` steps after submitting otherwise, with one round
-per factor in flight; the executor runs rounds on its own thread with its own thread budget, hands back
+per factor in flight (one falling due meanwhile is submitted at the install); the executor runs rounds on its own thread with its own thread budget, hands back
 exceptions instead of losing them, times out a hung round, and leaves no thread behind."""
 
 from __future__ import annotations
@@ -20,15 +20,18 @@ from shampoo.async_roots import RootExecutor, RootSchedule
 from shampoo.errors import RootRoundTimeoutError, ShampooError
 
 
-def _simulate(frequency: int, delay: int, steps: int) -> tuple[list[int], list[tuple[int, int]]]:
-    """Drive one factor through `steps` steps (numbered from 1); return submit steps and (install step,
-    submitted step) pairs, in the documented in-step order: install, submit, install."""
-    s = RootSchedule(frequency, delay)
+def _simulate(
+    frequency: int, delay: int, steps: int, start: int = 1
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """Drive one factor through `steps` steps (numbered from 1; it falls due by the synchronous rule);
+    return submit steps and (install step, submitted step) pairs, in the documented in-step order:
+    install, submit, install."""
+    s = RootSchedule(delay)
     submits, installs = [], []
     for step in range(1, steps + 1):
         for phase in (0, 1, 2):
             if phase == 1:
-                if s.due("L", step):
+                if s.due("L", step >= start and (step - start) % frequency == 0):
                     s.submit("L", step)
                     submits.append(step)
                 continue
@@ -39,43 +42,51 @@ def _simulate(frequency: int, delay: int, steps: int) -> tuple[list[int], list[t
     return submits, installs
 
 
-@pytest.mark.parametrize("frequency", [1, 3, 10])
-def test_delay_zero_is_the_synchronous_schedule(frequency: int) -> None:
-    submits, installs = _simulate(frequency, 0, 60)
-    # sync: the first round at the first step, then every step that is a multiple of the frequency
-    sync = [1] + [t for t in range(2, 61) if t % frequency == 0]
+@pytest.mark.parametrize(("frequency", "start"), [(1, 1), (3, 3), (10, 10), (3, 1), (4, 6)])
+def test_delay_zero_is_the_synchronous_schedule(frequency: int, start: int) -> None:
+    submits, installs = _simulate(frequency, 0, 60, start)
+    sync = [t for t in range(1, 61) if t >= start and (t - start) % frequency == 0]
     assert submits == sync
     assert installs == [(t, t) for t in sync]  # installed within the step that computed it
 
 
 @pytest.mark.parametrize(("frequency", "delay"), [(3, 1), (3, 2), (3, 3), (10, 4), (1, 1), (1, 2), (3, 5)])
 def test_install_exactly_delay_steps_later_one_in_flight(frequency: int, delay: int) -> None:
-    submits, installs = _simulate(frequency, delay, 80)
+    submits, installs = _simulate(frequency, delay, 80, frequency)
     assert [sub for _, sub in installs] == submits[: len(installs)]
     assert all(step == sub + delay for step, sub in installs)  # never earlier, never later
     # at most one in flight: each submission after the first happens at or after the previous install
     for prev_install, nxt in zip(installs, submits[1:], strict=False):
         assert nxt >= prev_install[0]
-    gaps = {b - a for a, b in itertools.pairwise(submits)}
-    assert max(gaps) <= max(frequency, delay) and min(gaps) >= min(frequency, max(delay, 1))
+    # the next submission: the first step falling due after the previous one, or its install step
+    for a, b in itertools.pairwise(submits):
+        first_due = next(t for t in range(a + 1, 200) if (t - frequency) % frequency == 0)
+        assert b == max(first_due, a + delay)
 
 
 def test_schedule_age_generation_and_errors() -> None:
-    s = RootSchedule(5, 2)
-    assert s.age("R", 1) is None
+    s = RootSchedule(2)
+    assert s.age("R", 1) is None and s.installed("R") is None
+    assert s.due("R", True)
     s.submit("R", 1)
+    assert not s.due("R", True) and s.missed("R")  # fell due while pending: submitted at install
     with pytest.raises(ShampooError, match="already in flight"):
         s.submit("R", 2)
     assert s.installs(2) == [] and s.installs(3) == ["R"]
     with pytest.raises(ShampooError, match="installs at step 3, not 2"):
         s.mark_installed("R", 2)  # before its install step: the ranks would disagree
     assert s.mark_installed("R", 3) == 1
-    assert s.age("R", 7) == 6  # the installed root was computed from step 1's factors
+    assert s.due("R", False)  # the missed round
+    assert s.age("R", 7) == 6 and s.installed("R") == (1, 1)  # computed from step 1's factors
     s.submit("R", 10)
+    assert not s.missed("R") and s.generation("R") == 2
     assert s.mark_installed("R", 12) == 2
-    for bad in ({"frequency": 0, "delay": 0}, {"frequency": 2, "delay": -1}, {"frequency": 2.0, "delay": 1}):
+    s.submit("R", 13)
+    s.drop("R")  # a round that raised: forgotten, the installed roots stay
+    assert s.installed("R") == (2, 10) and s.pending() == {} and not s.due("R", False)
+    for bad in (-1, 1.0, True):
         with pytest.raises(InvalidArgumentError, match="must be an integer"):
-            RootSchedule(**bad)
+            RootSchedule(bad)
 
 
 def test_executor_runs_in_background_with_its_own_thread_budget() -> None:

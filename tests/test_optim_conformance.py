@@ -284,7 +284,8 @@ def test_hyperparameters_have_one_definition() -> None:
     from shampoo.optim_compat import IMPL_FLAGS
 
     sig = inspect.signature(shampoo.Shampoo.__init__)
-    optimizer_wide = {"diagnostics", "implementation", "distributed"}
+    optimizer_wide = {"diagnostics", "implementation", "distributed", "root_schedule", "max_root_delay"}
+    optimizer_wide |= {"root_threads", "root_timeout"}
     args = set(sig.parameters) - {"self", "params", "unknown", *optimizer_wide, *IMPL_FLAGS}
     fields = {f.name for f in dataclasses.fields(GroupOptions)}
     assert args == fields

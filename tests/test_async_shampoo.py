@@ -1,0 +1,387 @@
+"""Shampoo(root_schedule="async"): roots computed on a background thread from a snapshot of the
+factors and installed a fixed number of steps later (issue 24; docs/design.md §6).
+
+* max_root_delay=0 is the synchronous optimizer bit for bit (the round runs inline: the same
+  computation by construction), for every registered root solver, SOAP's basis updates, the
+  fallback and the statistics-reset paths.
+* delay k: the roots in use after step s are exactly those the synchronous optimizer computed from
+  the factors of the documented step T(s) (latest submission T with T + k <= s; submissions at the
+  first step falling due after the previous one, or at its install step if one fell due meanwhile).
+  The gradients are a fixed stream (set by hand), so both runs have the same factors at every step
+  whatever roots they apply; both compute with one intra-op thread, so the same kernels see the same
+  bits (bitwise by construction).
+* failures in the worker go through the failure policy at install, in the training thread; a
+  non-numerical error is re-raised there; a hung round times out; no thread is left behind.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import subprocess
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+
+import shampoo
+from matroots import MatrootsNumericalError
+from matroots.core.errors import InvalidArgumentError
+from matroots.solvers import EighConfig, SolverConfig, registry
+from shampoo.errors import RootRoundTimeoutError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+
+import golden_runs
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread for the training thread (the background thread's budget is root_threads=1):
+    the synchronous and background computations then run the same kernels on the same bits."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _equal(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, float) and math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    return a == b
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    bad = [k for k in a if not _equal(a[k], b[k])]
+    assert not bad, bad[:5]
+
+
+SYNC_CASES = [golden_runs.Case(f"solver_{s}", {"root_solver": s}) for s in registry.available()]
+SYNC_CASES += [
+    golden_runs.Case(f"soap_{b}", {"preconditioner": shampoo.SOAP(basis_update=b)})
+    for b in ("eigh_warm", "eigh", "qr")
+]
+SYNC_CASES += [
+    golden_runs.Case("fallback", {"root_solver": golden_runs.FailsInFp32()}),
+    golden_runs.Case("overflow_reset", {}, overflow_step=3),
+    golden_runs.Case("statistics_frequency_2", {"statistics_frequency": 2}),
+]
+
+
+@pytest.mark.parametrize("case", SYNC_CASES, ids=[c.name for c in SYNC_CASES])
+def test_delay_zero_is_sync_bitwise(case: golden_runs.Case) -> None:
+    sync = golden_runs.run_case(case)
+    delayed = golden_runs.Case(
+        case.name, {**case.options, "root_schedule": "async", "max_root_delay": 0}, case.fast, case.ranks,
+        case.overflow_step,
+    )  # fmt: skip
+    _assert_same(golden_runs.run_case(delayed), sync)
+
+
+# -- delay k: the documented snapshot ---------------------------------------------------------------
+
+
+def _params() -> list[tuple[str, torch.nn.Parameter]]:
+    torch.manual_seed(0)
+    return [
+        ("w", torch.nn.Parameter(torch.randn(6, 5))),
+        ("cube", torch.nn.Parameter(torch.randn(2, 3, 4))),
+        ("b", torch.nn.Parameter(torch.randn(5))),
+    ]
+
+
+def _grads(steps: int) -> list[list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    shapes = [p.shape for _, p in _params()]
+    return [[torch.randn(s, generator=g) for s in shapes] for _ in range(steps)]
+
+
+def _roots(opt: shampoo.Shampoo) -> dict[tuple, torch.Tensor]:
+    out = {}
+    for eng in opt._engines:
+        for st in eng.states if eng is not None else []:
+            for b in st.blocks:
+                for f in b.factors:
+                    out[(st.key, b.spec.index, f.dim)] = f.root.clone()
+    return out
+
+
+def _run(steps: int, grads: list, **options) -> tuple[list[dict], shampoo.Shampoo]:
+    """Step an optimizer on the fixed gradient stream; the roots in use after each step."""
+    params = _params()
+    opt = shampoo.Shampoo(params, lr=1e-2, betas=(0.9, 0.99), eps=1e-3, eps_mode="relative",
+                          max_preconditioner_dim=4, exponent_override={3: 0.25}, **options)  # fmt: skip
+    out = []
+    for t in range(steps):
+        for (_, p), g in zip(params, grads[t], strict=True):
+            p.grad = g.clone()
+        opt.step()
+        out.append(_roots(opt))
+    return out, opt
+
+
+def _submissions(steps: int, start: int, freq: int, delay: int) -> list[int]:
+    """The documented schedule: the first submission is the first step falling due; the next is
+    max(first step falling due after it, its install step)."""
+    due = [t for t in range(1, steps + 1) if t >= start and (t - start) % freq == 0]
+    subs = [due[0]]
+    while True:
+        later = [t for t in due if t > subs[-1]]
+        if not later or max(later[0], subs[-1] + delay) > steps:
+            return subs
+        subs.append(max(later[0], subs[-1] + delay))
+
+
+DELAY_CASES = [
+    # (frequency, start, delay, solver, warm_start): every submission lands on a step where the
+    # synchronous run computes roots too (with frequency < delay a warm start would differ: off)
+    (3, 3, 1, "eigh", True),
+    (3, 3, 3, "eigh", True),
+    (3, 3, 2, "coupled_newton", True),
+    (3, 3, 2, "eigh_warm", True),
+    (1, 1, 2, "eigh", False),
+    (2, 2, 4, "coupled_newton", False),
+    (1, 2, 1, "newton_schulz", False),
+]
+
+
+@pytest.mark.parametrize(("freq", "start", "delay", "solver", "warm"), DELAY_CASES)
+def test_delay_k_applies_the_roots_of_the_documented_step(freq, start, delay, solver, warm) -> None:
+    steps = 16
+    grads = _grads(steps)
+    common = dict(precondition_frequency=freq, start_preconditioning_step=start, root_solver=solver,
+                  warm_start=warm)  # fmt: skip
+    sync, _ = _run(steps, grads, **common)
+    got, opt = _run(steps, grads, **common, root_schedule="async", max_root_delay=delay, root_threads=1)
+    subs = _submissions(steps, start, freq, delay)
+    identity = _run(1, grads, **{**common, "start_preconditioning_step": 10**6})[0][0]
+    for s in range(1, steps + 1):
+        installed = [t for t in subs if t + delay <= s]
+        want = sync[installed[-1] - 1] if installed else identity
+        assert got[s - 1].keys() == want.keys()
+        bad = [k for k in want if not torch.equal(got[s - 1][k], want[k])]
+        assert not bad, (s, installed[-1:] or None, bad[:3])
+    # the diagnostics say the same: generation, snapshot step and age of the installed roots
+    status = opt.root_status()
+    assert status and {(r.generation, r.snapshot_step, r.age) for r in status} == {
+        (len([t for t in subs if t + delay <= steps]), subs[-1] if subs[-1] + delay <= steps else subs[-2],
+         steps - (subs[-1] if subs[-1] + delay <= steps else subs[-2])),
+    }  # fmt: skip
+    pending = [t for t in subs if t + delay > steps]
+    assert {r.pending for r in status} == {(pending[0], pending[0] + delay) if pending else None}
+
+
+# -- failures -----------------------------------------------------------------------------------------
+
+
+class RaisesNumerical(SolverConfig):
+    """A primary solver that always fails numerically, recording the threads it ran on."""
+
+    name = "raises_numerical"
+    threads: ClassVar[list[str]] = []
+
+    def solve(self, A, p, **kw):  # type: ignore[override]
+        RaisesNumerical.threads.append(threading.current_thread().name)
+        raise MatrootsNumericalError("no root today")
+
+
+class RaisesInputError(SolverConfig):
+    name = "raises_input_error"
+
+    def solve(self, A, p, **kw):  # type: ignore[override]
+        raise InvalidArgumentError("this solver refuses every input")
+
+
+def _counters(opt: shampoo.Shampoo) -> list[tuple]:
+    return [
+        (
+            f.primary_failures,
+            f.fallback_uses,
+            f.failures,
+            f.consecutive_failures,
+            f.solver,
+            f.converged,
+        )
+        for d in opt.diagnostics()
+        for f in d.factors
+    ]
+
+
+def test_worker_failure_goes_through_the_failure_policy_at_install() -> None:
+    grads = _grads(7)
+    common = dict(precondition_frequency=2, start_preconditioning_step=2, root_solver=RaisesNumerical())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, sync = _run(6, grads, **common)  # rounds at 2, 4, 6
+    RaisesNumerical.threads.clear()
+    params = _params()
+    opt = shampoo.Shampoo(params, lr=1e-2, max_preconditioner_dim=4, exponent_override={3: 0.25},
+                          root_schedule="async", max_root_delay=1, **common)  # fmt: skip
+    for t in range(7):  # rounds submitted at 2, 4, 6, installed at 3, 5, 7
+        for (_, p), g in zip(params, grads[t], strict=True):
+            p.grad = g.clone()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+        failures = [w for w in caught if issubclass(w.category, shampoo.RootFailureWarning)]
+        assert len(failures) == (1 if t + 1 in (3, 5, 7) else 0), t + 1  # reported at install
+    assert RaisesNumerical.threads and set(RaisesNumerical.threads) == {"shampoo-roots"}
+    assert _counters(opt) == _counters(sync)  # the fallback supplied every root, counted as in sync
+    assert all(c[:3] == (3, 3, 0) for c in _counters(opt))
+
+
+def test_non_numerical_error_in_the_worker_is_raised_at_install() -> None:
+    grads = _grads(4)
+    params = _params()
+    opt = shampoo.Shampoo(params, lr=1e-2, max_preconditioner_dim=4, exponent_override={3: 0.25},
+                          precondition_frequency=2, start_preconditioning_step=2,
+                          root_solver=RaisesInputError(), root_schedule="async", max_root_delay=2)  # fmt: skip
+    for t in range(3):  # submitted at 2, still in flight at 3
+        for (_, p), g in zip(params, grads[t], strict=True):
+            p.grad = g.clone()
+        opt.step()
+    for (_, p), g in zip(params, grads[3], strict=True):
+        p.grad = g.clone()
+    with pytest.raises(InvalidArgumentError, match="refuses every input"):
+        opt.step()  # step 4 installs
+    assert opt._roots.thread_alive  # the worker survived; the round is gone, no root installed
+    assert all(r.pending is None and r.generation == 0 for r in opt.root_status())
+
+
+class Hangs(SolverConfig):
+    name = "hangs"
+    release = threading.Event()
+
+    def solve(self, A, p, **kw):  # type: ignore[override]
+        Hangs.release.wait(60)
+        return EighConfig().solve(A, p, **kw)
+
+
+def test_hung_round_times_out_then_installs_when_it_finishes() -> None:
+    Hangs.release.clear()
+    grads = _grads(5)
+    params = _params()
+    opt = shampoo.Shampoo(params, lr=1e-2, max_preconditioner_dim=4, exponent_override={3: 0.25},
+                          precondition_frequency=2, start_preconditioning_step=2, root_solver=Hangs(),
+                          root_schedule="async", max_root_delay=1, root_timeout=0.2)  # fmt: skip
+    try:
+        for t in range(2):
+            for (_, p), g in zip(params, grads[t], strict=True):
+                p.grad = g.clone()
+            opt.step()
+        for (_, p), g in zip(params, grads[2], strict=True):
+            p.grad = g.clone()
+        with pytest.raises(RootRoundTimeoutError, match=r"still running after 0\.2 s"):
+            opt.step()  # step 3 installs the round of step 2, which hangs
+        assert all(r.pending == (2, 3) for r in opt.root_status())  # still in flight
+    finally:
+        Hangs.release.set()
+    opt.step()  # the same gradients again (step 4): the round finished and installs; step 4 submits
+    assert all(r.generation == 1 and r.snapshot_step == 2 and r.pending == (4, 5) for r in opt.root_status())
+
+
+# -- threads and exit paths ---------------------------------------------------------------------------
+
+
+def _workers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "shampoo-roots"]
+
+
+def test_no_thread_left_after_del_and_the_training_thread_budget_is_kept() -> None:
+    gc.collect()  # the optimizers of earlier tests, and their threads
+    for t in _workers():
+        t.join(10)
+    before = len(_workers())
+    grads = _grads(4)
+    threads = []
+    for _ in range(3):
+        _, opt = _run(4, grads, precondition_frequency=2, start_preconditioning_step=2,
+                      root_schedule="async", max_root_delay=1, root_threads=2)  # fmt: skip
+        assert torch.get_num_threads() == 1  # the worker's set_num_threads(2) is its own
+        threads.append(opt._roots._executor._thread)
+        del opt
+    gc.collect()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    assert len(_workers()) == before
+
+
+_SCRIPT = """
+import threading, _thread, time, torch, shampoo
+from matroots.solvers import EighConfig, SolverConfig
+
+class Slow(SolverConfig):
+    name = "slow"
+    def solve(self, A, p, **kw):
+        time.sleep({sleep})
+        return EighConfig().solve(A, p, **kw)
+
+torch.manual_seed(0)
+w = torch.nn.Parameter(torch.randn(6, 5))
+opt = shampoo.Shampoo([w], precondition_frequency=1, start_preconditioning_step=1, root_solver=Slow(),
+                      root_schedule="async", max_root_delay=1)
+def step():
+    w.grad = torch.randn(6, 5)
+    opt.step()
+{body}
+"""
+
+
+def _script(body: str, sleep: float = 0.0) -> subprocess.CompletedProcess:
+    code = _SCRIPT.format(body=body, sleep=sleep)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_exception_in_the_training_loop_exits_without_hanging() -> None:
+    p = _script("step()\nraise RuntimeError('the training loop failed')", sleep=30.0)
+    assert p.returncode == 1 and "the training loop failed" in p.stderr
+
+
+def test_keyboard_interrupt_while_waiting_then_clean_shutdown() -> None:
+    body = """
+step()  # submits a round that takes 2 s
+threading.Timer(0.3, _thread.interrupt_main).start()
+try:
+    step()  # waits for it at install
+except KeyboardInterrupt:
+    print("interrupted")
+worker = opt._roots._executor._thread
+del opt
+import gc; gc.collect()
+worker.join(30)
+print("alive" if worker.is_alive() else "stopped")
+"""
+    p = _script(body, sleep=2.0)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["interrupted", "stopped"]
+
+
+def test_interpreter_exit_with_a_round_in_flight() -> None:
+    p = _script("step()\nprint('bye')", sleep=60.0)
+    assert p.returncode == 0 and p.stdout.strip() == "bye", p.stderr
+
+
+# -- arguments ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"root_schedule": "later"}, "root_schedule must be one of"),
+        ({"root_schedule": "async", "max_root_delay": -1}, "max_root_delay must be an integer >= 0"),
+        ({"root_schedule": "async", "max_root_delay": 1.5}, "max_root_delay must be an integer >= 0"),
+        ({"root_schedule": "async", "root_threads": 0}, "root_threads must be an integer >= 1"),
+        ({"root_schedule": "async", "root_timeout": 0}, "root_timeout must be a positive number"),
+    ],
+)
+def test_schedule_arguments_are_checked(kw: dict, match: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=match):
+        shampoo.Shampoo([torch.nn.Parameter(torch.randn(3, 3))], **kw)
