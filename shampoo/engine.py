@@ -26,6 +26,7 @@ from .refresh import warn
 from .root_pipeline import GroupRounds, merge_reports
 from .roots import compute_roots
 from .state import BlockState, ParamState
+from .transforms.base import RootJob
 
 log = logging.getLogger("shampoo")
 
@@ -340,6 +341,25 @@ class GroupEngine:
             "again). Clip gradients if this repeats."
         )
         warn(msg, FactorResetWarning)
+
+    def refresh_jobs(
+        self, selected: dict[tuple[str | int, int], int]
+    ) -> tuple[list[RootJob], list[tuple[str | int, int]]]:
+        """The root jobs of the owned blocks ``selected`` ((parameter key, block index) -> the
+        parameter step their round was due at), in the order :meth:`block_directions` makes them
+        (buckets, then positions), and those blocks' keys (a checkpointed round resubmitted)."""
+        jobs, blocks = [], []
+        for bi, bucket in enumerate(self.buckets):
+            pos = [j for j in range(len(bucket.blocks)) if self.block_key(bi, j) in selected]
+            if not pos:
+                continue
+            ts = [selected[self.block_key(bi, j)] for j in pos]
+            label = lambda j, d, bi=bi: self.label(bi, j, d)  # noqa: E731
+            new = bucket.pipeline.refresh(bucket.state, pos, ts, label)
+            jobs.extend(new)
+            if new:
+                blocks.extend(self.block_key(bi, j) for j in pos)
+        return jobs, blocks
 
     def block_key(self, bi: int, position: int) -> tuple[str | int, int]:
         """(parameter key, block index) of bucket ``bi``'s block at ``position``."""

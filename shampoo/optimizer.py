@@ -62,7 +62,7 @@ from .optim_compat import (
     match_keys,
     unknown_option_error,
 )
-from .root_pipeline import GroupRounds, RootPipeline, RootStatus, check_schedule
+from .root_pipeline import GroupRounds, RootPipeline, RootStatus, check_schedule, check_schedule_state
 from .state import ParamState, flatten, plan_restore
 from .transforms.kronecker import statistics_updates
 
@@ -303,10 +303,23 @@ class Shampoo(torch.optim.Optimizer):
         """Everything but the hooks (as torch.optim: hooks are not copied or pickled): the engines,
         step counter, timing and configs go with it, so a copy steps on exactly like the original."""
         hooks = {k for k in self.__dict__ if k.startswith("_optimizer_") and k.endswith("_hooks")}
-        return {k: v for k, v in self.__dict__.items() if k not in hooks}
+        out = {k: v for k, v in self.__dict__.items() if k not in hooks}
+        if self._roots is not None:  # no thread in a copy: the schedule and rounds in flight as data
+            r = self._roots
+            out["_roots"] = (r.delay, r.threads, r.timeout, r.export(self._engines))
+        return out
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        roots = state.get("_roots")
+        state = {**state, "_roots": None}
         super().__setstate__(state)  # restores the hook dicts and the step-function patching
+        if roots is not None:  # the copy solves its rounds in flight again and installs them on time
+            delay, threads, timeout, data = roots
+            self._roots = RootPipeline(delay, threads, timeout)
+            self._roots.load(data, self._engines, self._group_options, self._diag)
+
+    def _group_options(self, gi: int) -> GroupOptions:
+        return GroupOptions.from_group(self.param_groups[gi])
 
     # -- groups ---------------------------------------------------------------------------------------
 
@@ -709,16 +722,30 @@ class Shampoo(torch.optim.Optimizer):
             }
             packed["params"] = list(ks)  # param_names stay, as torch.optim keeps them
             groups.append(packed)
-        out = {
-            "state": state,
-            "param_groups": groups,
-            "shampoo": {"version": 1, "global_step": self._global_step},
-        }
+        meta: dict[str, Any] = {"version": 1, "global_step": self._global_step}
+        if self._roots is not None:
+            meta["root_schedule"] = self._root_schedule_state()
+        out = {"state": state, "param_groups": groups, "shampoo": meta}
         for post_hook in self._optimizer_state_dict_post_hooks.values():
             result = post_hook(self, out)
             if result is not None:
                 out = result
         return out
+
+    def _root_schedule_state(self) -> dict[str, Any]:
+        """The root schedule and rounds in flight (:meth:`shampoo.root_pipeline.RootPipeline.export`),
+        every rank's under ``distributed=DDPConfig`` (collective, in :meth:`state_dict`'s order)."""
+        assert self._roots is not None
+        data = self._roots.export(self._engines)
+        if self._sharding is None or self._sharding.world_size == 1:
+            return data
+        shards: list[Any] = [None] * self._sharding.world_size
+        torch.distributed.all_gather_object(shards, data, group=self._sharding.config.process_group)
+        return {
+            "delay": data["delay"],
+            "blocks": [b for shard in shards for b in shard["blocks"]],
+            "pending": [r for shard in shards for r in shard["pending"]],
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
         """Load a :meth:`state_dict`. Parameters are matched by key (name or position), groups by
@@ -748,6 +775,8 @@ class Shampoo(torch.optim.Optimizer):
         step = meta.get("global_step", 0) if isinstance(meta, dict) else None
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise StateDictError(f"state dict 'shampoo.global_step' must be an int >= 0, got {step!r}")
+        schedule = meta.get("root_schedule", {}) if isinstance(meta, dict) else {}
+        check_schedule_state(schedule, step)
         # everything is checked before anything is loaded: a refused state dict changes nothing
         merged = [
             loaded_group(g, sg, gi)
@@ -791,6 +820,10 @@ class Shampoo(torch.optim.Optimizer):
                         self.state[p] = st
         self.state.update(extra)
         self._global_step = step
+        if (
+            self._roots is not None
+        ):  # rounds in flight of the replaced state dropped; the saved ones resubmitted
+            self._roots.load(schedule, self._engines, self._group_options, self._diag)
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
 

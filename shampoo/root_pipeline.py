@@ -22,10 +22,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from matroots.core.errors import InvalidArgumentError
 
 from .async_roots import RootExecutor, RootSchedule, RoundTicket
 from .config import DiagnosticsConfig, GroupOptions
+from .errors import StateDictError
 from .roots import PreparedRound, RoundReport, compute_roots, install_round, prepare_round, solve_round
 from .transforms.base import RootJob
 
@@ -57,6 +60,19 @@ class RootStatus:
     snapshot_step: int | None
     age: int | None
     pending: tuple[int, int] | None
+
+
+def _places(engines: list[Any]) -> dict[int, tuple[Any, int, int]]:
+    """id of every owned factor record -> (parameter key, block index, dim)."""
+    return {
+        id(f): (st.key, b.spec.index, f.dim)
+        for eng in engines
+        if eng is not None
+        for st in eng.states
+        for b in st.blocks
+        if b.owned
+        for f in b.factors
+    }
 
 
 def merge_reports(a: RoundReport | None, b: RoundReport | None) -> RoundReport | None:
@@ -183,6 +199,85 @@ class RootPipeline:
                 self.schedule.drop(key)
         self._rounds.clear()
 
+    def export(self, engines: list[Any]) -> dict[str, Any]:
+        """The schedule and the rounds in flight as plain data (``state_dict``, copies, pickles).
+
+        ``blocks``: per block with rounds, [group, parameter key, block index, rounds submitted,
+        generation installed (0: none), its snapshot step (-1: none), fell due while pending].
+        ``pending``: per round in flight, its group, submitted and install steps and, per factor,
+        [parameter key, block index, dim, parameter step, reset, input]: the snapshotted input it
+        solves (bias-corrected, mirrored), so a loaded optimizer solves the same round again and
+        installs it at the same step (the warm starts are the roots in use, saved anyway: with one
+        round per block in flight they are those of its submission).
+        """
+        where = _places(engines)
+        blocks = []
+        for gi, eng in enumerate(engines):
+            for st in eng.states if eng is not None else []:
+                for b in st.blocks:
+                    if not b.owned:
+                        continue
+                    key = (gi, st.key, b.spec.index)
+                    gen = self.schedule.generation(key)
+                    if gen:
+                        inst = self.schedule.installed(key) or (0, -1)
+                        blocks.append(
+                            [gi, st.key, b.spec.index, gen, inst[0], inst[1], self.schedule.missed(key)]
+                        )
+        pending = []
+        for r in self._rounds:
+            factors = []
+            for c in r.prep.chunks:
+                for i, f in enumerate(c.states):
+                    key, index, dim = where[id(f)]
+                    factors.append([key, index, dim, c.steps[i], bool(c.reset[i]), c.A[i].detach().clone()])
+            pending.append(
+                {"group": r.group, "submitted": r.submitted, "install_at": r.install_at, "factors": factors}
+            )
+        return {"delay": self.delay, "blocks": blocks, "pending": pending}
+
+    def load(self, data: dict[str, Any], engines: list[Any], options: Any, diag: DiagnosticsConfig) -> None:
+        """Replace the schedule and the rounds in flight by :meth:`export`'s ``data`` (rounds of blocks
+        this process owns are prepared from their saved inputs and submitted again, to install at
+        their saved step). ``options(group)``: the group's :class:`GroupOptions`."""
+        self.cancel()
+        self.schedule = RootSchedule(self.delay)
+        owned = {
+            (gi, st.key, b.spec.index)
+            for gi, eng in enumerate(engines)
+            for st in (eng.states if eng is not None else [])
+            for b in st.blocks
+            if b.owned
+        }
+        rounds: dict[tuple[int, int, int], list[list[Any]]] = {}
+        for r in data.get("pending", []):
+            rounds.setdefault((r["group"], r["submitted"], r["install_at"]), []).extend(r["factors"])
+        pending = {(gi, f[0], f[1]): (sub, at) for (gi, sub, at), fs in rounds.items() for f in fs}
+        for gi, key, index, gen, inst_gen, inst_step, missed in data.get("blocks", []):
+            k = (gi, key, index)
+            if k in owned:
+                installed = (inst_gen, inst_step) if inst_gen else None
+                self.schedule.restore(
+                    k, generation=gen, installed=installed, pending=pending.get(k), missed=missed
+                )
+        for (gi, sub, at), factors in sorted(rounds.items(), key=lambda kv: kv[0][1]):
+            mine = [f for f in factors if (gi, f[0], f[1]) in owned]
+            if not mine:
+                continue
+            eng = engines[gi]
+            jobs, blocks = eng.refresh_jobs({(f[0], f[1]): f[3] for f in mine})
+            inputs = {(f[0], f[1], f[2]): (f[5], f[4]) for f in mine}
+            where = _places([eng])
+            saved = {
+                id(job.records[j]): inputs[where[id(job.records[j])]] for job in jobs for j in job.positions
+            }
+            prep = prepare_round(jobs, options(gi), diag, saved)
+            if self._executor is None:
+                self._executor = RootExecutor(self.threads, timeout=self.timeout)
+            keys = [(gi, key, index) for key, index in blocks]
+            ticket = self._executor.submit(tuple(keys), solve_round, prep)
+            self._rounds.append(_Round(gi, sub, at, keys, prep, ticket))
+
     def status(self, key: BlockKey, step: int) -> RootStatus:
         got = self.schedule.installed(key)
         return RootStatus(
@@ -238,6 +333,33 @@ def check_schedule(root_schedule: Any, max_root_delay: Any) -> None:
             f"thread and installed max_root_delay steps later), got {root_schedule!r}"
         )
     RootSchedule(max_root_delay)  # validates the delay
+
+
+def check_schedule_state(data: Any, step: int) -> None:
+    """A saved root schedule (:meth:`RootPipeline.export`) is well formed, before anything is loaded
+    (:class:`~shampoo.errors.StateDictError` naming what is wrong)."""
+    where = "state dict 'shampoo.root_schedule'"
+    if not isinstance(data, dict):
+        raise StateDictError(f"{where} must be a dict, got {type(data).__name__}")
+    blocks, pending = data.get("blocks", []), data.get("pending", [])
+    if not isinstance(blocks, list) or not all(isinstance(b, list | tuple) and len(b) == 7 for b in blocks):
+        raise StateDictError(f"{where}['blocks'] must be a list of 7-entry rows (see RootPipeline.export)")
+    for r in pending if isinstance(pending, list) else [None]:
+        if not isinstance(r, dict) or not {"group", "submitted", "install_at", "factors"} <= r.keys():
+            raise StateDictError(
+                f"{where}['pending'] must be a list of rounds (group, submitted, install_at, factors)"
+            )
+        if not (isinstance(r["install_at"], int) and r["install_at"] > step >= r["submitted"]):
+            raise StateDictError(
+                f"{where}: a round in flight submitted at step {r['submitted']!r} installs at step "
+                f"{r['install_at']!r}; a saved round is submitted by and installed after the saved step {step}"
+            )
+        for f in r["factors"]:
+            a = f[5] if isinstance(f, list | tuple) and len(f) == 6 else None
+            if not isinstance(a, torch.Tensor) or a.ndim != 2 or a.shape[0] != a.shape[1]:
+                raise StateDictError(f"{where}: a pending factor's input must be an (n, n) tensor")
+            if not bool(torch.isfinite(a).all()):
+                raise StateDictError(f"{where}: a pending factor's input is not finite")
 
 
 __all__ = [

@@ -385,3 +385,80 @@ def test_interpreter_exit_with_a_round_in_flight() -> None:
 def test_schedule_arguments_are_checked(kw: dict, match: str) -> None:
     with pytest.raises(InvalidArgumentError, match=match):
         shampoo.Shampoo([torch.nn.Parameter(torch.randn(3, 3))], **kw)
+
+
+# -- state dicts, copies --------------------------------------------------------------------------------
+
+
+def _model_run(opt_kw: dict, steps: range, model=None, opt=None):
+    """A small model on fixed data: (model, optimizer) after ``steps`` (the step numbers, from 1)."""
+    if model is None:
+        torch.manual_seed(0)
+        model = golden_runs.Tiny()
+        opt = shampoo.Shampoo(model.named_parameters(), **{**golden_runs.BASE, **opt_kw})
+    g = torch.Generator().manual_seed(1)
+    X, Y = torch.randn(20, 8, 8, generator=g), torch.randn(20, 8, 3, generator=g)
+    for t in steps:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(X[t - 1]), Y[t - 1]).backward()
+        opt.step()
+    return model, opt
+
+
+def _result(model, opt) -> dict:
+    return golden_runs.flatten_result(model, opt.state_dict())
+
+
+ASYNC = {"root_schedule": "async", "precondition_frequency": 3, "start_preconditioning_step": 3}
+
+
+@pytest.mark.parametrize("delay", [0, 2, 4])
+def test_resume_with_rounds_in_flight_is_bitwise(delay: int, tmp_path) -> None:
+    kw = {**ASYNC, "max_root_delay": delay}
+    whole = _result(*_model_run(kw, range(1, 15)))
+    model, opt = _model_run(kw, range(1, 8))  # delay 2: the round of step 6 is in flight (installs at 8)
+    if delay:
+        assert any(r.pending for r in opt.root_status())
+    torch.save(opt.state_dict(), tmp_path / "opt.pt")
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    del opt
+    torch.manual_seed(0)
+    model2 = golden_runs.Tiny()
+    model2.load_state_dict(torch.load(tmp_path / "model.pt"))
+    opt2 = shampoo.Shampoo(model2.named_parameters(), **{**golden_runs.BASE, **kw})
+    opt2.load_state_dict(torch.load(tmp_path / "opt.pt", weights_only=True))
+    assert [r.pending for r in opt2.root_status()] == [r.pending for r in model_status(kw, 7)]
+    _assert_same(_result(*_model_run(kw, range(8, 15), model2, opt2)), whole)
+
+
+def model_status(kw: dict, steps: int) -> list:
+    return _model_run(kw, range(1, steps + 1))[1].root_status()
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "state_dict"])
+def test_copies_and_state_dicts_do_not_disturb_the_schedule(how: str) -> None:
+    """(Not pickle: a plain pickle copies each view of a bucket's stacked storage apart, so a pickled
+    Shampoo whose bucket stacks two blocks diverges, synchronous or not; deepcopy keeps the views.)"""
+    import copy
+
+    kw = {**ASYNC, "max_root_delay": 2}
+    whole = _result(*_model_run(kw, range(1, 15)))
+    model, opt = _model_run(kw, range(1, 8))
+    if how == "state_dict":
+        opt.state_dict()  # the saving run goes on as if nothing happened
+        twin_model, twin = model, opt
+    else:
+        twin_model, twin = copy.deepcopy((model, opt))
+        _assert_same(_result(*_model_run(kw, range(8, 15), model, opt)), whole)  # the original
+    _assert_same(_result(*_model_run(kw, range(8, 15), twin_model, twin)), whole)
+
+
+def test_a_malformed_saved_schedule_is_refused_before_loading() -> None:
+    kw = {**ASYNC, "max_root_delay": 2}
+    model, opt = _model_run(kw, range(1, 8))
+    sd = opt.state_dict()
+    sd["shampoo"]["root_schedule"]["pending"][0]["install_at"] = 7  # installs at the saved step: not pending
+    before = _result(model, opt)
+    with pytest.raises(shampoo.StateDictError, match="installed after the saved step 7"):
+        opt.load_state_dict(sd)
+    _assert_same(_result(model, opt), before)
