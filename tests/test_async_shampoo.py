@@ -469,3 +469,63 @@ def test_a_malformed_saved_schedule_is_refused_before_loading() -> None:
     with pytest.raises(shampoo.StateDictError, match="installed after the saved step 7"):
         opt.load_state_dict(sd)
     _assert_same(_result(model, opt), before)
+
+
+# -- stress: the schedule replayed over many steps ------------------------------------------------------
+
+
+def _stress(steps: int, freq: int, delay: int) -> None:
+    import weakref
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(2)
+    grads = [[torch.randn(4, 3, generator=g), torch.randn(3, generator=g)] for _ in range(steps)]
+
+    def run(**kw):
+        params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
+        opt = shampoo.Shampoo(params, lr=1e-3, eps=1e-3, eps_mode="relative", precondition_frequency=freq,
+                              start_preconditioning_step=freq, warm_start=False, **kw)  # fmt: skip
+        return params, opt
+
+    def roots(opt):
+        return [f.root.clone() for st in opt._engines[0].states for b in st.blocks for f in b.factors]
+
+    params, sync = run()
+    want = []
+    for t in range(steps):
+        for p, gr in zip(params, grads[t], strict=True):
+            p.grad = gr
+        sync.step()
+        want.append(roots(sync))
+    params, opt = run(root_schedule="async", max_root_delay=delay)
+    subs = _submissions(steps, freq, freq, delay)
+    tickets = {}
+    for t in range(steps):
+        for p, gr in zip(params, grads[t], strict=True):
+            p.grad = gr
+        opt.step()
+        s = t + 1
+        installed = [x for x in subs if x + delay <= s]
+        got = roots(opt)
+        ref = want[installed[-1] - 1] if installed else [torch.eye(r.shape[-1]) for r in got]
+        assert all(torch.equal(a, b) for a, b in zip(got, ref, strict=True)), s  # no race: the replay
+        assert len(opt._roots.in_flight()) <= 1  # one round per block, and nothing piles up
+        tickets.update({r.ticket.id: weakref.ref(r.ticket) for r in opt._roots.in_flight()})
+    gc.collect()
+    assert len(tickets) == len(subs) and sum(w() is not None for w in tickets.values()) <= 1  # installed rounds are released
+    thread = opt._roots._executor._thread
+    del opt
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+@pytest.mark.parametrize(("freq", "delay"), [(1, 1), (1, 2), (3, 1), (3, 2)])
+def test_stress_short(freq: int, delay: int) -> None:
+    _stress(60, freq, delay)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("freq", "delay"), [(1, 1), (1, 2), (3, 1), (3, 2)])
+def test_stress_2000_steps(freq: int, delay: int) -> None:
+    _stress(2000, freq, delay)
