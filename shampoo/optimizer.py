@@ -8,7 +8,8 @@ Per param group, one step is (Gupta et al. 2018; Anil et al. 2020; Shi et al. 20
    diagonal accumulators, Kronecker factors L_i <- beta2 L_i + (1 - beta2) G_(i) G_(i)^T;
 3. roots: every ``precondition_frequency`` steps from ``start_preconditioning_step`` on, the inverse
    roots of the due factors, batched per (n, p), with warm starts and the failure policy
-   (:mod:`shampoo.refresh`);
+   (:mod:`shampoo.refresh`); with ``root_schedule="async"`` the round is solved on a background
+   thread from a snapshot and installed ``max_root_delay`` steps later (:mod:`shampoo.root_pipeline`);
 4. directions (batched): Shampoo (or diagonal) direction of m_hat, rescaled per block to the norm of
    the grafting direction; the grafting direction alone before preconditioning starts;
 5. assembly: block directions are written into one direction tensor per parameter
