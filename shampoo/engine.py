@@ -22,11 +22,10 @@ from .config import DiagnosticsConfig, GroupOptions
 from .errors import FactorResetWarning
 from .implementation import DEFAULT_IMPLEMENTATION, ShampooImplementation
 from .preconditioner import BlockBucket, block_norms
-from .refresh import warn
+from .refresh import RootJob, warn
 from .root_pipeline import GroupRounds, merge_reports
 from .roots import compute_roots
 from .state import BlockState, ParamState
-from .transforms.base import RootJob
 
 log = logging.getLogger("shampoo")
 

@@ -2,12 +2,14 @@
 
 Anil et al. 2020 (arXiv 2002.09018) §4 and App. E compute the inverse roots on otherwise idle host
 CPUs while training goes on with the previous roots. :class:`RootPipeline` is that pipeline for one
-optimizer, built on the root engine's halves (:mod:`shampoo.roots`): a due round is **prepared** in
-the training thread (:func:`~shampoo.roots.prepare_round`: the bias-corrected, mirrored factors and
-the warm starts copied, non-finite statistics reset), **solved** on the background thread of a
-:class:`~shampoo.async_roots.RootExecutor` (:func:`~shampoo.roots.solve_round`, which reads only the
-copies), and **installed** in the training thread (:func:`~shampoo.roots.install_round`: roots
-written, counters, the failure policy's warnings and errors) at the start of step ``t + delay`` of the
+optimizer, built on the one refresh engine (:mod:`shampoo.refresh`) with the Kronecker roots' refresher
+(:class:`shampoo.roots.KroneckerRoots`): a due round is **prepared** in the training thread
+(:func:`prepare_round`: the synchronous round's chunks, each a :class:`~shampoo.refresh.Snapshot`
+taken with ``copy=True``: the bias-corrected, mirrored factors and the warm starts copied), **solved**
+on the background thread of a :class:`~shampoo.async_roots.RootExecutor` (:func:`solve_round`:
+:func:`shampoo.refresh.compute`, which reads only the snapshot), and **installed** in the training
+thread (:func:`install_round`: :meth:`shampoo.refresh.Round.install` and ``finish``: roots written,
+statistics that were non-finite reset, counters, the failure policy's warnings and errors) at the start of step ``t + delay`` of the
 group (``delay = max_root_delay``; :class:`~shampoo.async_roots.RootSchedule`), waiting for it if it
 has not finished. ``delay = 0`` solves inline, which is :func:`~shampoo.roots.compute_roots` itself.
 
@@ -29,12 +31,64 @@ from matroots.core.errors import InvalidArgumentError
 from .async_roots import RootExecutor, RootSchedule, RoundTicket
 from .config import DiagnosticsConfig, GroupOptions
 from .errors import StateDictError
-from .roots import PreparedRound, RoundReport, compute_roots, install_round, prepare_round, solve_round
-from .transforms.base import RootJob
+from .refresh import Result, RootJob, Round, RoundReport, Snapshot, compute
+from .roots import KroneckerRoots, compute_roots, round_chunks
 
 BlockKey = tuple[int, Any, int]  # (group index, parameter key, block index)
 
 SCHEDULES = ("sync", "async")
+
+
+@dataclass
+class PreparedRound:
+    """A round's refresh-engine :class:`~shampoo.refresh.Round` and its snapshots, one per chunk."""
+
+    round: Round
+    snaps: list[Snapshot]
+
+
+def prepare_round(
+    jobs: list[RootJob],
+    opts: GroupOptions,
+    diag: DiagnosticsConfig,
+    saved: dict[int, tuple[torch.Tensor, bool]] | None = None,
+) -> PreparedRound:
+    """The training-thread half before the solve: the chunks of the synchronous round
+    (:func:`~shampoo.roots.round_chunks`), each snapshotted with ``copy=True`` (nothing aliases live
+    state). ``saved``: the inputs of a checkpointed round, per factor record (``id``): (input, reset)."""
+    rnd = Round(KroneckerRoots(opts, diag))
+    chunks = round_chunks(jobs, opts)
+    snaps = [rnd.snapshot(c, copy=True) if saved is None else _saved_snapshot(rnd, c, saved) for c in chunks]
+    return PreparedRound(rnd, snaps)
+
+
+def _saved_snapshot(rnd: Round, jobs: list[RootJob], saved: dict[int, tuple[torch.Tensor, bool]]) -> Snapshot:
+    """A snapshot of ``jobs`` whose inputs are the saved ones (the warm starts are read as
+    :meth:`shampoo.refresh.Round.snapshot` reads them: the roots in use)."""
+    r = rnd.refresher
+    records = [job.records[i] for job in jobs for i in job.positions]
+    rows = [saved[id(f)] for f in records]
+    A = torch.stack([a for a, _ in rows]).to(jobs[0].factors.device)
+    steps = [t for job in jobs for t in job.steps]
+    snap = Snapshot(
+        r, jobs, records, jobs[0].p, A, [bool(x) for _, x in rows], steps, [f.kappa for f in records]
+    )
+    snap.extra = r.prepare(snap, records, True)
+    return snap
+
+
+def solve_round(prep: PreparedRound) -> list[Result]:
+    """The solves of a prepared round (:func:`shampoo.refresh.compute`): reads only the snapshots,
+    writes only the results; runs on the background thread."""
+    return [compute(snap) for snap in prep.snaps]
+
+
+def install_round(prep: PreparedRound, results: list[Result]) -> RoundReport:
+    """The training-thread half after the solve: each chunk installed, then the round's warning and
+    limits (:meth:`shampoo.refresh.Round.install`, :meth:`~shampoo.refresh.Round.finish`)."""
+    for res in results:
+        prep.round.install(res)
+    return prep.round.finish()
 
 
 @dataclass
@@ -227,10 +281,12 @@ class RootPipeline:
         pending = []
         for r in self._rounds:
             factors = []
-            for c in r.prep.chunks:
-                for i, f in enumerate(c.states):
+            for snap in r.prep.snaps:
+                for i, f in enumerate(snap.records):
                     key, index, dim = where[id(f)]
-                    factors.append([key, index, dim, c.steps[i], bool(c.reset[i]), c.A[i].detach().clone()])
+                    factors.append(
+                        [key, index, dim, snap.steps[i], bool(snap.reset[i]), snap.A[i].detach().clone()]
+                    )
             pending.append(
                 {"group": r.group, "submitted": r.submitted, "install_at": r.install_at, "factors": factors}
             )

@@ -512,7 +512,9 @@ def _stress(steps: int, freq: int, delay: int) -> None:
         assert len(opt._roots.in_flight()) <= 1  # one round per block, and nothing piles up
         tickets.update({r.ticket.id: weakref.ref(r.ticket) for r in opt._roots.in_flight()})
     gc.collect()
-    assert len(tickets) == len(subs) and sum(w() is not None for w in tickets.values()) <= 1  # installed rounds are released
+    assert (
+        len(tickets) == len(subs) and sum(w() is not None for w in tickets.values()) <= 1
+    )  # installed rounds are released
     thread = opt._roots._executor._thread
     del opt
     gc.collect()
