@@ -42,9 +42,7 @@ from typing import Any
 
 import torch
 
-from matroots.core.errors import InvalidArgumentError
-
-from .errors import RootRoundTimeoutError, ShampooError
+from .errors import InvalidShampooArgumentError, RootRoundTimeoutError, ShampooError
 
 # --- the schedule ---------------------------------------------------------------------------------------
 
@@ -77,7 +75,7 @@ class RootSchedule:
     def __post_init__(self) -> None:
         v = self.delay
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise InvalidArgumentError(f"max_root_delay must be an integer >= 0, got {v!r}")
+            raise InvalidShampooArgumentError("max_root_delay", v, "an integer >= 0")
 
     def due(self, key: Hashable, falls_due: bool) -> bool:
         """Whether ``key``'s round is submitted now: it falls due now (``falls_due``, the synchronous
@@ -257,13 +255,11 @@ class RootExecutor:
     def check_arguments(num_threads: object, timeout: object) -> None:
         """The executor's arguments as the optimizer names them (``root_threads``, ``root_timeout``)."""
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
-            raise InvalidArgumentError(f"root_threads must be an integer >= 1, got {num_threads!r}")
+            raise InvalidShampooArgumentError("root_threads", num_threads, "an integer >= 1")
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
         ):
-            raise InvalidArgumentError(
-                f"root_timeout must be a positive number of seconds or None, got {timeout!r}"
-            )
+            raise InvalidShampooArgumentError("root_timeout", timeout, "a positive number of seconds or None")
 
     @staticmethod
     def _stop_queue(jobs: queue.SimpleQueue) -> None:

@@ -40,8 +40,6 @@ from typing import Any
 
 import torch
 
-from matroots.core.errors import InvalidArgumentError
-
 from .blocking import BlockSpec
 from .config import (
     CONFIG_KEYS,
@@ -351,11 +349,13 @@ class Shampoo(torch.optim.Optimizer):
         device = group["params"][0].device if group["params"] else None
         normalise_group(group, device)
         if self._roots is not None and self._roots.delay > 0 and group["preconditioner"] is not None:
-            raise InvalidArgumentError(
-                f"root_schedule='async' with max_root_delay={self._roots.delay} computes Kronecker roots "
-                f"in the background; param group {len(self._engines)}'s preconditioner "
-                f"{group['preconditioner']!r} refreshes inside its own update and is not scheduled yet: "
-                "use max_root_delay=0 (the synchronous computation) or root_schedule='sync'"
+            raise InvalidShampooArgumentError(
+                f"param group {len(self._engines)}'s preconditioner",
+                group["preconditioner"],
+                f"None under root_schedule='async' with max_root_delay={self._roots.delay}, which computes "
+                "Kronecker roots in the background (a preconditioner that refreshes inside its own update, "
+                "as SOAP, is not scheduled yet: use max_root_delay=0, the synchronous computation, or "
+                "root_schedule='sync')",
             )
         self._engines.append(None)
 

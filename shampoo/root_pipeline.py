@@ -26,11 +26,10 @@ from typing import Any
 
 import torch
 
-from matroots.core.errors import InvalidArgumentError
-
 from .async_roots import RootExecutor, RootSchedule, RoundTicket
 from .config import DiagnosticsConfig, GroupOptions
-from .errors import StateDictError
+from .errors import InvalidShampooArgumentError, StateDictError
+from .implementation import DEFAULT_IMPLEMENTATION, ShampooImplementation
 from .refresh import Result, RootJob, Round, RoundReport, Snapshot, compute
 from .roots import KroneckerRoots, compute_roots, round_chunks
 
@@ -51,13 +50,14 @@ def prepare_round(
     jobs: list[RootJob],
     opts: GroupOptions,
     diag: DiagnosticsConfig,
+    impl: ShampooImplementation = DEFAULT_IMPLEMENTATION,
     saved: dict[int, tuple[torch.Tensor, bool]] | None = None,
 ) -> PreparedRound:
     """The training-thread half before the solve: the chunks of the synchronous round
     (:func:`~shampoo.roots.round_chunks`), each snapshotted with ``copy=True`` (nothing aliases live
     state). ``saved``: the inputs of a checkpointed round, per factor record (``id``): (input, reset)."""
-    rnd = Round(KroneckerRoots(opts, diag))
-    chunks = round_chunks(jobs, opts)
+    rnd = Round(KroneckerRoots(opts, diag, impl))
+    chunks = round_chunks(jobs, opts, impl)
     snaps = [rnd.snapshot(c, copy=True) if saved is None else _saved_snapshot(rnd, c, saved) for c in chunks]
     return PreparedRound(rnd, snaps)
 
@@ -211,6 +211,7 @@ class RootPipeline:
         keys: list[BlockKey],
         opts: GroupOptions,
         diag: DiagnosticsConfig,
+        impl: ShampooImplementation = DEFAULT_IMPLEMENTATION,
     ) -> RoundReport | None:
         """Submit the round of ``jobs`` (the due blocks ``keys`` of group ``group``) at ``step``; with
         delay 0 it is computed and installed now (:func:`~shampoo.roots.compute_roots`)."""
@@ -221,13 +222,13 @@ class RootPipeline:
         t0 = time.perf_counter()
         if self.delay == 0:
             try:
-                return compute_roots(jobs, opts, diag)
+                return compute_roots(jobs, opts, diag, impl)
             finally:
                 self.foreground_seconds += time.perf_counter() - t0
                 for key in keys:
                     self.schedule.mark_installed(key, step)
         try:
-            prep = prepare_round(jobs, opts, diag)
+            prep = prepare_round(jobs, opts, diag, impl)
         except BaseException:
             for key in keys:
                 self.schedule.drop(key)
@@ -327,7 +328,7 @@ class RootPipeline:
             saved = {
                 id(job.records[j]): inputs[where[id(job.records[j])]] for job in jobs for j in job.positions
             }
-            prep = prepare_round(jobs, options(gi), diag, saved)
+            prep = prepare_round(jobs, options(gi), diag, eng.impl, saved)
             if self._executor is None:
                 self._executor = RootExecutor(self.threads, timeout=self.timeout)
             keys = [(gi, key, index) for key, index in blocks]
@@ -375,19 +376,25 @@ class GroupRounds:
         return self.pipeline.due((self.group, param, block), falls_due)
 
     def submit(
-        self, jobs: list[RootJob], blocks: list[tuple[Any, int]], opts: GroupOptions, diag: DiagnosticsConfig
+        self,
+        jobs: list[RootJob],
+        blocks: list[tuple[Any, int]],
+        opts: GroupOptions,
+        diag: DiagnosticsConfig,
+        impl: ShampooImplementation = DEFAULT_IMPLEMENTATION,
     ) -> RoundReport | None:
         keys = [(self.group, param, block) for param, block in blocks]
-        return self.pipeline.submit(self.group, self.step, jobs, keys, opts, diag)
+        return self.pipeline.submit(self.group, self.step, jobs, keys, opts, diag, impl)
 
 
 def check_schedule(root_schedule: Any, max_root_delay: Any) -> None:
     """The optimizer-wide schedule options (typed errors naming the argument and what is allowed)."""
     if root_schedule not in SCHEDULES:
-        raise InvalidArgumentError(
-            f"root_schedule must be one of {SCHEDULES} (roots computed in the step, or on a background "
-            f"thread and installed max_root_delay steps later), got {root_schedule!r}"
-        )
+        raise InvalidShampooArgumentError(
+            "root_schedule", root_schedule,
+            f"one of {SCHEDULES} (roots computed in the step, or on a background thread and installed "
+            "max_root_delay steps later)",
+        )  # fmt: skip
     RootSchedule(max_root_delay)  # validates the delay
 
 
