@@ -49,7 +49,9 @@ class Config:
     train_threads: int
     options: dict[str, Any] | None  # Shampoo keyword arguments (None: AdamW)
     times: list[float] = field(default_factory=list)
+    thread_cpu: list[float] = field(default_factory=list)  # the training thread's CPU per step
     cpu: float = 0.0
+    wait: float = 0.0
     model: Any = None
     opt: Any = None
 
@@ -122,14 +124,20 @@ def main(argv: list[str] | None = None) -> None:
         for ci, cfg in enumerate(cfgs):
             torch.set_num_threads(cfg.train_threads)
             c0 = time.process_time()
+            timing = getattr(cfg.opt, "timing", None)  # Shampoo's StepTiming (AdamW: None)
+            w0 = timing.root_wait_seconds if timing is not None else 0.0
             for _ in range(args.block):
-                t0 = time.perf_counter()
+                t0, u0 = time.perf_counter(), time.thread_time()
                 cfg.opt.zero_grad()
                 cfg.model.loss(batches[step_of[ci] % len(batches)]).backward()
                 cfg.opt.step()
                 cfg.times.append(time.perf_counter() - t0)
+                cfg.thread_cpu.append(time.thread_time() - u0)
                 step_of[ci] += 1
-            cfg.times[-1] += _drain(cfg.opt)
+            drained = _drain(cfg.opt)
+            cfg.times[-1] += drained
+            if timing is not None:
+                cfg.wait += timing.root_wait_seconds - w0 + drained
             cfg.cpu += time.process_time() - c0
     print(
         f"# W1 family d_model {size.d_model} ({size.layers} layers, seq {size.seq}, batch {size.batch}); "
@@ -138,17 +146,27 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"# setting a: training on {T} thread(s), async roots on {R} more; "
           f"setting b: {T + R} thread(s) in total for every configuration (async: {T} training + {R} roots)")  # fmt: skip
+    print("# wall ms per step: p50 p90 p99 max mean, mean/AdamW's; cpu/step: the process (all threads);")
+    print("# train-cpu: the training thread's CPU ms per step (p50, p99, mean; all its work when it trains")
+    print("# on 1 thread: with async roots it excludes the roots), wait: ms per step it waited for roots")
     head = f"{'setting':<8}{'config':<10}{'threads':>9}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}{'mean':>9}"
-    print(head + f"{'/adamw':>8}{'cpu/step':>10}")
+    print(
+        head
+        + f"{'/adamw':>8}{'cpu/step':>10}{'train-cpu p50':>15}{'p99':>8}{'mean':>8}{'/adamw':>8}{'wait':>7}"
+    )
     for s in args.settings:
-        adamw = statistics.fmean(next(c for c in cfgs if c.setting == s and c.options is None).times)
+        ref = next(c for c in cfgs if c.setting == s and c.options is None)
+        adamw, adamw_t = statistics.fmean(ref.times), statistics.fmean(ref.thread_cpu)
         for c in (c for c in cfgs if c.setting == s):
             ms = [1e3 * t for t in c.times]
+            tc = [1e3 * t for t in c.thread_cpu]
             mean = statistics.fmean(c.times)
             threads = f"{c.train_threads}" + (f"+{R}" if c.name.startswith("async") else "")
             print(
                 f"{s:<8}{c.name:<10}{threads:>9}{_pct(ms, 0.5):>9.1f}{_pct(ms, 0.9):>9.1f}{_pct(ms, 0.99):>9.1f}"
                 f"{max(ms):>9.1f}{1e3 * mean:>9.1f}{mean / adamw:>8.3f}{1e3 * c.cpu / len(c.times):>10.1f}"
+                f"{_pct(tc, 0.5):>15.1f}{_pct(tc, 0.99):>8.1f}{statistics.fmean(tc):>8.1f}"
+                f"{statistics.fmean(c.thread_cpu) / adamw_t:>8.3f}{1e3 * c.wait / len(c.times):>7.1f}"
             )
 
 
