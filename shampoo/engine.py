@@ -354,7 +354,7 @@ class GroupEngine:
                 continue
             ts = [selected[self.block_key(bi, j)] for j in pos]
             label = lambda j, d, bi=bi: self.label(bi, j, d)  # noqa: E731
-            new = bucket.pipeline.refresh(bucket.state, pos, ts, label)
+            new = bucket.refresh(pos, ts, label)
             jobs.extend(new)
             if new:
                 blocks.extend(self.block_key(bi, j) for j in pos)
