@@ -5,7 +5,10 @@ An iteration here is a state (a tuple of matrices, e.g. (X_k,) or (Y_k, Z_k)) an
 M_k, advanced by a ``step(k, rows, state, M) -> (state, M)`` on the rows of the batch still iterating.
 Each element stops on ``||M_k - I||_F <= tol``; on stagnation (once the residual is below
 ``quadratic_start`` it must at least halve each step; the better of the last two iterates is kept and
-counts as converged when its residual is <= min(``accept``, ``quadratic_start``)); on divergence
+counts as converged when its residual is <= min(``accept``, ``quadratic_start``)); on a plateau above
+``quadratic_start`` (``PLATEAU_STEPS`` steps without a new minimum of the residual: a rounding floor the
+quadratic phase never reaches, e.g. bf16 at kappa >= 1e5, which would otherwise run to
+``max_iter``; not converged); on divergence
 (non-finite values, or the residual growing ``divergence_factor`` times past max(res_0, 1)); and at
 ``max_iter``. That is the test that makes coupled_newton's ``converged`` a promise about the answer:
 M_k = f(X_k, A) holds as an identity in exact arithmetic, so ||M_k - I|| small means the iterate is the
@@ -79,6 +82,18 @@ def check_resolvable(p: int, dtype: torch.dtype, n: int, method: str) -> None:
     )
 
 
+PLATEAU_STEPS = 4
+"""Steps without a new minimum of the residual after which an element whose residual is still at least
+``quadratic_start`` stops, not converged (reason ``"plateau"``). A linear phase, however slow, lowers its
+residual every step (Newton-Schulz at kappa 1e8: ~2% a step); a rounding floor fluctuates."""
+
+
+def _flat(flat: list[int], i: int, r_new: float, best: list[float]) -> int:
+    """Count the steps since element i's residual last set a new minimum (returned)."""
+    flat[i] = 0 if r_new < best[i] else flat[i] + 1
+    return flat[i]
+
+
 def run_coupled(
     state: State,
     M: torch.Tensor,
@@ -115,6 +130,7 @@ def run_coupled(
     iters = [0] * b
     accept = min(accept, quadratic_start)
     armed = [0] * b if stagnation_from is None else list(stagnation_from)
+    best, flat = [math.inf] * b, [0] * b
     history = [torch.tensor(res, dtype=torch.float64)] if record_history else []
     for k in range(max_iter):
         idx = [i for i in range(b) if active[i]]
@@ -136,6 +152,9 @@ def run_coupled(
                 reason[i], take, active[i] = "divergence", False, False
             elif r_new <= tol:
                 reason[i], converged[i], res[i], active[i] = "tol", True, r_new, False
+            elif r_old >= quadratic_start and k >= armed[i] and _flat(flat, i, r_new, best) >= PLATEAU_STEPS:
+                reason[i], active[i] = "plateau", False  # a rounding floor above the quadratic phase
+                res[i] = r_new
             elif r_old < quadratic_start and r_new > 0.5 * r_old and k >= armed[i]:
                 reason[i], active[i] = "stagnation", False
                 take = r_new < r_old  # keep the better of the last two iterates
@@ -144,6 +163,8 @@ def run_coupled(
                 converged[i] = res[i] <= min(accept * max(scale[j], 1.0), quadratic_start)
             else:
                 res[i] = r_new
+            if k >= armed[i]:  # progress is judged from the schedule's tail on
+                best[i] = min(best[i], r_new)
             if take:
                 take_rows.append(j)
         if take_rows:
