@@ -89,7 +89,7 @@ def profile(n: int, calls: int) -> None:
     cum = {}
     for (file, _, func), (_, _, _, ct, _) in st.stats.items():  # type: ignore[attr-defined]
         cum[(file.rsplit("/", 2)[-1], func)] = ct
-    total = cum.get(("auto.py", "solve"), 0.0)
+    total = cum.get(("auto.py", "_solve"), 0.0)
     parts = {
         "kappa estimate": cum.get(("kappa_estimate.py", "estimate_kappa"), 0.0),
         "lookup + decision": cum.get(("auto.py", "_plan"), 0.0) + cum.get(("auto.py", "decision"), 0.0),

@@ -3,7 +3,7 @@
 Issue 15, item 3. A Shampoo root round solves all blocks of one size as one stacked call; before the
 active-set change, batched coupled Newton multiplied the whole stack every step until its slowest block
 converged, and a stack of 32 x 128 with mixed spectra took 1.22-1.29x *longer* than the loop. Now
-converged blocks leave the active set (:func:`matroots.solvers.newton_core.coupled_newton_iterate`),
+converged blocks leave the active set (:func:`matroots.solvers.newton_loop.coupled_newton_iterate`),
 so the batch executes exactly the products of its blocks alone (``products`` column: the lockstep
 count max_i(iters) * b against the executed sum_i iters, in Newton steps) and saves the per-call costs
 (validation, spectral estimates, Python per step).

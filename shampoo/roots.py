@@ -118,12 +118,6 @@ def _per_element(value: object, b: int) -> list[float]:
     return info_per_element(value, b, missing=math.nan)
 
 
-# The solve() method that tests the root it returns (matroots' SolverConfig._finalise: a non-finite
-# root is not converged). Not auto's: it delegates to any registered config, whose solve() may be
-# its own.
-_FINITE_CHECKED = (SolverConfig.solve,)
-
-
 def solve_batch(
     cfg: SolverConfig,
     A: torch.Tensor,
@@ -161,9 +155,9 @@ def solve_batch(
     X = res.root
     conv = res.converged if isinstance(res.converged, torch.Tensor) else torch.tensor([res.converged] * b)
     conv = conv.reshape(b).cpu()
-    # matroots' own solve flags a non-finite root as not converged; a config overriding solve() is
-    # tested here
-    finite = finite_rows(X) if type(cfg).solve not in _FINITE_CHECKED else None
+    # a result of the solver template promises a finite root where it says converged (its
+    # finite_checked); one built elsewhere (a config overriding solve()) is tested here
+    finite = None if res.finite_checked else finite_rows(X)
     ok = conv if finite is None else conv & finite
     iters = res.iterations
     iters_l = iters.reshape(b).tolist() if isinstance(iters, torch.Tensor) else [int(iters)] * b

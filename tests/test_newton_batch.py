@@ -37,7 +37,7 @@ import torch
 from _refs import C_FWD, U, fwd_bound, haar_orthogonal, ref_inverse_root, ref_power, rel_err, spd_matrix
 
 import matroots
-from matroots.solvers.newton_core import coupled_newton_iterate
+from matroots.solvers.newton_loop import coupled_newton_iterate
 
 N = 16
 KAPPAS = np.logspace(1, 8, 6)  # mixed spectra: the elements stop 6..28 iterations apart

@@ -35,6 +35,7 @@ NON_DEFAULT = {
     "psd": "shift",
     "quiet": True,
     "trusted": True,
+    "kappa_hint": 10.0,  # read by method="auto" only
 }
 BAD = {
     "eps": -1.0,
@@ -50,6 +51,7 @@ BAD = {
     "psd": "clamp",
     "quiet": 0,
     "trusted": 1,
+    "kappa_hint": "high",
 }
 
 

@@ -52,6 +52,20 @@ def check_warm_start(warm_start: object, shape: tuple[int, ...] | None = None) -
         )
 
 
+def check_kappa_hint(kappa_hint: object) -> None:
+    """Refuse a ``kappa_hint`` that is not None, a real number, or a sequence, tensor or array of them
+    (its entries and their count are checked by the auto solver, which knows the batch)."""
+    ok = kappa_hint is None or isinstance(kappa_hint, torch.Tensor | np.ndarray | list | tuple)
+    ok = ok or (
+        isinstance(kappa_hint, int | float | np.integer | np.floating) and not isinstance(kappa_hint, bool)
+    )
+    if not ok:
+        raise InvalidArgumentError(
+            "kappa_hint must be None or a condition number >= 1 per matrix (a real, or one per matrix; "
+            f"nan or inf for unknown), got {kappa_hint!r}"
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class SolveOptions:
     """Per-call options of a root solve (see :func:`matroots.inverse_root` for their meaning).
@@ -86,6 +100,10 @@ class SolveOptions:
             FormatRangeError, convergence flags are the method's own). For exactly symmetric finite
             input the result is bitwise the same as with ``trusted=False``. Default False: a user
             calling matroots directly gets full validation.
+        kappa_hint: per-matrix estimates of kappa(A + eps I) for ``method="auto"`` (a real number or
+            one per matrix; nan or inf: unknown), used instead of its own estimate (Shampoo passes the
+            previous round's); checked by the auto solver, which knows the batch size; the other
+            methods ignore it.
     """
 
     eps: float = 0.0
@@ -101,6 +119,7 @@ class SolveOptions:
     psd: str | None = None
     quiet: bool = False
     trusted: bool = False
+    kappa_hint: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         arguments.store(
@@ -128,6 +147,7 @@ class SolveOptions:
             trusted=arguments.flag("trusted", self.trusted),
         )
         check_warm_start(self.warm_start)
+        check_kappa_hint(self.kappa_hint)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -158,7 +178,7 @@ class SolveOptions:
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if value is not f.default and not (f.name != "warm_start" and value == f.default):
+            if value is not f.default and not (f.compare and value == f.default):
                 out[f.name] = value
         return out
 

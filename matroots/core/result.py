@@ -25,6 +25,10 @@ class RootResult:
         method: registry name of the solver.
         dtype: the working dtype.
         info: free-form diagnostics (stop reason, scaling, dtype fallbacks, eps used, ...).
+        finite_checked: True when ``converged`` promises a finite root: the result went through the
+            solver template's finalisation (``SolverConfig._finalise``), which marks a non-finite root
+            not converged. False for a result built elsewhere (a config overriding ``solve``), whose
+            caller must test the root itself.
     """
 
     root: torch.Tensor
@@ -37,6 +41,7 @@ class RootResult:
     method: str = ""
     dtype: torch.dtype = torch.float64
     info: dict[str, Any] = field(default_factory=dict)
+    finite_checked: bool = False
 
     @property
     def all_converged(self) -> bool:

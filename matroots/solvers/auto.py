@@ -42,6 +42,7 @@ can deliver for moderately conditioned input (kappa <~ 1e4).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -58,7 +59,8 @@ import torch
 from ..core import arguments, precision
 from ..core.errors import InvalidArgumentError, MatrootsNumericalError
 from ..core.inputs import all_finite, check_shape, parse_exponent, to_tensor
-from ..core.psd import check_policy
+from ..core.options import SolveOptions
+from ..core.psd import check_policy, floor_level
 from ..core.result import RootResult
 from . import auto_table, kappa_estimate, registry
 from .base import Capabilities, SolverConfig
@@ -188,6 +190,24 @@ class _Estimate:
     source: str
     matmuls: float
     exact: bool
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One call as auto sees it (:meth:`AutoConfig._call`)."""
+
+    t: torch.Tensor
+    flat: torch.Tensor
+    det: torch.Tensor  # flat detached, once: every look at the input outside the solves uses it
+    b: int
+    n: int
+    frac: Any
+    wdtype: Any
+    device: str
+    target: float
+    target_src: str
+    sym: bool
+    hint: list[float] | None
 
 
 @dataclass
@@ -360,82 +380,100 @@ class AutoConfig(SolverConfig):
         return registry.get(name, **cfg_opts), {k: v for k, v in opts.items() if k in SOLVE_OPTIONS}
 
     # ------------------------------------------------------------------------------------------- solve
-    def solve(  # type: ignore[override]
-        self,
-        A: object,
-        p: object,
-        *,
-        eps: float = 0.0,
-        eps_mode: str = "absolute",
-        dtype: object = None,
-        inverse: bool = True,
-        warm_start: object = None,
-        kappa_hint: Any = None,
-        **kwargs: Any,
-    ) -> RootResult:
-        """Estimate kappa, look up the table per element, solve each group. See the module docstring.
+    def _solve(self, A: object, p: object, opts: SolveOptions, t0: float) -> RootResult:
+        """The template of ``method="auto"`` (module docstring): the kappa estimate, one decision per
+        element, each group solved by its configuration's own template (prepare -> run -> finalise),
+        the warning where the target cannot be promised, and the groups merged into one result.
 
-        ``kappa_hint``: per-element kappa estimates of A + eps I (e.g. the previous round's, as Shampoo
-        passes them), used instead of a fresh estimate when every entry is finite. Other keyword
-        arguments go to the chosen solver.
+        ``opts.kappa_hint``: per-element kappa estimates of A + eps I (e.g. the previous round's, as
+        Shampoo passes them), used instead of a fresh estimate when every entry is finite. The other
+        options go to the chosen solvers.
         """
-        t0 = time.perf_counter()
+        call = self._call(A, p, opts)
+        plan = self._plan(call.device, call.wdtype, call.n, call.frac, call.target, call.sym)
+        est = _Estimate([math.nan] * call.b, "none (non-symmetric input)", 0.0, False)
+        if call.sym and (call.hint is not None or all_finite(call.det)):
+            est = self._estimate(call, opts)
+        est_seconds = time.perf_counter() - t0
+        # the estimate errs low unless it is exact (eigenvalues): the lookup uses kappa * kappa_safety
+        safety = 1.0 if est.exact else self.kappa_safety
+        looked = [k * safety if math.isfinite(k) else math.inf for k in est.kappa]
+        groups = []
+        for d, idx, cells in self._decisions(plan, looked):
+            res, used, note, failed = self._solve_group(d, A, call, idx, opts)
+            kap = [est.kappa[i] for i in idx]
+            expected, source = self._expected(
+                d, failed, call.sym, kap, call.det, idx, call.frac, opts.inverse, call.wdtype
+            )
+            groups.append((d, idx, res, used, note, cells, expected, source))
+        self._warn_missed(groups, call.target)
+        out = self._merge(groups, call.t, call.b, call.n, est.matmuls)
+        out.info["auto"] = self._report(call, plan, est, est_seconds, safety, groups)
+        out.seconds = time.perf_counter() - t0
+        out.method = "auto"
+        return out
+
+    def _call(self, A: object, p: object, opts: SolveOptions) -> _Call:
+        """The problem as auto sees it: the exponent, the flattened batch, the working dtype, the
+        device kind, the target (and where it came from), symmetry, and the checked kappa hint."""
         frac = parse_exponent(p, integer=False, method=self.name)
         t = to_tensor(A)
         check_shape(t)
         n = t.shape[-1]
         flat = t.reshape(-1, n, n)
         b = flat.shape[0]
-        hint = self._hint(kappa_hint, b)
-        wdtype = precision.as_dtype(dtype) if dtype is not None else t.dtype
-        device = self.device or t.device.type
+        hint = self._hint(opts.kappa_hint, b)
+        wdtype = opts.dtype if opts.dtype is not None else t.dtype
         target = float(self.target) if self.target is not None else default_target(wdtype)
         target_src = "argument" if self.target is not None else f"default for {precision.info(wdtype).name}"
-        det = flat.detach()  # once: every look at the input below is outside autograd
-        sym = bool(kwargs.get("trusted")) or self._symmetric(det, t.dtype)  # trusted: symmetric
-        plan = self._plan(device, wdtype, n, frac, target, sym)
-        est = _Estimate([math.nan] * b, "none (non-symmetric input)", 0.0, False)
-        if sym and (hint is not None or all_finite(det)):
-            est = self._estimate(det, hint, warm_start, eps, eps_mode, wdtype, t.dtype, frac, kwargs)
-        est_seconds = time.perf_counter() - t0
-        # the estimate errs low unless it is exact (eigenvalues): the lookup uses kappa * kappa_safety
-        safety = 1.0 if est.exact else self.kappa_safety
-        looked = [k * safety if math.isfinite(k) else math.inf for k in est.kappa]
-        # Elements that chose the same configuration (with the same status) are solved as one batch;
-        # the cells (and reasons) behind the choice are kept per element group.
+        det = flat.detach()
+        sym = opts.trusted or self._symmetric(det, t.dtype)  # trusted: symmetric
+        return _Call(
+            t=t, flat=flat, det=det, b=b, n=n, frac=frac, wdtype=wdtype, device=self.device or t.device.type,
+            target=target, target_src=target_src, sym=sym, hint=hint,
+        )  # fmt: skip
+
+    def _decisions(
+        self, plan: _Plan, looked: list[float]
+    ) -> list[tuple[Decision, list[int], list[dict[str, Any]]]]:
+        """The decision per element (its safety-scaled kappa looked up in the plan), grouped: elements
+        that chose the same configuration with the same status are solved as one batch; the cells and
+        reasons behind the choice are kept per group."""
         decisions: dict[tuple[str, str], tuple[Decision, list[int], dict[str, dict[str, Any]]]] = {}
-        for i in range(b):
-            d = plan.decision(self, looked[i])
+        for i, kappa in enumerate(looked):
+            d = plan.decision(self, kappa)
             _, idx, cells = decisions.setdefault((d.label, d.status), (d, [], {}))
             idx.append(i)
             rec = cells.setdefault(
                 d.reason, {"reason": d.reason, "cell": d.cell, "target_used": d.target_used}
             )
             rec.setdefault("elements", []).append(i)
-        groups = []
-        for d, idx, cells in decisions.values():
-            res, used, note, failed = self._solve_group(
-                d, A, flat, idx, frac, eps, eps_mode, dtype, inverse, warm_start, kwargs
-            )
-            kap = [est.kappa[i] for i in idx]
-            expected, source = self._expected(d, failed, sym, kap, det, idx, frac, inverse, wdtype)
-            groups.append((d, idx, res, used, note, list(cells.values()), expected, source))
-        # the table cannot promise the target (unattainable), or the error to expect exceeds it
+        return [(d, idx, list(cells.values())) for d, idx, cells in decisions.values()]
+
+    def _warn_missed(self, groups: list, target: float) -> None:
+        """A TargetWarning where the table cannot promise the target (unattainable) or the error to
+        expect exceeds it."""
         missed = [g for g in groups if g[0].status == "unattainable" or not (g[6] <= target)]
         if missed and self.warn:
             msg = _target_message(missed, target)
-            warnings.warn(msg, TargetWarning, stacklevel=2)
+            warnings.warn(msg, TargetWarning, stacklevel=4)  # the caller of solve()
             log.info(msg)  # the TargetWarning is the user-facing report
-        chosen = [""] * b
+
+    @staticmethod
+    def _report(
+        call: _Call, plan: _Plan, est: _Estimate, est_seconds: float, safety: float, groups: list
+    ) -> dict[str, Any]:
+        """``info["auto"]``: the table, the target, the estimates, and one record per group."""
+        chosen = [""] * call.b
         for _, idx, _, used, *_ in groups:
             for i in idx:
                 chosen[i] = used
-        auto_info = {
+        return {
             "table": plan.table_name,
-            "device": device,
-            "dtype": precision.info(wdtype).name,
-            "target": target,
-            "target_source": target_src,
+            "device": call.device,
+            "dtype": precision.info(call.wdtype).name,
+            "target": call.target,
+            "target_source": call.target_src,
             "kappa_estimate": est.kappa,
             "kappa_source": est.source,
             "kappa_safety": safety,
@@ -456,11 +494,6 @@ class AutoConfig(SolverConfig):
                 for d, idx, res, used, note, cells, expected, source in groups
             ],
         }
-        out = self._merge(groups, t, b, n, est.matmuls)
-        out.info["auto"] = auto_info
-        out.seconds = time.perf_counter() - t0
-        out.method = "auto"
-        return out
 
     # ----------------------------------------------------------------------------------------- helpers
     def _plan(self, device: str, dtype: Any, n: int, p: Any, target: float, sym: bool) -> _Plan:
@@ -488,38 +521,23 @@ class AutoConfig(SolverConfig):
                 table.plans[key] = hit
         return hit
 
-    def _estimate(
-        self,
-        flat: torch.Tensor,
-        hint: list[float] | None,
-        warm_start: Any,
-        eps: float,
-        eps_mode: str,
-        wdtype: Any,
-        source: torch.dtype,
-        frac: Any,
-        kwargs: dict[str, Any],
-    ) -> _Estimate:
-        """kappa(A + eps I) per element of ``flat`` (detached): the hint, else
-        :func:`matroots.solvers.kappa_estimate.estimate_kappa` (exact at small sizes; from the previous
-        root when a warm start is given)."""
-        if hint is not None:
-            return _Estimate(hint, "kappa_hint", 0.0, False)
-        b, n = flat.shape[0], flat.shape[-1]
-        prev = self._previous_root(warm_start, b, n)
+    def _estimate(self, call: _Call, opts: SolveOptions) -> _Estimate:
+        """kappa(A + eps I) per element: the hint, else :func:`matroots.solvers.kappa_estimate.estimate_kappa`
+        (exact at small sizes; from the previous root when a warm start is given)."""
+        if call.hint is not None:
+            return _Estimate(call.hint, "kappa_hint", 0.0, False)
+        prev = self._previous_root(opts.warm_start, call.b, call.n)
         floor = None
-        if (kwargs.get("psd") or self.psd) == "shift":
-            from ..core.psd import floor_level
-
-            floor = floor_level(flat.to(wdtype), source)
+        if (opts.psd or self.psd) == "shift":
+            floor = floor_level(call.det.to(call.wdtype), call.t.dtype)
         ke = kappa_estimate.estimate_kappa(
-            flat,
-            eps=float(eps),
-            eps_mode=str(eps_mode),
+            call.det,
+            eps=float(opts.eps),
+            eps_mode=str(opts.eps_mode),
             power_iters=self.power_iters,
             inverse_iters=self.inverse_iters,
             previous_root=prev,
-            p=float(frac) if prev is not None else None,
+            p=float(call.frac) if prev is not None else None,
             floor=floor,
         )
         return _Estimate(ke.kappa, ke.source, ke.matmuls, ke.exact)
@@ -598,51 +616,42 @@ class AutoConfig(SolverConfig):
         return None
 
     def _solve_group(
-        self,
-        d: Decision,
-        whole: object,
-        flat: torch.Tensor,
-        idx: list[int],
-        p: Any,
-        eps: float,
-        eps_mode: str,
-        dtype: Any,
-        inverse: bool,
-        warm_start: Any,
-        kwargs: dict[str, Any],
+        self, d: Decision, whole: object, call: _Call, idx: list[int], opts: SolveOptions
     ) -> tuple[RootResult, str, str, bool]:
-        """The group's solve: (result, configuration used, note, whether the chosen one failed and
-        the safe choice solved it)."""
+        """The group's solve by its configuration's template: (result, configuration used, note,
+        whether the chosen one failed and the safe choice solved it). The table's solve options (tol,
+        max_iter, compute_dtype) apply where the caller set none."""
         # One group for the whole batch: the chosen solver gets exactly the caller's input (shape,
         # layout, autograd); otherwise the group's elements as a (k, n, n) batch.
-        everything = len(idx) == flat.shape[0]
-        sub = whole if everything else flat[idx]
-        kw = {**d.solve_options, **kwargs}
-        if self.psd != "none" and "psd" not in kw:
+        everything = len(idx) == call.b
+        sub = whole if everything else call.flat[idx]
+        # the table's solve options where the caller set none, the config's psd policy where the caller
+        # gave none, the warm start where the chosen method uses one: a call that changes nothing
+        # reuses the caller's options (a default call builds no SolveOptions, as a direct call)
+        caller = opts.changed()
+        kw: dict[str, Any] = {k: v for k, v in d.solve_options.items() if k not in caller}
+        if self.psd != "none" and opts.psd is None:
             kw["psd"] = self.psd  # the caller's rank-deficiency policy goes to the chosen solver
+        p = call.frac
         pp = int(p) if p.denominator == 1 else p
-        warm = self._previous_root(warm_start, flat.shape[0], flat.shape[-1])
+        warm = self._previous_root(opts.warm_start, call.b, call.n)
+        given = None
         if warm is not None and d.config.capabilities.warm_start == "root":
-            kw["warm_start"] = warm_start if everything else warm[idx]
-        # only the options that differ from the defaults: a call with none reuses the solver's cached
-        # default SolveOptions instead of building and validating a new one (as a direct call does)
-        given = (
-            ("eps", eps, type(eps) in (int, float) and eps == 0),
-            ("eps_mode", eps_mode, eps_mode == "absolute" and type(eps_mode) is str),
-            ("dtype", dtype, dtype is None),
-            ("inverse", inverse, inverse is True),
-        )
-        kw.update({k: v for k, v, default in given if not default})
+            given = opts.warm_start if everything else warm[idx]
+        if given is not opts.warm_start:
+            kw["warm_start"] = given
+        group = dataclasses.replace(opts, **kw) if kw else opts
         try:
-            res = d.config.solve(sub, pp, **kw)
-            return res, d.label, "", False
+            return d.config._solve(sub, pp, group, time.perf_counter()), d.label, "", False
         except MatrootsNumericalError as exc:
             safe = self.safe_choice(True)
             if d.status == "outside" or safe == d.config:
                 raise
-            kw.pop("warm_start", None)
-            kw = {k: v for k, v in kw.items() if k not in SOLVE_OPTIONS or k in kwargs}
-            res = safe.solve(sub, pp, **kw)
+            # the safe choice with the caller's own options: no warm start, none of the table's
+            plain = dataclasses.replace(
+                group, warm_start=None, **{k: getattr(opts, k) for k in SOLVE_OPTIONS}
+            )
+            res = safe._solve(sub, pp, plain, time.perf_counter())
             note = f"{d.label} raised {type(exc).__name__}; re-solved with the safe choice {safe.name}"
             log.info("method='auto': %s", note)
             return res, f"{safe.name}[after {d.label} failed]", note, True
@@ -689,6 +698,7 @@ class AutoConfig(SolverConfig):
             method="auto",
             dtype=first.dtype,
             info=info,
+            finite_checked=all(g[2].finite_checked for g in groups),
         )
 
 

@@ -98,7 +98,21 @@ class SolverConfig:
         log line, no ConvergenceWarning: for callers that handle the failure themselves (Shampoo).
         """
         t0 = time.perf_counter()
-        opts = SolveOptions.build(options, **kwargs)
+        return self._solve(A, p, SolveOptions.build(options, **kwargs), t0)
+
+    def _solve(self, A: object, p: object, opts: SolveOptions, t0: float) -> RootResult:
+        """The template every method runs: :meth:`_prepare` -> :meth:`_run` -> :meth:`_finalise`
+        (``t0``: when the call began, for ``seconds``)."""
+        prob = self._prepare(A, p, opts)
+        raw = self._run(prob, inverse=opts.inverse, warm_start=opts.warm_start)
+        return self._finalise(
+            prob, raw, inverse=opts.inverse, seconds=time.perf_counter() - t0, quiet=opts.quiet
+        )
+
+    def _prepare(self, A: object, p: object, opts: SolveOptions) -> Problem:
+        """The problem the method solves: the call checked against the method's capabilities, the
+        input validated, rounded and prescaled (:func:`matroots.core.inputs.prepare`), and the
+        rank-deficiency policy applied (:mod:`matroots.core.psd`)."""
         if not opts.inverse and not self.capabilities.forward_root:
             raise InvalidArgumentError(
                 f"method {self.name!r} computes inverse roots only (inverse=False given)"
@@ -113,17 +127,18 @@ class SolverConfig:
             differentiable=self.capabilities.differentiable,
         )
         psd_policy.apply(prob, policy, on_eigenvalues=policy in self.psd_on_eigenvalues)
-        raw = self._run(prob, inverse=opts.inverse, warm_start=opts.warm_start)
-        return self._finalise(
-            prob, raw, inverse=opts.inverse, seconds=time.perf_counter() - t0, quiet=opts.quiet
-        )
+        return prob
 
     def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
+        """The method itself, on the flattened batch of the prepared problem."""
         raise NotImplementedError
 
     def _finalise(
         self, prob: Problem, raw: RawResult, *, inverse: bool, seconds: float, quiet: bool = False
     ) -> RootResult:
+        """The result in the caller's units and format: the prescale undone, the range checked, a
+        non-finite root marked not converged (so ``converged`` promises a finite root for every
+        method), the batch shape restored, non-convergence reported."""
         root = raw.root
         done = raw.in_caller_units
         if prob.prescale != 1.0 and (done is None or not bool(done.all())):
@@ -179,6 +194,7 @@ class SolverConfig:
             method=self.name,
             dtype=prob.dtype,
             info=info,
+            finite_checked=True,
         )
         if n_bad:
             if prob.strict:
@@ -186,7 +202,7 @@ class SolverConfig:
             if quiet:
                 log.debug(msg)
             else:
-                warnings.warn(msg, ConvergenceWarning, stacklevel=3)
+                warnings.warn(msg, ConvergenceWarning, stacklevel=4)  # the caller of solve()
                 log.warning(msg)
         return out
 

@@ -1,4 +1,4 @@
-"""The stopping contract of coupled_newton (:func:`matroots.solvers.newton_core.coupled_newton_iterate`)
+"""The stopping contract of coupled_newton (:func:`matroots.solvers.newton_loop.coupled_newton_iterate`)
 for any coupled root iteration whose progress is measured by a matrix M_k -> I.
 
 An iteration here is a state (a tuple of matrices, e.g. (X_k,) or (Y_k, Z_k)) and its residual matrix

@@ -29,7 +29,7 @@ root of a matrix within eta of A, so its error is at most ~cond(A^{1/p}) eta.
 The spectral estimates' matrix-vector products are counted in ``matmuls`` (n of them = one GEMM), and so
 are the forward root's solves (4/3 each) and its backward-error check. For a batch, ``matmuls`` is per
 matrix: the n x n products executed divided by the batch size. Converged elements leave the Newton loop's
-active set (:func:`~matroots.solvers.newton_core.coupled_newton_iterate`), so the loop's share is the
+active set (:func:`~matroots.solvers.newton_loop.coupled_newton_iterate`), so the loop's share is the
 mean of ``info["newton_matmuls"]``, each element's own products, which equal those of its solve alone;
 a batch costs b * matmuls, the sum of its elements' costs. An element's root is that of its solve alone
 up to perturbations of size u in its start (the batch's common power-of-two prescale, BLAS rounding by
@@ -107,9 +107,8 @@ symmetrised, (X + X^T)/2: X_k is a polynomial in A, symmetric in exact arithmeti
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -118,39 +117,71 @@ from ..core import arguments, precision
 from ..core.conditioning import eigenvalue_conditions
 from ..core.errors import (
     FormatRangeError,
-    InvalidArgumentError,
-    NonFiniteInputError,
     NotPositiveDefiniteError,
     NotSymmetricError,
 )
 from ..core.inputs import Problem, symmetric_input
 from ..core.regularize import working_shift
-from ..core.result import RootResult
 from ..core.spectral import SpectrumEstimate, lanczos_extremes, power_lambda_max
 from .base import Capabilities, RawResult, SolverConfig
+from .coupled_newton_checks import (
+    check_principal,
+    check_root_sector,
+    check_true_residual,
+    general_spectrum,
+)
+from .coupled_newton_warm import (
+    WARM_CHECK_MATMULS,
+    WARM_LMIN_FACTOR,
+    lower_end_holds,
+    warm_root,
+    warm_scaling,
+)
 from .newton_checks import axis_error, negative_axis_status
 from .newton_core import (
     NewtonOutcome,
     capped_start,
     check_resolvable_exponent,
-    coupled_newton_iterate,
     eigenvalue_backward_error,
     forward_backward_check,
     forward_top,
     optimal_c_power,
     predicted_iterations,
-    principal_branch_ok,
-    scalar_limits,
 )
+from .newton_loop import coupled_newton_iterate, materialise, shifted_fro
 from .newton_schulz import newton_schulz_inverse
 from .registry import register
 from .spd_start import domain_test, flag_undetermined, lanczos_lambda_max, shifted_estimate
 
 SCALINGS = ("auto", "frobenius", "power", "optimal", "dynamic")
-WARM_LMIN_FACTOR = 4.0
-"""A warm start's lower end lambda_min must be within this factor of the true one (module docstring)."""
-WARM_CHECK_MATMULS = 1.0 / 6.0
-"""The Cholesky test of a warm start's lower end, in matrix products (n^3/3 flops against 2 n^3)."""
+
+
+@dataclass
+class _Solve:
+    """What one coupled_newton solve carries from phase to phase (:meth:`CoupledNewtonConfig._run`)."""
+
+    prob: Problem
+    inverse: bool
+    p: int
+    cdt: torch.dtype
+    A: torch.Tensor
+    sym: bool
+    scaling: str
+    info: dict
+    matmuls: float = 0.0
+    Z: torch.Tensor | None = None  # the previous root, in this problem's pre-scaled units
+    est: SpectrumEstimate | None = None  # Lanczos on A (+ shift I once regularised)
+    eigs: np.ndarray | None = None  # general input: LAPACK eigenvalues (+ shift) ...
+    kappas: np.ndarray | None = None  # ... and their condition numbers
+    shift: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
+    tol: float = 0.0
+    max_iter: int = 0
+    accept: float = 0.0
+    capped: bool = False
+    top: float | None = None
+    cp: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
+    interval: tuple[np.ndarray, np.ndarray] | None = None
+    dynamic: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
 
 
 @register
@@ -188,11 +219,35 @@ class CoupledNewtonConfig(SolverConfig):
         )
 
     def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
+        """The phases of a solve (module docstring): input and scaling, warm start, spectrum, shift,
+        the direct cases, the start, the iteration with its retry, the checks of the result."""
+        run = self._setup(prob, inverse)
+        self._warm_start(run, warm_start)
+        self._spectrum(run)
+        self._regularise(run)
+        direct = self._direct(run)
+        if direct is not None:
+            return direct
+        self._start(run)
+        out = self._iterate(run)
+        root = self._verify(run, out)
+        run.info.update(stop_reason=out.reason, tol=run.tol, c_power=run.cp / prob.prescale)
+        return RawResult(
+            root=root,
+            converged=out.converged,
+            iterations=out.iterations,
+            residual=out.residual,
+            matmuls=run.matmuls,
+            history=out.history,
+            info=run.info,
+        )
+
+    def _setup(self, prob: Problem, inverse: bool) -> _Solve:
+        """The matrix iterated on (symmetrised where the input is symmetric to ``symmetry_tol``, kept in
+        the working format, fp32 for the 16-bit ones) and the scaling that applies to it."""
         p = int(prob.p)
-        n = prob.n
-        b = prob.A.shape[0]
         cdt = prob.compute_dtype
-        check_resolvable_exponent(p, cdt, n, self.name)
+        check_resolvable_exponent(p, cdt, prob.n, self.name)
         A_sym, defect = symmetric_input(prob)  # trusted input (SolveOptions.trusted) is used as given
         sym_tol = prob.symmetry_tol(self.symmetry_tol)
         sym = bool((defect <= sym_tol).all())
@@ -214,38 +269,51 @@ class CoupledNewtonConfig(SolverConfig):
             info["compute_dtype_note"] = (
                 f"M_0 = (A + eps_abs I)/c^p formed in fp32/fp64 and rounded to {precision.info(cdt).name}"
             )
-        matmuls = 0.0
-        relative = prob.eps > 0 and prob.eps_mode == "relative"
-        # Spectral estimates of the unshifted matrix; the shift moves every Ritz value exactly.
-        est: SpectrumEstimate | None = None
-        eigs = kappas = None
-        Z = self._warm_root(warm_start, A, p, prob, inverse) if warm_start is not None else None
-        Z = Z if sym else None  # general input: a (valid) warm start is not used
+        return _Solve(prob=prob, inverse=inverse, p=p, cdt=cdt, A=A, sym=sym, scaling=scaling, info=info)
+
+    def _warm_start(self, run: _Solve, warm_start: object) -> None:
+        """The previous root in this problem's pre-scaled units (symmetric input only), or None where
+        there is none or it overflows the working format there (module docstring, warm start)."""
+        if warm_start is None:
+            return
+        Z = warm_root(warm_start, run.A, run.p, run.prob, run.inverse)
+        Z = Z if run.sym else None  # general input: a (valid) warm start is not used
         if Z is not None and not bool(torch.isfinite(Z).all()):
             # the previous root, brought to this problem's pre-scaled units, overflows the working
             # format (a root of a matrix at a very different scale): start cold, bitwise the cold solve
             bad = (~torch.isfinite(Z)).flatten(1).any(-1).nonzero().flatten().tolist()
-            info["warm_start_note"] = (
-                f"the previous root overflows {precision.info(A.dtype).name} in this matrix's pre-scaled "
+            run.info["warm_start_note"] = (
+                f"the previous root overflows {precision.info(run.A.dtype).name} in this matrix's pre-scaled "
                 f"units (batch elements {bad}): the whole batch starts cold"
             )
             Z = None
-        if sym and (relative or (Z is None and scaling in ("optimal", "dynamic"))):
+        run.Z = Z
+
+    def _spectrum(self, run: _Solve) -> None:
+        """Spectral estimates of the unshifted matrix: Lanczos on symmetric input where a relative eps
+        or a cold "optimal"/"dynamic" scaling needs them (Golub & Van Loan §10.1), LAPACK eigenvalues
+        and their condition numbers on general input (Golub & Van Loan §7.2.2)."""
+        relative = run.prob.eps > 0 and run.prob.eps_mode == "relative"
+        if run.sym and (relative or (run.Z is None and run.scaling in ("optimal", "dynamic"))):
             # a relative eps needs lambda_max itself: Lanczos is extended until its top Ritz value is
             # certified to 1e-12 (residual bound), so the shift is eigh's to ~1e-12 relative
-            est = lanczos_lambda_max(A, self.lanczos_steps, 1e-12 if relative else None)
-            matmuls += est.matvecs / n
-        if not sym:
-            eigs, kappas = self._general_spectrum(A, info)
-        # Regularisation. "relative" is relative to lambda_max of the matrix as rounded to the working
-        # format: the certified top Lanczos Ritz value (symmetric) or the largest eigenvalue modulus
-        # from LAPACK (general input).
+            run.est = lanczos_lambda_max(run.A, self.lanczos_steps, 1e-12 if relative else None)
+            run.matmuls += run.est.matvecs / run.prob.n
+        if not run.sym:
+            run.eigs, run.kappas = general_spectrum(run.A, run.info)
+
+    def _regularise(self, run: _Solve) -> None:
+        """The eps shift A + eps_abs I (:mod:`matroots.core.regularize`); "relative" is relative to
+        lambda_max of the matrix as rounded to the working format: the certified top Lanczos Ritz value
+        (symmetric) or the largest eigenvalue modulus from LAPACK (general input). The shift moves every
+        estimate exactly; general input is then refused near the closed negative real axis."""
+        prob, b = run.prob, run.A.shape[0]
         shift = torch.zeros(b, dtype=torch.float64)
         if prob.eps > 0:
-            if relative:
-                assert est is not None or not sym
-                lam = est.lmax if sym else torch.as_tensor(np.abs(eigs).max(axis=-1))
-                info["eps_lambda_max"] = lam / prob.prescale
+            if prob.eps_mode == "relative":
+                assert run.est is not None or not run.sym
+                lam = run.est.lmax if run.sym else torch.as_tensor(np.abs(run.eigs).max(axis=-1))
+                run.info["eps_lambda_max"] = lam / prob.prescale
             else:
                 lam = torch.zeros(b, dtype=torch.float64)
             shift = working_shift(prob.eps, prob.eps_mode, lam, prob.prescale)
@@ -254,56 +322,74 @@ class CoupledNewtonConfig(SolverConfig):
                     f"coupled_newton: the eps shift {float(shift.max()) / prob.prescale:.3e} overflows float64 "
                     "at the working scale; use a smaller eps"
                 )
-        info["eps_abs"] = shift / prob.prescale
-        if est is not None:
-            est = shifted_estimate(est, shift)
-        if eigs is not None:
-            eigs = eigs + shift.numpy()[:, None]
-            eigs = self._refuse_negative_real(A, eigs, kappas, shift, prob, info)
-        tol = prob.tol if prob.tol is not None else precision.default_tol(cdt, n, p)
-        max_iter = prob.max_iter if prob.max_iter is not None else 100
-        accept = self.stagnation_accept * tol
-        if p == 1 and not inverse:
-            return _identity_root(A, shift, cdt, prob, info, tol, matmuls)
-        if Z is not None and p == 1 and inverse:
-            ns = newton_schulz_inverse(
-                _materialise(A, shift).to(cdt),
-                Z.to(cdt),
-                tol=tol,
-                max_iter=max_iter,
-                stagnation_accept=accept,
-                record_history=prob.record_history,
-            )
-            if ns is not None:
-                info.update(
-                    warm_start="newton_schulz from the previous inverse",
-                    scaling="warm",
-                    stop_reason=ns.reason,
-                    tol=tol,
-                )
-                return RawResult(
-                    root=ns.X,
-                    converged=ns.converged,
-                    iterations=ns.iterations,
-                    residual=ns.residual,
-                    matmuls=matmuls + ns.matmuls,
-                    history=ns.history,
-                    info=info,
-                )
-            info["warm_start_note"] = "||I - A Z||_F >= 1/2: previous inverse too far for Newton-Schulz"
+        run.info["eps_abs"] = shift / prob.prescale
+        if run.est is not None:
+            run.est = shifted_estimate(run.est, shift)
+        if run.eigs is not None:
+            run.eigs = run.eigs + shift.numpy()[:, None]
+            run.eigs = self._refuse_negative_real(run.A, run.eigs, run.kappas, shift, prob, run.info)
+        run.shift = shift
+        run.tol = prob.tol if prob.tol is not None else precision.default_tol(run.cdt, prob.n, run.p)
+        run.max_iter = prob.max_iter if prob.max_iter is not None else 100
+        run.accept = self.stagnation_accept * run.tol
+
+    def _direct(self, run: _Solve) -> RawResult | None:
+        """The cases without the coupled iteration: the forward root with p = 1 (the matrix itself),
+        and the inverse with p = 1 from a previous inverse by Newton-Schulz, X <- X(2I - A X), whose
+        residual I - A X squares each step (Higham 2008, eq. (7.12)), when ||I - A Z||_F < 1/2."""
+        if run.p == 1 and not run.inverse:
+            return _identity_root(run.A, run.shift, run.cdt, run.prob, run.info, run.tol, run.matmuls)
+        if run.Z is None or run.p != 1 or not run.inverse:
+            return None
+        ns = newton_schulz_inverse(
+            materialise(run.A, run.shift).to(run.cdt),
+            run.Z.to(run.cdt),
+            tol=run.tol,
+            max_iter=run.max_iter,
+            stagnation_accept=run.accept,
+            record_history=run.prob.record_history,
+        )
+        if ns is None:
+            run.info["warm_start_note"] = "||I - A Z||_F >= 1/2: previous inverse too far for Newton-Schulz"
+            return None
+        run.info.update(
+            warm_start="newton_schulz from the previous inverse",
+            scaling="warm",
+            stop_reason=ns.reason,
+            tol=run.tol,
+        )
+        return RawResult(
+            root=ns.X,
+            converged=ns.converged,
+            iterations=ns.iterations,
+            residual=ns.residual,
+            matmuls=run.matmuls + ns.matmuls,
+            history=ns.history,
+            info=run.info,
+        )
+
+    def _start(self, run: _Solve) -> None:
+        """c^p per element and the dynamic scaling's interval: from the previous root where its lower end
+        holds (:func:`~matroots.solvers.coupled_newton_warm.warm_scaling`, :func:`~matroots.solvers.coupled_newton_warm.lower_end_holds`), else the cold scaling
+        (:meth:`_cold_scaling`; Guo & Higham 2006, eq. (3.11)). Forward roots, and inverse roots with
+        p > GH_MAX_P, keep M_0's spectrum in (0, beta_p] (newton_core module docstring)."""
+        A, shift, p, info = run.A, run.shift, run.p, run.info
+        b = A.shape[0]
         # Forward roots, and inverse roots with p > GH_MAX_P, keep M_k's spectrum in (0, beta_p]
         # (newton_core docstring: the rounding errors of a start near p+1 couple with weight ~kappa).
-        capped = capped_start(p, inverse)
-        top = forward_top(p) if capped else None
+        run.capped = capped_start(p, run.inverse)
+        run.top = forward_top(p) if run.capped else None
         # elements given a spectral interval (dynamic scaling; the Frobenius retry after a divergence)
         dynamic = torch.zeros(b, dtype=torch.bool)
         interval = None
         warm = torch.zeros(b, dtype=torch.bool)
-        if Z is not None:
-            cp_w, interval_w, lmin_w, mv, est_w = self._warm_scaling(A, shift, p, Z, inverse)
-            warm = self._warm_lower_end_holds(A, shift, lmin_w)
-            matmuls += mv / n + WARM_CHECK_MATMULS
-            est = est if est is not None else est_w
+        if run.Z is not None:
+            cp_w, interval_w, lmin_w, mv, est_w = warm_scaling(
+                A, shift, p, run.Z, run.inverse, self.lanczos_steps
+            )
+            warm = lower_end_holds(A, shift, lmin_w)
+            run.matmuls += mv / run.prob.n + WARM_CHECK_MATMULS
+            run.est = run.est if run.est is not None else est_w
             if bool(warm.any()):
                 info["warm_start"] = "spectral interval from the previous root + dynamic scaling"
             if not bool(warm.all()):
@@ -314,9 +400,9 @@ class CoupledNewtonConfig(SolverConfig):
                 )
         if not bool(warm.all()):
             cp, interval, mv = self._cold_scaling(
-                A, shift, est, scaling, p, capped, tol, max_iter, info, prob
+                A, shift, run.est, run.scaling, p, run.capped, run.tol, run.max_iter, info, run.prob
             )
-            matmuls += mv
+            run.matmuls += mv
             if interval is not None:
                 dynamic[:] = True
         if bool(warm.any()):
@@ -331,78 +417,83 @@ class CoupledNewtonConfig(SolverConfig):
                 cp = torch.where(warm, cp_w, cp)
                 interval = (lo, hi)
             dynamic |= warm
-        if est is not None:
-            self._refuse_indefinite(est, prob)
-        info["scaling"] = "warm" if bool(warm.any()) else scaling
-        cp = torch.where(cp > 0, cp, torch.ones_like(cp))
+        if run.est is not None:
+            self._refuse_indefinite(run.est, run.prob)
+        info["scaling"] = "warm" if bool(warm.any()) else run.scaling
+        run.cp = torch.where(cp > 0, cp, torch.ones_like(cp))
+        run.interval, run.dynamic = interval, dynamic
+
+    def _iterate(self, run: _Solve) -> NewtonOutcome:
+        """The coupled iteration (Higham 2008, eq. (7.18); :func:`~matroots.solvers.newton_loop.coupled_newton_iterate`),
+        and the rerun with the always-safe Frobenius scaling of the elements given a spectral interval
+        that diverged (a wrong estimate)."""
+        A, shift, p, info = run.A, run.shift, run.p, run.info
         t_loop, c_loop = time.perf_counter(), time.process_time()
         out = coupled_newton_iterate(
             A,
             p,
-            cp,
-            tol=tol,
-            max_iter=max_iter,
-            stagnation_accept=accept,
-            inverse=inverse,
-            interval=interval,
-            record_history=prob.record_history,
+            run.cp,
+            tol=run.tol,
+            max_iter=run.max_iter,
+            stagnation_accept=run.accept,
+            inverse=run.inverse,
+            interval=run.interval,
+            record_history=run.prob.record_history,
             shift=shift,
-            compute_dtype=cdt,
-            top=top,
+            compute_dtype=run.cdt,
+            top=run.top,
         )
         # The Newton loop alone, wall and process CPU time (benchmarks)
         info["iteration_seconds"] = time.perf_counter() - t_loop
         info["iteration_cpu_seconds"] = time.process_time() - c_loop
-        matmuls += out.matmuls
-        idx = [i for i, r in enumerate(out.reason) if r == "divergence" and bool(dynamic[i])]
+        run.matmuls += out.matmuls
+        idx = [i for i, r in enumerate(out.reason) if r == "divergence" and bool(run.dynamic[i])]
         if idx:
             # A wrong spectral estimate: redo those problems with the always-safe Frobenius scaling.
-            fwd_fro = min((p + 1) / 2, forward_top(p)) if capped else 1.0
-            fro = _shifted_fro(A[idx], shift[idx])
-            cp_f = fro / fwd_fro if capped else 2.0 * fro / (p + 1)
+            fwd_fro = min((p + 1) / 2, forward_top(p)) if run.capped else 1.0
+            fro = shifted_fro(A[idx], shift[idx])
+            cp_f = fro / fwd_fro if run.capped else 2.0 * fro / (p + 1)
             retry = coupled_newton_iterate(
                 A[idx],
                 p,
                 cp_f,
-                tol=tol,
-                max_iter=max_iter,
-                stagnation_accept=accept,
-                inverse=inverse,
-                record_history=prob.record_history,
+                tol=run.tol,
+                max_iter=run.max_iter,
+                stagnation_accept=run.accept,
+                inverse=run.inverse,
+                record_history=run.prob.record_history,
                 shift=shift[idx],
-                compute_dtype=cdt,
-                top=top,
+                compute_dtype=run.cdt,
+                top=run.top,
             )
-            matmuls += retry.matmuls * len(idx) / b  # per matrix of the whole batch
+            run.matmuls += retry.matmuls * len(idx) / A.shape[0]  # per matrix of the whole batch
             info["retried_frobenius"] = idx
-            cp = cp.clone()
-            cp[idx] = cp_f
+            run.cp = run.cp.clone()
+            run.cp[idx] = cp_f
             out = _merge(out, retry, idx)
         info.update(out.notes)
         info["newton_matmuls"] = out.matmuls_each
-        if sym and "divergence" in out.reason:
-            self._diagnose_divergence(A, shift, out, prob)
-        if sym and inverse:
-            matmuls += self._domain(A, shift, est, out, prob, info)
-        if eigs is not None:
-            self._check_principal(eigs, p, cp, out, info)
-            self._check_root_sector(out, p, info)
-            if inverse:
-                self._check_true_residual(out, A, shift, p, precision.unit_roundoff(cdt), info)
+        return out
+
+    def _verify(self, run: _Solve, out: NewtonOutcome) -> torch.Tensor:
+        """The checks of the result (module docstring, failure is never silent): a divergence on
+        symmetric input proven indefinite, the SPD domain test, the principal branch and true residual
+        on general input; the root symmetrised on symmetric input; the forward root's backward error."""
+        A, shift, p, info = run.A, run.shift, run.p, run.info
+        if run.sym and "divergence" in out.reason:
+            self._diagnose_divergence(A, shift, out, run.prob)
+        if run.sym and run.inverse:
+            run.matmuls += self._domain(A, shift, run.est, out, run.prob, info)
+        if run.eigs is not None:
+            check_principal(run.eigs, p, run.cp, out, info)
+            check_root_sector(out, p, info)
+            if run.inverse:
+                check_true_residual(out, A, shift, p, precision.unit_roundoff(run.cdt), info)
         # X_k commutes with A only up to rounding; (X + X^T) * 0.5 in one fresh tensor
-        root = torch.add(out.X, out.X.mT).mul_(0.5) if sym else out.X
-        if not inverse:
-            matmuls += forward_backward_check(root, A, shift, p, out, accept, info)
-        info.update(stop_reason=out.reason, tol=tol, c_power=cp / prob.prescale)
-        return RawResult(
-            root=root,
-            converged=out.converged,
-            iterations=out.iterations,
-            residual=out.residual,
-            matmuls=matmuls,
-            history=out.history,
-            info=info,
-        )
+        root = torch.add(out.X, out.X.mT).mul_(0.5) if run.sym else out.X
+        if not run.inverse:
+            run.matmuls += forward_backward_check(root, A, shift, p, out, run.accept, info)
+        return root
 
     def _cold_scaling(
         self,
@@ -423,7 +514,7 @@ class CoupledNewtonConfig(SolverConfig):
         b = A.shape[0]
         fwd_fro = min((p + 1) / 2, forward_top(p)) if capped else 1.0
         if scaling == "frobenius":
-            fro = _shifted_fro(A, shift)
+            fro = shifted_fro(A, shift)
             return (fro / fwd_fro if capped else 2.0 * fro / (p + 1)), None, 0.0
         if scaling == "power":
             lam_p, mv = power_lambda_max(A, self.power_iters)
@@ -462,7 +553,7 @@ class CoupledNewtonConfig(SolverConfig):
         no matrix cost, and the faster one is taken (Guo & Higham's on ties).
         """
         n = A.shape[-1]
-        c_f = (2.0 * _shifted_fro(A, shift) / (p + 1)).numpy()
+        c_f = (2.0 * shifted_fro(A, shift) / (p + 1)).numpy()
         theta, weights = est.ritz.numpy(), est.weights.numpy()
         out = np.array(c_gh, dtype=float, copy=True)
         choice = []
@@ -480,17 +571,6 @@ class CoupledNewtonConfig(SolverConfig):
         return out, choice
 
     @staticmethod
-    def _general_spectrum(A: torch.Tensor, info: dict) -> tuple[np.ndarray, np.ndarray]:
-        """Eigenvalues (b, n) of general input and their condition numbers (LAPACK, working format)."""
-        eigs, kappas = [], []
-        for Ai in A:
-            w, k = eigenvalue_conditions(Ai)
-            eigs.append(w)
-            kappas.append(k)
-        info["eigvals_calls"] = A.shape[0]
-        return np.stack(eigs), np.stack(kappas)
-
-    @staticmethod
     def _refuse_negative_real(
         A: torch.Tensor, eigs: np.ndarray, kappas: np.ndarray, shift: torch.Tensor, prob: Problem, info: dict
     ) -> np.ndarray:
@@ -506,7 +586,7 @@ class CoupledNewtonConfig(SolverConfig):
         u64 = precision.unit_roundoff(torch.float64)
         eigs = eigs.copy()
         for i in range(eigs.shape[0]):
-            Ai = _materialise(A[i : i + 1], shift[i : i + 1], torch.float64)[0]
+            Ai = materialise(A[i : i + 1], shift[i : i + 1], torch.float64)[0]
             fro = float(torch.linalg.matrix_norm(Ai))
             a = Ai.numpy()
             eta = eigenvalue_backward_error(fro, prob.n, u)
@@ -520,77 +600,6 @@ class CoupledNewtonConfig(SolverConfig):
             if kind != "clear":
                 raise axis_error("coupled_newton", why, kind)
         return eigs
-
-    @staticmethod
-    def _check_principal(eigs: np.ndarray, p: int, cp: torch.Tensor, out: NewtonOutcome, info: dict) -> None:
-        """Mark elements that converged to a non-principal root (scalar model of each eigenvalue)."""
-        for i in range(eigs.shape[0]):
-            if not bool(out.converged[i]):
-                continue
-            x = scalar_limits(eigs[i], p, float(cp[i]), int(out.iterations[i]))
-            ok = principal_branch_ok(eigs[i], x, p)
-            if not ok.all():
-                out.converged[i] = False
-                out.reason[i] = "non_principal_root"
-                info["non_principal_eigenvalues"] = eigs[i][~ok]
-        if "non_principal_root" in out.reason:
-            info["hint"] = (
-                "eigenvalues far from the positive real axis were drawn to a non-principal root; "
-                "use method='schur_newton', which takes square roots first"
-            )
-
-    @staticmethod
-    def _check_root_sector(out: NewtonOutcome, p: int, info: dict) -> None:
-        """Mark converged elements whose computed root has an eigenvalue outside |arg| < pi/p.
-
-        The principal p-th root (or inverse root) has its eigenvalues lambda^{+-1/p} in that open
-        sector; any other root has one at |arg| >= pi/p. The scalar model in :meth:`_check_principal`
-        is exact arithmetic: in a 16-bit format the matrix iteration can leave it and settle on another
-        root (bf16, eigenvalues at arg ~1.9, p = 3: error 1.06, Y^p = A to 2%), which the backward error
-        cannot see. One LAPACK eigenvalue computation of the root per element (float64).
-        """
-        for i in range(out.X.shape[0]):
-            if not bool(out.converged[i]) or not bool(torch.isfinite(out.X[i]).all()):
-                continue  # a non-finite root is reported by the finalisation
-            mu = torch.linalg.eigvals(out.X[i].double()).numpy()
-            if not (np.abs(np.angle(mu)) < np.pi / p).all():
-                out.converged[i] = False
-                out.reason[i] = "non_principal_root"
-                info["root_eigenvalue_args"] = np.angle(mu)
-                info["hint"] = (
-                    "the computed root has eigenvalues outside the principal sector |arg| < pi/p; "
-                    "use method='schur_newton', which takes square roots first"
-                )
-
-    @staticmethod
-    def _check_true_residual(
-        out: NewtonOutcome, A: torch.Tensor, shift: torch.Tensor, p: int, u: float, info: dict
-    ) -> None:
-        """General input, inverse root: mark converged elements whose true residual is far above its floor.
-
-        r = ||X^p (A + shift I) - I||_2 / (||X||_2^p ||A + shift I||_2) (float64). The exact root rounded
-        to the compute format has r <~ p sqrt(n) u; the coupled iteration keeps M_k = X_k^p A only up to
-        the rounding errors of its path, and on a non-normal matrix with eigenvalues far from the positive
-        axis that path has large transients (fp64, arguments up to 0.9 pi, p = 8: error 24 times the
-        cond(f, A) bound while ||M_k - I|| met tol). Such a drift shows as r > 4 p sqrt(n) u
-        (stop reason ``"true_residual"``); accurate runs measured r <= 1.4 p sqrt(n) u.
-        """
-        n = A.shape[-1]
-        r_all = []
-        for i in range(out.X.shape[0]):
-            X = out.X[i].double()
-            if not bool(torch.isfinite(X).all()):
-                r_all.append(math.inf)
-                continue
-            As = _materialise(A[i : i + 1], shift[i : i + 1], torch.float64)[0]
-            R = torch.linalg.matrix_power(X, p) @ As - torch.eye(n, dtype=torch.float64)
-            scale = torch.linalg.matrix_norm(X, ord=2) ** p * torch.linalg.matrix_norm(As, ord=2)
-            r = float(torch.linalg.matrix_norm(R, ord=2) / scale) if float(scale) > 0 else math.inf
-            r_all.append(r)
-            if bool(out.converged[i]) and not r <= 4.0 * p * math.sqrt(n) * u:
-                out.converged[i] = False
-                out.reason[i] = "true_residual"
-        info["true_residual"] = torch.tensor(r_all, dtype=torch.float64)
 
     def _refuse_indefinite(self, est: SpectrumEstimate, prob: Problem) -> None:
         """Raise when a Ritz value proves a negative eigenvalue (Ritz values lie inside the spectrum)."""
@@ -609,7 +618,7 @@ class CoupledNewtonConfig(SolverConfig):
     ) -> None:
         """After divergence on symmetric input, raise NotPositiveDefiniteError if Cholesky fails."""
         idx = [i for i, r in enumerate(out.reason) if r == "divergence"]
-        Ad = _materialise(A[idx], shift[idx], torch.float64)
+        Ad = materialise(A[idx], shift[idx], torch.float64)
         _, chol_info = torch.linalg.cholesky_ex(Ad)
         if bool((chol_info > 0).any()):
             est = lanczos_extremes(Ad, self.lanczos_steps)
@@ -645,93 +654,11 @@ class CoupledNewtonConfig(SolverConfig):
         spent = float(rows.sum()) / b / 6.0  # one Cholesky (n^3/3 flops) per tested element
         # lambda_max: the Lanczos upper bound, else (frobenius / power scaling) ||A + shift I||_F >=
         # lambda_max, which at worst makes the margin sqrt(n) u lambda_max
-        lmax = est.lmax_upper * (1 + 1e-6) if est is not None else _shifted_fro(A, shift)
+        lmax = est.lmax_upper * (1 + 1e-6) if est is not None else shifted_fro(A, shift)
         undetermined = domain_test(self.name, prob, A, shift, lmax, rows)
         flag_undetermined(undetermined, out.converged, out.reason, info, prob, lmax)
         info["domain_matmuls"] = spent
         return spent
-
-    @staticmethod
-    def _warm_root(warm_start: object, A: torch.Tensor, p: int, prob: Problem, inverse: bool) -> torch.Tensor:
-        """The previous root as a (b, n, n) tensor in A's dtype and pre-scaled units.
-
-        Raises InvalidArgumentError for a wrong shape and NonFiniteInputError for NaN/Inf entries."""
-        Z = warm_start.root if isinstance(warm_start, RootResult) else warm_start
-        if not isinstance(Z, torch.Tensor):
-            Z = torch.as_tensor(np.asarray(Z))
-        if Z.shape[-2:] != A.shape[-2:] or Z.numel() != A.numel():
-            raise InvalidArgumentError(
-                f"warm_start root has shape {tuple(Z.shape)}, but the input is {A.shape[0]} matrices of "
-                f"size {A.shape[-1]}; pass the previous result for the same (batch of) matrices"
-            )
-        Z = Z.detach().reshape(A.shape).to(torch.float64)
-        bad = ~torch.isfinite(Z).flatten(1).all(-1)
-        if bool(bad.any()):
-            raise NonFiniteInputError(
-                f"warm_start has NaN or Inf entries (batch elements {bad.nonzero().flatten().tolist()}); "
-                "pass a finite previous root, or warm_start=None for a cold start"
-            )
-        if prob.prescale != 1.0:
-            # the root of (sA) is s^{-1/p} Z (inverse) or s^{1/p} Z (forward root).
-            Z = Z * prob.prescale ** ((-1.0 if inverse else 1.0) / p)
-        return (0.5 * (Z + Z.mT)).to(A.dtype)
-
-    def _warm_scaling(
-        self, A: torch.Tensor, shift: torch.Tensor, p: int, Z: torch.Tensor, inverse: bool
-    ) -> tuple[torch.Tensor, tuple[np.ndarray, np.ndarray], np.ndarray, int, SpectrumEstimate]:
-        """c^p, the dynamic-scaling interval and its lower end lambda_min (in A + shift I's units) from
-        Lanczos on A + shift I and the previous root's extremes.
-
-        The top Ritz value plus its residual bound is an upper bound of lambda_max. The lower end is the
-        previous root's estimate where it is below the smallest Ritz value (itself an upper bound of
-        lambda_min): a guess, checked by :meth:`_warm_lower_end_holds`. Forward roots start with
-        c^p = lambda_max / beta_p (M_0's spectrum in (0, beta_p], see newton_core).
-        """
-        est = shifted_estimate(lanczos_extremes(A, self.lanczos_steps), shift)
-        zest = lanczos_extremes(Z, self.lanczos_steps)
-        lmax = (est.lmax_upper * (1 + 1e-6)).numpy()
-        ritz_min = np.clip(est.lmin.numpy(), 0.0, None)
-        if inverse:  # Z ~ A^{-1/p}: lambda_min ~ zmax^{-p}; the upper estimate of zmax keeps it low
-            from_z = zest.lmax_upper.clamp_min(1e-300).numpy() ** (-p)
-        else:  # Z ~ A^{1/p}: lambda_min ~ zmin^p
-            from_z = np.clip(zest.lmin.numpy(), 0.0, None) ** p
-        lmin = np.minimum(np.minimum(ritz_min, from_z), lmax)
-        lmin = np.maximum(lmin, lmax * 1e-300)
-        cpn = lmax / forward_top(p) if capped_start(p, inverse) else optimal_c_power(lmin, lmax, p)
-        return torch.as_tensor(cpn), (lmin / cpn, lmax / cpn), lmin, est.matvecs + zest.matvecs, est
-
-    @staticmethod
-    def _warm_lower_end_holds(A: torch.Tensor, shift: torch.Tensor, lmin: np.ndarray) -> torch.Tensor:
-        """(b,) bool: lambda_min(A + shift I) < WARM_LMIN_FACTOR * lmin, shown by a failing Cholesky
-        factorisation of A + (shift - WARM_LMIN_FACTOR lmin) I in float64 (module docstring, warm start).
-
-        A success proves the opposite up to Cholesky's backward error (~n u_64 ||A||): the previous root
-        belongs to a matrix whose smallest eigenvalue is far below this one's, and the interval would
-        make the dynamic scaling push the whole true spectrum towards p + 1 (rounding errors amplified
-        by the interval's kappa instead of A's). Cost: one Cholesky per element (1/6 of a GEMM).
-        """
-        Ad = _materialise(A, shift, torch.float64)
-        d = torch.diagonal(Ad, dim1=-2, dim2=-1)
-        d -= torch.as_tensor(WARM_LMIN_FACTOR * np.asarray(lmin, dtype=float), dtype=torch.float64)[:, None]
-        _, fail = torch.linalg.cholesky_ex(Ad)
-        return fail > 0
-
-
-def _shifted_fro(A: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """||A + shift I||_F per batch element, in float64 (b,)."""
-    if not bool((shift != 0).any()):
-        # accumulated in float64 without a float64 copy of A (bitwise the norm of A.double())
-        return torch.linalg.matrix_norm(A, dtype=torch.float64)
-    return torch.linalg.matrix_norm(_materialise(A, shift, torch.float64))
-
-
-def _materialise(A: torch.Tensor, shift: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A + shift I as a new tensor in ``dtype`` (default A's); the shift is added in that format."""
-    out = A.to(dtype if dtype is not None else A.dtype, copy=True)
-    if bool((shift != 0).any()):
-        d = torch.diagonal(out, dim1=-2, dim2=-1)
-        d += shift.to(out.dtype)[:, None]
-    return out
 
 
 def _merge(out: NewtonOutcome, sub: NewtonOutcome, idx: list[int]) -> NewtonOutcome:
@@ -788,7 +715,7 @@ def _identity_root(
     rounded once: the sum in float64, then to the compute format; kept in fp32 where a 16-bit format
     cannot hold it). Twenty Newton steps on a non-normal matrix cost 66 u where u is the floor."""
     b = A.shape[0]
-    X64 = _materialise(A, shift, torch.float64)
+    X64 = materialise(A, shift, torch.float64)
     X = X64.to(cdt)
     if cdt not in (torch.float32, torch.float64) and not bool(torch.isfinite(X).all()):
         X = X64.float()

@@ -58,7 +58,7 @@ from ..core.errors import NotPositiveDefiniteError
 from ..core.inputs import Problem
 from .base import Capabilities, RawResult, matmul_count_power, matrix_power
 from .coupled_loop import check_resolvable, default_tol, run_coupled
-from .newton_core import _start_matrix
+from .newton_loop import _start_matrix
 from .newton_schulz_sign import scalar_powers, symmetrise, unscale
 from .registry import register
 from .spd_start import (

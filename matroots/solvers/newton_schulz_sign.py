@@ -49,7 +49,7 @@ from ..core.errors import UnsupportedExponentError
 from ..core.inputs import Problem
 from .base import Capabilities, RawResult
 from .coupled_loop import LoopOutcome, check_resolvable, default_tol, run_coupled
-from .newton_core import _start_matrix
+from .newton_loop import _start_matrix
 from .registry import register
 from .spd_start import SpdIterationConfig, flag_undetermined, not_positive_definite, spd_start
 

@@ -69,7 +69,7 @@ from ..core.inputs import Problem
 from .base import Capabilities, RawResult, matmul_count_power, matrix_power
 from .coupled_loop import check_resolvable, default_tol, run_coupled
 from .minimax import Step, grid_floor, schedule
-from .newton_core import _start_matrix
+from .newton_loop import _start_matrix
 from .newton_schulz_sign import (
     MAX_STAGES,
     compose_stages,
