@@ -10,7 +10,9 @@ into that storage.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -18,7 +20,7 @@ from .blocking import BlockKind
 from .config import GroupOptions
 from .implementation import DEFAULT_IMPLEMENTATION, ShampooImplementation
 from .refresh import RootJob
-from .state import BlockState, mirror_upper_
+from .state import BlockState, FactorState, mirror_upper_
 from .transforms import (
     Diagonal,
     FirstMoment,
@@ -95,6 +97,43 @@ class BlockBucket:
     def __len__(self) -> int:
         return len(self.blocks)
 
+    # -- pickle ---------------------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The bucket's attributes and where each block tensor lies in the stacked storage.
+
+        Plain pickle serialises each tensor's storage on its own, so a block's view would come back as
+        a copy apart from its stack (the batched kernels would update the stack and leave the copy
+        stale). :meth:`__setstate__` makes each such tensor a view of its stack again. (deepcopy and
+        ``torch.save`` keep shared storages themselves; the rebinding is then a no-op.)
+        """
+        stacks: dict[int, int] = {}
+        for k, t in enumerate(_tensors(self.state)):
+            stacks.setdefault(t.untyped_storage().data_ptr(), k)
+        views = []
+        for j, block in enumerate(self.blocks):
+            for path, t in _block_tensors(block):
+                k = stacks.get(t.untyped_storage().data_ptr())
+                if k is not None:
+                    views.append((j, path, k, t.storage_offset(), tuple(t.shape), t.stride()))
+        return {**self.__dict__, "_views": views}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        views = state.pop("_views", [])
+        self.__dict__.update(state)
+        stacks = _tensors(self.state)
+        for j, path, k, offset, shape, stride in views:
+            stack = stacks[k]
+            view = stack.as_strided(shape, stride, offset)
+            old = _get(self.blocks[j], path)
+            if view.dtype != old.dtype or not _same_bits(view, old):  # the stack and its view disagree
+                raise RuntimeError(
+                    f"unpickling bucket block {j}: {'.'.join(map(str, path))} differs from its stacked "
+                    "storage; the pickle is inconsistent"
+                )
+            _set(self.blocks[j], path, view)
+
     def context(self, sel: torch.Tensor | None, opts: GroupOptions, steps: list[int]) -> StepContext:
         return StepContext(opts, steps, sel, self.device, self.impl)
 
@@ -138,6 +177,61 @@ class BlockBucket:
         steps); returns the positions reset. Without the reset an infinite Adam second moment makes
         the block's direction 0 for ever, silently."""
         return self.pipeline.reset_non_finite(self.state, len(self.blocks))
+
+
+def _tensors(obj: object) -> list[torch.Tensor]:
+    """The stacked tensors of a transform state (dataclasses, lists, tuples, dicts), in a fixed order;
+    not those of the per-block states it may keep (e.g. Kronecker's records: views, not stacks)."""
+    if isinstance(obj, BlockState | FactorState):
+        return []
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, list | tuple):
+        return [t for x in obj for t in _tensors(x)]
+    if isinstance(obj, dict):
+        return [t for x in obj.values() for t in _tensors(x)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [t for f in dataclasses.fields(obj) for t in _tensors(getattr(obj, f.name))]
+    return []
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaN payloads included), for tensors of one dtype and shape."""
+    return a.shape == b.shape and torch.equal(_bytes(a), _bytes(b))
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _block_tensors(block: BlockState) -> Iterator[tuple[tuple[str | int, ...], torch.Tensor]]:
+    """(path, tensor) of every tensor of a block's state: its fields, declared tensors and factors."""
+    for name in ("first_moment", "graft_state", "diagonal"):
+        t = getattr(block, name)
+        if t is not None:
+            yield (name,), t
+    for name, t in block.tensors.items():
+        yield ("tensors", name), t
+    for k, f in enumerate(block.factors):
+        for name in ("matrix", "root", "basis"):
+            t = getattr(f, name)
+            if t is not None:
+                yield ("factors", k, name), t
+
+
+def _get(block: BlockState, path: tuple[str | int, ...]) -> torch.Tensor:
+    obj: Any = block
+    for key in path:
+        obj = obj[key] if isinstance(key, int) or isinstance(obj, dict) else getattr(obj, key)
+    return obj
+
+
+def _set(block: BlockState, path: tuple[str | int, ...], value: torch.Tensor) -> None:
+    obj = _get(block, path[:-1]) if len(path) > 1 else block
+    if isinstance(obj, dict):
+        obj[path[-1]] = value
+    else:
+        setattr(obj, path[-1], value)
 
 
 __all__ = [
