@@ -10,7 +10,7 @@ import collections
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from _opcount import OpCount as _Count
 
 import matroots
 from matroots.core import options as options_mod
@@ -22,16 +22,6 @@ from matroots.study import matrices
 # auto's own checks beside the estimate: the exact-symmetry test (transpose + equal), the finiteness
 # test (one sum and its read), the batch view, and detaches (each a view, dispatched) -- at most 8.
 OWN_OPS = 8
-
-
-class _Count(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func)] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _spd(n: int, dtype: torch.dtype) -> torch.Tensor:

@@ -4,25 +4,14 @@ its fast paths rest on (:func:`matroots.solvers.eigh._log2_top`) on the rows the
 
 from __future__ import annotations
 
-import collections
 import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from _opcount import OpCount as _Count
 
 import matroots
 from matroots.solvers.eigh import _log2_top
-
-
-class _Count(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func)] += 1
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

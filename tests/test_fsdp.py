@@ -259,8 +259,15 @@ def _faults(rank: int, ws: int) -> dict:
         runs.append(_full(model))
     out["no_check_equal"] = all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
     # 2. Rank 1 crashes after its backward and hangs: rank 0's step ends with a clear error.
+    _crash_and_hang(FSDPConfig(timeout=3), rank, X, Y, out)
+    return out
+
+
+def _crash_and_hang(cfg: FSDPConfig, rank: int, X: torch.Tensor, Y: torch.Tensor, out: dict) -> None:
+    """Rank 1 raises after its backward at step 3 and then sleeps past the timeout; rank 0's step must
+    end with DistributedTimeoutError (out["hang"], out["seconds"]) instead of waiting for ever."""
     model = _shard(_model())
-    opt = _opt(model.named_parameters(), "eigh", FSDPConfig(timeout=3))
+    opt = _opt(model.named_parameters(), "eigh", cfg)
     t0 = time.monotonic()
     try:
         for t in range(3):
@@ -275,7 +282,6 @@ def _faults(rank: int, ws: int) -> dict:
     except DistributedTimeoutError as err:
         out["hang"] = f"timeout: {err}"
         out["seconds"] = time.monotonic() - t0
-    return out
 
 
 def test_fsdp_failing_and_hanging_rank_are_clear_errors():

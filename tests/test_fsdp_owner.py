@@ -13,17 +13,25 @@ owner, and a batched solve over another stack may round differently (~1e-7 relat
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from _dist import run_ranks
-from test_fsdp import STEPS, AlwaysFails, _data, _dcp_check, _full, _model, _opt, _shard, _train
+from test_fsdp import (
+    STEPS,
+    AlwaysFails,
+    _crash_and_hang,
+    _data,
+    _dcp_check,
+    _full,
+    _model,
+    _opt,
+    _shard,
+    _train,
+)
 from test_fsdp_skips import _counts, _run
-from torch import nn
 
 import shampoo
-from shampoo.comm import DistributedTimeoutError, RemoteRankError
+from shampoo.comm import RemoteRankError
 from shampoo.fsdp import FSDPConfig
 
 OWNER_SOLVERS = ["eigh", "soap"]  # the two kinds of block transform (root solvers share one path)
@@ -103,22 +111,7 @@ def _ranks(rank: int, ws: int) -> dict:
     )
     # rank 1 crashes after its backward at step 3 and hangs: rank 0's step (waiting in the
     # agreement before the gradient rows' all-gather) ends with a clear error within the timeout
-    model = _shard(_model())
-    opt = _opt(model.named_parameters(), "eigh", FSDPConfig(strategy="owner", timeout=3))
-    t0 = time.monotonic()
-    try:
-        for t in range(3):
-            opt.zero_grad()
-            nn.functional.mse_loss(model(X[t]), Y[t]).backward()
-            if rank == 1 and t == 2:
-                raise ValueError("simulated crash")
-            opt.step()
-    except ValueError:
-        time.sleep(6)
-        out["hang"] = "crashed"
-    except DistributedTimeoutError as err:
-        out["hang"] = f"timeout: {err}"
-        out["seconds"] = time.monotonic() - t0
+    _crash_and_hang(FSDPConfig(strategy="owner", timeout=3), rank, X, Y, out)
     return out
 
 

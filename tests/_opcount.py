@@ -1,0 +1,19 @@
+"""Counting the torch operations a call dispatches (the per-call overhead tests count ops, never time)."""
+
+from __future__ import annotations
+
+import collections
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class OpCount(TorchDispatchMode):
+    """``with OpCount() as c: ...`` then ``c.ops``: how often each aten operation was dispatched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
