@@ -276,6 +276,32 @@ def test_exit_after_interrupt_runs_atexit_handlers_and_skips_finalisation(tmp_pa
     assert res.stderr.decode() == "interrupted"
 
 
+def _sleep(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def test_stopped_pool_has_released_its_queues_before_stop_pool_returns() -> None:
+    """After Ctrl-C the CLI leaves with os._exit: the pool's manager thread must have finished tearing
+    down its queues by then (else the resource tracker reports a leaked semaphore on the terminal,
+    as CI saw). _stop_pool terminates running units and waits for that thread."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    pool = cf.ProcessPoolExecutor(max_workers=2, mp_context=mp.get_context("spawn"))
+    futs = [pool.submit(_sleep, 30.0) for _ in range(4)]
+    deadline = time.monotonic() + 120
+    while not any(f.running() for f in futs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    manager = pool._executor_manager_thread
+    assert manager is not None and manager.is_alive()
+    t0 = time.monotonic()
+    runner._stop_pool(pool)
+    assert time.monotonic() - t0 < runner.MANAGER_JOIN_SECONDS + 3.0  # terminated, not waited for
+    assert not manager.is_alive()
+    assert all(f.done() for f in futs)
+
+
 # --- a dask scheduler that dies mid-run ------------------------------------------------------------
 
 

@@ -67,6 +67,8 @@ QUARANTINE = "quarantine"
 PROVENANCE = "provenance.json"
 TMP_PREFIX = atomic.TMP_PREFIX
 MAX_CRASHES = 3
+#: how long a stopped pool's manager thread may take to release its queues (it takes milliseconds)
+MANAGER_JOIN_SECONDS = 5.0
 _KEY = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$")
 
 JobFn = Callable[[Any], list[dict[str, Any]]]
@@ -489,6 +491,8 @@ def exit_after_interrupt(code: int = 130) -> NoReturn:
     scikit-learn loaded on a loaded machine, after the work had already stopped. Only for the
     process's own command line (the CLIs call it when ``argv`` is None), never inside a library
     call or a test process."""
+    with contextlib.suppress(ValueError):  # not the main thread: leave the handler as it is
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
@@ -511,6 +515,7 @@ def _stop_pool(pool: cf.ProcessPoolExecutor) -> None:
     ``ProcessPoolExecutor`` has no public way to stop running calls before Python 3.14
     (``terminate_workers``), so the worker processes are terminated through its process table."""
     procs = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)  # shutdown() drops the pool's reference
     for p in procs:
         with contextlib.suppress(OSError, ValueError, AttributeError):
             p.terminate()
@@ -522,6 +527,13 @@ def _stop_pool(pool: cf.ProcessPoolExecutor) -> None:
                 p.kill()
                 p.join(1.0)
     pool.shutdown(wait=False, cancel_futures=True)
+    # The pool's manager thread now tears down its queues. Each queue lock's finaliser unlinks the
+    # named semaphore and then tells multiprocessing's resource tracker; a process that exits between
+    # those two steps (exit_after_interrupt's os._exit) makes the tracker print a "leaked semaphore"
+    # warning and a failed unlink on the user's terminal after Ctrl-C. Wait (bounded) for it to finish.
+    if manager is not None:
+        with contextlib.suppress(RuntimeError):
+            manager.join(MANAGER_JOIN_SECONDS)
 
 
 def _run_batch(job_fn: JobFn, units: list[Any], out: Path, workers: int, bar: Any) -> bool:
