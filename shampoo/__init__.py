@@ -24,6 +24,7 @@ from .diagnostics import BlockDiagnostics, FactorDiagnostics
 from .distributed import DDPConfig
 from .errors import (
     FactorResetWarning,
+    InconsistentPickleError,
     InvalidShampooArgumentError,
     NonFiniteGradientWarning,
     RootComputationError,
@@ -53,6 +54,7 @@ __all__ = [
     "FailurePolicy",
     "GraftingConfig",
     "GroupOptions",
+    "InconsistentPickleError",
     "InvalidShampooArgumentError",
     "NoGrafting",
     "NonFiniteGradientWarning",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 from matroots.core.errors import InvalidArgumentError
 
 
@@ -19,6 +21,13 @@ class RootRoundTimeoutError(ShampooError):
 
 class StateDictError(ShampooError, ValueError):
     """A state dict does not fit this optimizer (missing parameters, different blocking, ...)."""
+
+
+class InconsistentPickleError(StateDictError, pickle.UnpicklingError):
+    """An unpickled optimizer's stacked state and its per-block views disagree (a view names a stack
+    the bucket does not have, lies outside it, or holds other dtype, shape or bits than the stack at
+    that place). A :class:`StateDictError` and a :class:`pickle.UnpicklingError`; the message names
+    the block, the tensor and what mismatched."""
 
 
 class InvalidShampooArgumentError(InvalidArgumentError):
@@ -49,6 +58,7 @@ class RootFailureWarning(RuntimeWarning):
 
 __all__ = [
     "FactorResetWarning",
+    "InconsistentPickleError",
     "InvalidShampooArgumentError",
     "NonFiniteGradientWarning",
     "RootComputationError",

@@ -18,6 +18,7 @@ import torch
 
 from .blocking import BlockKind
 from .config import GroupOptions
+from .errors import InconsistentPickleError
 from .implementation import DEFAULT_IMPLEMENTATION, ShampooImplementation
 from .refresh import RootJob
 from .state import BlockState, FactorState, mirror_upper_
@@ -119,19 +120,19 @@ class BlockBucket:
         return {**self.__dict__, "_views": views}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore the attributes and make each recorded block tensor a view of its stack again.
+
+        Raises:
+            InconsistentPickleError: a recorded view names a block, tensor or stack the bucket does
+                not have, lies outside its stack's storage, or differs from the stack there in
+                dtype, shape or bits (a pickle edited by hand, or mixed from two optimizers).
+        """
         state = dict(state)
         views = state.pop("_views", [])
         self.__dict__.update(state)
         stacks = _tensors(self.state)
         for j, path, k, offset, shape, stride in views:
-            stack = stacks[k]
-            view = stack.as_strided(shape, stride, offset)
-            old = _get(self.blocks[j], path)
-            if view.dtype != old.dtype or not _same_bits(view, old):  # the stack and its view disagree
-                raise RuntimeError(
-                    f"unpickling bucket block {j}: {'.'.join(map(str, path))} differs from its stacked "
-                    "storage; the pickle is inconsistent"
-                )
+            view = _stacked_view(self.blocks, stacks, j, path, k, offset, shape, stride)
             _set(self.blocks[j], path, view)
 
     def context(self, sel: torch.Tensor | None, opts: GroupOptions, steps: list[int]) -> StepContext:
@@ -193,6 +194,57 @@ def _tensors(obj: object) -> list[torch.Tensor]:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return [t for f in dataclasses.fields(obj) for t in _tensors(getattr(obj, f.name))]
     return []
+
+
+def _stacked_view(
+    blocks: list[BlockState],
+    stacks: list[torch.Tensor],
+    j: int,
+    path: tuple[str | int, ...],
+    k: int,
+    offset: int,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+) -> torch.Tensor:
+    """The view of stack ``k`` that block ``j``'s tensor at ``path`` was when pickled, after checking
+    that it fits (see :meth:`BlockBucket.__setstate__`); raises InconsistentPickleError naming what
+    mismatched."""
+    name = ".".join(map(str, path))
+    where = f"unpickling a BlockBucket: block {j}'s {name}"
+    allowed = (
+        "each block tensor must be a view of one of the bucket's stacked tensors with the same dtype, "
+        "shape and bits (as pickle.dumps of a Shampoo writes it); to move state between optimizers, "
+        "use state_dict() / load_state_dict()"
+    )
+    if not 0 <= j < len(blocks):
+        raise InconsistentPickleError(f"{where}: the bucket has {len(blocks)} blocks; {allowed}")
+    try:
+        old = _get(blocks[j], path)
+    except (AttributeError, KeyError, IndexError, TypeError):
+        old = None
+    if not isinstance(old, torch.Tensor):
+        raise InconsistentPickleError(f"{where}: the block has no tensor there; {allowed}")
+    if not 0 <= k < len(stacks):
+        raise InconsistentPickleError(
+            f"{where} is recorded in stacked tensor {k}, but the bucket has {len(stacks)}; {allowed}"
+        )
+    stack = stacks[k]
+    size = stack.untyped_storage().nbytes() // stack.element_size()
+    last = offset + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
+    if offset < 0 or min(stride, default=0) < 0 or (0 not in shape and last >= size):
+        raise InconsistentPickleError(
+            f"{where}: offset {offset}, shape {tuple(shape)}, stride {tuple(stride)} lie outside stacked "
+            f"tensor {k}'s storage of {size} elements; {allowed}"
+        )
+    view = stack.as_strided(shape, stride, offset)
+    if view.dtype != old.dtype or view.shape != old.shape:
+        raise InconsistentPickleError(
+            f"{where} is {old.dtype} {tuple(old.shape)}, its place in stacked tensor {k} is "
+            f"{view.dtype} {tuple(view.shape)}; {allowed}"
+        )
+    if not _same_bits(view, old):
+        raise InconsistentPickleError(f"{where} differs from stacked tensor {k} at its place; {allowed}")
+    return view
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

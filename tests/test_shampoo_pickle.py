@@ -119,3 +119,79 @@ def _tensors(obj: object) -> list[torch.Tensor]:
     if hasattr(obj, "__dataclass_fields__"):
         return [t for name in obj.__dataclass_fields__ for t in _tensors(getattr(obj, name))]
     return []
+
+
+def _pickled_bucket_state() -> dict:
+    """The pickled state of a multi-block Kronecker bucket, unpickled without its rebinding: block
+    tensors are then copies apart from the stacks, free to be edited."""
+    model = _model()
+    opt = _make(model)
+    _train(model, opt, range(3))
+    bucket = next(b for b in _buckets(opt) if len(b) >= 2 and b.blocks[0].factors)
+    return pickle.loads(pickle.dumps(bucket.__getstate__()))
+
+
+def _edit_bits(state: dict) -> str:
+    state["blocks"][1].factors[0].matrix.add_(1.0)
+    return "block 1's factors.0.matrix differs from stacked tensor"
+
+
+def _edit_dtype(state: dict) -> str:
+    f = state["blocks"][0].factors[0]
+    f.matrix = f.matrix.double()
+    return "block 0's factors.0.matrix is torch.float64"
+
+
+def _edit_stack_index(state: dict) -> str:
+    j, path, _, *rest = state["_views"][0]
+    state["_views"][0] = (j, path, 999, *rest)
+    return "is recorded in stacked tensor 999, but the bucket has"
+
+
+def _edit_offset(state: dict) -> str:
+    j, path, k, _, shape, stride = state["_views"][0]
+    state["_views"][0] = (j, path, k, 10**9, shape, stride)
+    return "lie outside stacked tensor"
+
+
+def _edit_block_index(state: dict) -> str:
+    _, path, *rest = state["_views"][0]
+    state["_views"][0] = (len(state["blocks"]), path, *rest)
+    return "the bucket has"
+
+
+def _edit_path(state: dict) -> str:
+    j, _, *rest = state["_views"][0]
+    state["_views"][0] = (j, ("factors", 7, "matrix"), *rest)
+    return "the block has no tensor there"
+
+
+@pytest.mark.parametrize(
+    "edit", [_edit_bits, _edit_dtype, _edit_stack_index, _edit_offset, _edit_block_index, _edit_path]
+)
+def test_inconsistent_bucket_pickle_raises_a_typed_error(edit) -> None:
+    """A pickled bucket whose views and stacks disagree is refused with InconsistentPickleError (a
+    StateDictError and a pickle.UnpicklingError) naming the block, the tensor and the mismatch, and
+    saying what is allowed; nothing is silently rebound."""
+    from shampoo.preconditioner import BlockBucket
+
+    state = _pickled_bucket_state()
+    expected = edit(state)
+    bucket = BlockBucket.__new__(BlockBucket)
+    with pytest.raises(shampoo.InconsistentPickleError) as info:
+        bucket.__setstate__(state)
+    assert isinstance(info.value, shampoo.StateDictError) and isinstance(info.value, pickle.UnpicklingError)
+    message = str(info.value)
+    assert message.startswith("unpickling a BlockBucket: block ") and expected in message
+    assert "must be a view of one of the bucket's stacked tensors" in message
+
+
+def test_consistent_bucket_pickle_state_rebinds() -> None:
+    """The same unedited state rebinds without error (the edits above are what the errors are for)."""
+    from shampoo.preconditioner import BlockBucket
+
+    state = _pickled_bucket_state()
+    bucket = BlockBucket.__new__(BlockBucket)
+    bucket.__setstate__(state)
+    stacks = {t.untyped_storage().data_ptr() for t in _tensors(bucket.state)}
+    assert bucket.blocks[1].factors[0].matrix.untyped_storage().data_ptr() in stacks
