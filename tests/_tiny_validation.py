@@ -82,9 +82,15 @@ options = { fallback = "none" }
 """
 
 
-def tiny_protocol(*, trials: int = 2, steps: int = 20, eval_every: int = 5, name: str = "ptiny") -> str:
+def tiny_protocol(
+    *, trials: int = 2, steps: int = 20, eval_every: int = 5, name: str = "ptiny", tasks: tuple[str, ...] = ()
+) -> str:
     """A protocol grid on tiny digits: AdamW, Shampoo (eigh), SOAP as published (untuned), and an
-    absent-or-present peer; ``trials`` trials each at tuning seed 0, final seeds 1 and 2."""
+    absent-or-present peer; ``trials`` trials each at tuning seed 0, final seeds 1 and 2. ``tasks``:
+    more tiny tasks after digits, with the same steps."""
+    more = "".join(
+        f"[tasks.{t}]\nsteps = {steps}\neval_every = {eval_every}\nsize = {TINY_SIZES[t]}\n" for t in tasks
+    )
     return f"""
 name = "{name}"
 [timing]
@@ -98,7 +104,7 @@ final_seeds = [1, 2]
 steps = {steps}
 eval_every = {eval_every}
 size = {TINY_SIZES["digits"]}
-[[optimizers]]
+{more}[[optimizers]]
 name = "adamw"
 [[optimizers]]
 name = "shampoo"

@@ -220,3 +220,38 @@ def test_an_absent_peer_package_is_a_typed_error_naming_the_install() -> None:
         with pytest.raises(peers.PeerUnavailableError, match="not installed") as exc:
             peers.load(name, importer=missing)
         assert peers.PEERS[name].install.split()[0] in str(exc.value)
+
+
+def test_each_task_finishes_its_final_seeds_before_the_next_task_starts(tmp_path, monkeypatch) -> None:
+    """A long protocol run lands whole tasks (tuning, selection, final seeds) one after another, so a
+    run stopped midway already holds finished, reportable tasks. The runner is replaced by one that
+    records the order units are handed to it and writes each a run row (validation loss = trial
+    index, so trial 0 is chosen), so the order is observed without training anything."""
+    from matroots.study import runner
+    from matroots.study.validation import run
+
+    order: list[tuple[str, str]] = []
+
+    def fake_run_units(units, job_fn, out_dir, **kw):
+        for u in units:
+            if u.key in runner.done_units(out_dir):
+                continue
+            order.append((u.task.name, u.phase))
+            row = {"table": "run", "unit": u.key, "task": u.task.name, "optimizer": u.optimizer.name,
+                   "config": u.optimizer.label, "phase": u.phase, "trial": u.trial, "seed": u.seed,
+                   "hparams": str(u.hparams), "final_val_loss": float(u.trial), "failure": "",
+                   "failure_message": ""}  # fmt: skip
+            runner.atomic_write_parquet(pd.DataFrame([row]), runner.part_path(out_dir, u.key))
+        return runner.RunStats(units=len(units), ran=len(units))
+
+    monkeypatch.setattr(run.runner, "run_units", fake_run_units)
+    monkeypatch.setattr(run, "check", lambda grid: None)  # the preflight trains a step of each config
+    monkeypatch.setattr(run, "collect", lambda out, csv=False: {})  # the report wants real rows
+    grid = _grid(tiny_protocol(trials=2, name="pertask", tasks=("lsq",)))
+    run.run_validation(grid, tmp_path / "run", workers=1, progress=False)
+    first_lsq = next(i for i, (task, _) in enumerate(order) if task == "lsq")
+    assert ("digits", "final") in order[:first_lsq] and ("lsq", "final") in order
+    assert all(task == "lsq" for task, _ in order[first_lsq:])
+    assert len(order) == len(grid.units()) + len(
+        grid.final_units(protocol.select(run.load(tmp_path / "run")["runs"]))
+    )

@@ -124,18 +124,36 @@ def run_validation(
         out_dir, kind=KIND, config=grid.to_dict(), config_hash=grid.config_hash(), resume=resume
     )
     kw = {"workers": workers, "scheduler": scheduler, "progress": progress, "crash_rows": crash_rows}
-    stats = runner.run_units(
-        grid.units(), run_unit, out, desc=f"validate {grid.name}", retry_crashed=retry_crashed, **kw
-    )
-    if (
-        grid.protocol is not None
-    ):  # phase 2: each optimizer's chosen point (from the parts) at the final seeds
+    units = grid.units()
+    if grid.protocol is None:
+        stats = runner.run_units(
+            units, run_unit, out, desc=f"validate {grid.name}", retry_crashed=retry_crashed, **kw
+        )
+    else:  # task by task: its tuning trials, then its chosen points at the final seeds
         from .protocol import select
 
-        final = grid.final_units(select(load(out)["runs"]))
-        more = runner.run_units(final, run_unit, out, desc=f"validate {grid.name} (final)", **kw)
-        for f in ("units", "skipped", "ran", "crashed", "seconds"):
-            setattr(stats, f, getattr(stats, f) + getattr(more, f))
+        stats = runner.RunStats()
+        retry = retry_crashed  # once per run: a later call would drop crash rows this run recorded
+        for task in grid.tasks:
+            mine = [u for u in units if u.task.name == task.name]
+            part = runner.run_units(
+                mine,
+                run_unit,
+                out,
+                desc=f"validate {grid.name} {task.name}",
+                retry_crashed=retry,
+                **kw,
+            )
+            retry = False
+            final = [u for u in grid.final_units(select(load(out)["runs"])) if u.task.name == task.name]
+            more = runner.run_units(
+                final, run_unit, out, desc=f"validate {grid.name} {task.name} (final)",
+                retry_crashed=False, **kw,
+            )  # fmt: skip
+            for f in ("units", "skipped", "ran", "crashed", "recomputed_corrupt", "retried_crashed",
+                      "removed_temp", "seconds"):  # fmt: skip
+                setattr(stats, f, getattr(stats, f) + getattr(part, f) + getattr(more, f))
+            stats.scheduler = part.scheduler
     runner.close_run(out, stats)
     return collect(out, csv=csv)
 
