@@ -16,8 +16,11 @@ a preconditioner computes its roots:
   installs the previous one (so the refresh interval is ``max(frequency, delay)``). Within a step
   the order is: install what is due, submit what is due, install again (``delay = 0`` rounds).
 * :class:`RootExecutor` runs submitted rounds on one background thread with its own intra-op thread
-  budget (``torch.set_num_threads`` is per calling thread in torch 2.13 — OpenMP's nthreads-var is a
-  per-thread setting — so the worker's budget leaves the training thread's untouched). A round's
+  budget. In torch 2.13 (OpenMP backend) ``torch.set_num_threads`` sets the calling thread's OpenMP
+  nthreads-var and MKL's thread-local count, *and* the process-wide default that a thread copies the
+  first time it runs a parallel op: a thread that already ran one keeps its budget, but every thread
+  started later would inherit the worker's. So the executor's creator waits for the worker to set its
+  budget and then restores the default it had (:meth:`RootExecutor.__init__`). A round's
   exception is captured and handed back at install time in the training thread; it never disappears
   in the worker and never kills the process. :meth:`RootExecutor.result` with a timeout raises
   :class:`~shampoo.errors.RootRoundTimeoutError` for a round that hangs. Shutdown is explicit
@@ -201,8 +204,10 @@ class RoundTicket:
 _STOP = object()
 
 
-def _worker(jobs: queue.SimpleQueue, num_threads: int) -> None:
-    torch.set_num_threads(num_threads)  # this thread's intra-op budget only (see the module docstring)
+def _worker(jobs: queue.SimpleQueue, num_threads: int, ready: threading.Event) -> None:
+    torch.set_num_threads(num_threads)  # this thread's budget and the default (the creator restores it)
+    torch.get_num_threads()  # marks this thread initialised, so the restored default cannot reach it
+    ready.set()
     while True:
         item = jobs.get()
         if item is _STOP:
@@ -243,10 +248,15 @@ class RootExecutor:
         self.num_threads = num_threads
         self.timeout = timeout
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        before = torch.get_num_threads()  # the creator's budget (initialised from the default if new)
+        ready = threading.Event()
         self._thread = threading.Thread(
-            target=_worker, args=(self._jobs, num_threads), name=name, daemon=True
+            target=_worker, args=(self._jobs, num_threads, ready), name=name, daemon=True
         )
         self._thread.start()
+        ready.wait(10.0)
+        if num_threads != before:  # the worker's set_num_threads also moved the process default back
+            torch.set_num_threads(before)
         self._closed = False
         self._finalizer = weakref.finalize(self, RootExecutor._stop_queue, self._jobs)
         _LIVE.add(self)

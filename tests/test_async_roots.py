@@ -89,6 +89,30 @@ def test_schedule_age_generation_and_errors() -> None:
             RootSchedule(bad)
 
 
+_BUDGET_PROBE = """
+import threading, torch
+from shampoo.async_roots import RootExecutor
+torch.set_num_threads(2)
+def fresh():
+    out = []
+    t = threading.Thread(target=lambda: out.append(torch.get_num_threads()))
+    t.start(); t.join()
+    return out[0]
+with RootExecutor(num_threads=1) as ex:
+    worker = ex.result(ex.submit("L", torch.get_num_threads)).value
+    print(torch.get_num_threads(), worker, fresh())
+"""
+
+
+def test_executor_budget_leaves_the_process_default_alone() -> None:
+    """torch.set_num_threads also sets the default a new thread copies: the worker's budget of 1 must
+    not become it (the creator restores it once the worker has set and initialised its own)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _BUDGET_PROBE], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == ["2", "1", "2"]  # the creator's 2, the worker's 1, a new thread's 2
+
+
 def test_executor_runs_in_background_with_its_own_thread_budget() -> None:
     main_threads = torch.get_num_threads()
     with RootExecutor(num_threads=1) as ex:
