@@ -1,9 +1,13 @@
 """Step-time distribution of Shampoo with synchronous and asynchronous roots (issue 24), beside AdamW.
 
-The model is the W1 family (experiments/bench_models.py; docs/design.md §8) at ``--size``. Each
-configuration trains its own copy of the model on the same batches; the configurations run
-interleaved in blocks of ``--block`` steps (round robin, ``--blocks`` rounds), so machine load
-drifts over all of them alike. A whole training step (forward, backward, ``opt.step()``) is timed.
+Workloads (``--cells``, each ``MODEL:SIZE:FREQUENCY``, run one after another in one process):
+``w1:256:10`` is the W1 family (experiments/bench_models.py; docs/design.md §8) at d_model 256 with
+precondition_frequency 10; ``bytes:-:100`` the validation's byte-level LM (``matroots validate``'s
+``bytes_lm`` task: its model on windows of the standard library's sources) at frequency 100. Within a
+cell each configuration trains its own copy of the model on the same batches, and the configurations
+run interleaved in blocks of ``--block`` steps (default: the frequency, so every block of every
+configuration holds one root round; round robin, ``--blocks`` rounds), so machine load drifts over
+all of them alike. A whole training step (forward, backward, ``opt.step()``) is timed.
 
 Configurations:
 
@@ -18,14 +22,18 @@ Configurations:
 A round still running when a block ends is waited for (not installed: the schedule is untouched) and
 that wait is added to the block's last step, so background work never leaks into the next
 configuration's time. Numbers: p50 / p90 / p99 / max of the step (ms), mean step, mean / AdamW's
-mean, and the process CPU seconds per step (all threads: the roots' too).
+mean, the process CPU per step (all threads: the roots' too), the training thread's CPU per step
+(p50, p99, mean, / AdamW's; on a loaded machine wall time is mostly waiting for a core), the
+training thread's time preparing and installing rounds (``fg``) and waiting for them (``wait``).
+Each cell prints the load average (``os.getloadavg``) before and after it.
 
-    python experiments/bench_async_roots.py --size 128 --frequency 10 --blocks 3 --block 20
+    python experiments/bench_async_roots.py --cells w1:128:10 bytes:-:100 --blocks 2
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -40,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_models as bm
 
 import shampoo
+from matroots.study.validation.tasks import ByteLMTask
 
 
 @dataclass
@@ -52,18 +61,48 @@ class Config:
     thread_cpu: list[float] = field(default_factory=list)  # the training thread's CPU per step
     cpu: float = 0.0
     wait: float = 0.0
+    fg: float = 0.0  # the training thread's seconds preparing and installing rounds
     model: Any = None
     opt: Any = None
 
 
-def _build(cfg: Config, size: bm.ModelSize, common: bm.Common) -> None:
-    torch.manual_seed(0)
-    cfg.model = bm.EncoderLM(size)
+@dataclass
+class Workload:
+    """One cell's model family: a fresh model per configuration, its batches and its loss."""
+
+    label: str
+    build: Any  # () -> nn.Module, the same initial weights every call
+    batches: list[Any]
+    loss: Any  # (model, batch) -> loss
+
+
+def _workload(model: str, size: str) -> Workload:
+    if model == "w1":
+        ms = bm.SIZES[size]
+
+        def build() -> Any:
+            torch.manual_seed(0)
+            return bm.EncoderLM(ms)
+
+        label = f"W1 family d_model {ms.d_model} ({ms.layers} layers, seq {ms.seq}, batch {ms.batch})"
+        return Workload(label, build, bm.make_batches(ms, seed=1, count=8), lambda m, b: m.loss(b))
+    task = ByteLMTask(max_train_bytes=1 << 20, max_val_bytes=1 << 16, val_windows=1)
+    it = task.batches(1)
+    a = task.arch
+    label = (
+        f"byte LM (validation task bytes_lm: d_model {a['d_model']}, {a['layers']} layers, seq {a['seq']})"
+    )
+    return Workload(label, lambda: task.build_model(0), [next(it) for _ in range(8)], task.loss)
+
+
+def _build(cfg: Config, work: Workload, common: bm.Common) -> None:
+    cfg.model = work.build()
     if cfg.options is None:
         cfg.opt = bm.adamw_spec(common).build(cfg.model)
     else:
-        settings = bm._shampoo_settings(common, cfg.options.pop("frequency"), "eigh")
-        cfg.opt = shampoo.Shampoo(cfg.model.named_parameters(), **{**settings, **cfg.options})
+        opts = dict(cfg.options)
+        settings = bm._shampoo_settings(common, opts.pop("frequency"), "eigh")
+        cfg.opt = shampoo.Shampoo(cfg.model.named_parameters(), **{**settings, **opts})
 
 
 def _drain(opt: Any) -> float:
@@ -82,20 +121,12 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", default="128", choices=sorted(bm.SIZES))
-    ap.add_argument("--frequency", type=int, default=10)
-    ap.add_argument("--delays", type=int, nargs="+", default=[1])
-    ap.add_argument("--threads", type=int, default=1, help="training threads (setting a)")
-    ap.add_argument("--root-threads", type=int, default=1)
-    ap.add_argument("--block", type=int, default=20, help="consecutive steps of one configuration")
-    ap.add_argument("--blocks", type=int, default=3, help="round-robin rounds (timed)")
-    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: frequency)")
-    ap.add_argument("--settings", nargs="+", default=["a", "b"], choices=["a", "b"])
-    args = ap.parse_args(argv)
-    size, common = bm.SIZES[args.size], bm.Common()
-    f, T, R = args.frequency, args.threads, args.root_threads
+def _load() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def _configs(args: argparse.Namespace, f: int) -> list[Config]:
+    T, R = args.threads, args.root_threads
     cfgs: list[Config] = []
     for s in args.settings:
         t_all = T if s == "a" else T + R
@@ -109,50 +140,57 @@ def main(argv: list[str] | None = None) -> None:
                                          "root_threads": R})
             for d in args.delays
         ]  # fmt: skip
-    batches = bm.make_batches(size, seed=1, count=8)
-    warmup = f if args.warmup is None else args.warmup
+    return cfgs
+
+
+def run_cell(args: argparse.Namespace, model: str, size: str, f: int) -> None:
+    work, common = _workload(model, size), bm.Common()
+    block = args.block or f
+    cfgs = _configs(args, f)
+    batches, loss = work.batches, work.loss
+    load0 = _load()
     for cfg in cfgs:
-        _build(cfg, size, common)
+        _build(cfg, work, common)
         torch.set_num_threads(cfg.train_threads)
-        for i in range(warmup):
+        for i in range(args.warmup):
             cfg.opt.zero_grad()
-            cfg.model.loss(batches[i % len(batches)]).backward()
+            loss(cfg.model, batches[i % len(batches)]).backward()
             cfg.opt.step()
         _drain(cfg.opt)
-    step_of = dict.fromkeys(range(len(cfgs)), warmup)
+    step_of = dict.fromkeys(range(len(cfgs)), args.warmup)
     for _ in range(args.blocks):
         for ci, cfg in enumerate(cfgs):
             torch.set_num_threads(cfg.train_threads)
             c0 = time.process_time()
-            timing = getattr(cfg.opt, "timing", None)  # Shampoo's StepTiming (AdamW: None)
-            w0 = timing.root_wait_seconds if timing is not None else 0.0
-            for _ in range(args.block):
+            pipe = getattr(cfg.opt, "_roots", None)
+            w0 = pipe.wait_seconds if pipe is not None else 0.0
+            f0 = pipe.foreground_seconds if pipe is not None else 0.0
+            for _ in range(block):
                 t0, u0 = time.perf_counter(), time.thread_time()
                 cfg.opt.zero_grad()
-                cfg.model.loss(batches[step_of[ci] % len(batches)]).backward()
+                loss(cfg.model, batches[step_of[ci] % len(batches)]).backward()
                 cfg.opt.step()
                 cfg.times.append(time.perf_counter() - t0)
                 cfg.thread_cpu.append(time.thread_time() - u0)
                 step_of[ci] += 1
             drained = _drain(cfg.opt)
             cfg.times[-1] += drained
-            if timing is not None:
-                cfg.wait += timing.root_wait_seconds - w0 + drained
+            if pipe is not None:
+                cfg.wait += pipe.wait_seconds - w0 + drained
+                cfg.fg += pipe.foreground_seconds - f0
             cfg.cpu += time.process_time() - c0
+    T, R = args.threads, args.root_threads
     print(
-        f"# W1 family d_model {size.d_model} ({size.layers} layers, seq {size.seq}, batch {size.batch}); "
-        f"precondition_frequency {f}; {args.blocks} x {args.block} timed steps per configuration after "
-        f"{warmup} warm-up steps; torch {torch.__version__}"
+        f"## {work.label}; precondition_frequency {f}; {args.blocks} x {block} timed steps per "
+        f"configuration after {args.warmup} warm-up steps; torch {torch.__version__}; {load0} before, "
+        f"{_load()} after"
     )
     print(f"# setting a: training on {T} thread(s), async roots on {R} more; "
           f"setting b: {T + R} thread(s) in total for every configuration (async: {T} training + {R} roots)")  # fmt: skip
-    print("# wall ms per step: p50 p90 p99 max mean, mean/AdamW's; cpu/step: the process (all threads);")
-    print("# train-cpu: the training thread's CPU ms per step (p50, p99, mean; all its work when it trains")
-    print("# on 1 thread: with async roots it excludes the roots), wait: ms per step it waited for roots")
-    head = f"{'setting':<8}{'config':<10}{'threads':>9}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}{'mean':>9}"
+    head = f"{'setting':<8}{'config':<10}{'threads':>8}{'p50':>8}{'p90':>8}{'p99':>8}{'max':>8}{'mean':>8}"
     print(
-        head
-        + f"{'/adamw':>8}{'cpu/step':>10}{'train-cpu p50':>15}{'p99':>8}{'mean':>8}{'/adamw':>8}{'wait':>7}"
+        head + f"{'/adamw':>7}{'cpu/step':>9}{'train-cpu p50':>14}{'p99':>8}{'mean':>8}{'/adamw':>7}"
+        f"{'fg':>6}{'wait':>7}"
     )
     for s in args.settings:
         ref = next(c for c in cfgs if c.setting == s and c.options is None)
@@ -160,14 +198,48 @@ def main(argv: list[str] | None = None) -> None:
         for c in (c for c in cfgs if c.setting == s):
             ms = [1e3 * t for t in c.times]
             tc = [1e3 * t for t in c.thread_cpu]
-            mean = statistics.fmean(c.times)
+            mean, n = statistics.fmean(c.times), len(c.times)
             threads = f"{c.train_threads}" + (f"+{R}" if c.name.startswith("async") else "")
             print(
-                f"{s:<8}{c.name:<10}{threads:>9}{_pct(ms, 0.5):>9.1f}{_pct(ms, 0.9):>9.1f}{_pct(ms, 0.99):>9.1f}"
-                f"{max(ms):>9.1f}{1e3 * mean:>9.1f}{mean / adamw:>8.3f}{1e3 * c.cpu / len(c.times):>10.1f}"
-                f"{_pct(tc, 0.5):>15.1f}{_pct(tc, 0.99):>8.1f}{statistics.fmean(tc):>8.1f}"
-                f"{statistics.fmean(c.thread_cpu) / adamw_t:>8.3f}{1e3 * c.wait / len(c.times):>7.1f}"
+                f"{s:<8}{c.name:<10}{threads:>8}{_pct(ms, 0.5):>8.0f}{_pct(ms, 0.9):>8.0f}{_pct(ms, 0.99):>8.0f}"
+                f"{max(ms):>8.0f}{1e3 * mean:>8.0f}{mean / adamw:>7.3f}{1e3 * c.cpu / n:>9.0f}"
+                f"{_pct(tc, 0.5):>14.0f}{_pct(tc, 0.99):>8.0f}{statistics.fmean(tc):>8.0f}"
+                f"{statistics.fmean(c.thread_cpu) / adamw_t:>7.3f}{1e3 * c.fg / n:>6.1f}{1e3 * c.wait / n:>7.1f}"
             )
+    print("# ms per step: wall p50 p90 p99 max mean, mean/AdamW's; cpu/step: the process (all threads);")
+    print("# train-cpu: the training thread's CPU (with async roots it excludes the roots' thread);")
+    print("# fg: the training thread preparing + installing rounds; wait: waiting for a round", flush=True)
+    for c in cfgs:  # stop the root threads before the next cell
+        pipe = getattr(c.opt, "_roots", None)
+        if pipe is not None:
+            pipe.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--cells", nargs="+", default=["w1:128:10"], help="MODEL:SIZE:FREQUENCY (model w1 or bytes)"
+    )
+    ap.add_argument("--delays", type=int, nargs="+", default=[1])
+    ap.add_argument("--threads", type=int, default=1, help="training threads (setting a)")
+    ap.add_argument("--root-threads", type=int, default=1)
+    ap.add_argument(
+        "--block",
+        type=int,
+        default=None,
+        help="consecutive steps of one configuration (default: the frequency)",
+    )
+    ap.add_argument("--blocks", type=int, default=2, help="round-robin rounds (timed)")
+    ap.add_argument(
+        "--warmup", type=int, default=2, help="untimed steps first (the first round is at step 1)"
+    )
+    ap.add_argument("--settings", nargs="+", default=["a", "b"], choices=["a", "b"])
+    args = ap.parse_args(argv)
+    for cell in args.cells:
+        model, size, freq = cell.split(":")
+        if model not in ("w1", "bytes") or (model == "w1" and size not in bm.SIZES):
+            ap.error(f"cell {cell!r}: MODEL is w1 (SIZE one of {sorted(bm.SIZES)}) or bytes")
+        run_cell(args, model, size, int(freq))
 
 
 if __name__ == "__main__":
