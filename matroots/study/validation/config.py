@@ -33,6 +33,7 @@ A config looks like (see ``experiments/configs/validate_demo.toml``)::
     root_dtype = ["fp32", "bf16"]
     eps = [{ value = 1e-12, mode = "absolute" }, { value = 1e-6, mode = "relative" }]
     precondition_frequency = [10]
+    max_root_delay = ["sync", 1]   # optional: "sync" (default) or k: roots in the background, k steps stale
     tasks = ["digits"]       # optional: only these tasks
     options = { grafting = "adam", max_preconditioner_dim = 256 }
 
@@ -331,6 +332,16 @@ def _int(value: Any, where: str, lo: int) -> int:
     return int(value)
 
 
+def _delays(value: Any, where: str) -> list[Any]:
+    """``max_root_delay`` of a Shampoo entry: ``"sync"`` (roots in the step, the default) or an integer
+    k >= 0 (``root_schedule="async"``, roots installed k steps after their factors), or a list of them."""
+    out = _list(value)
+    for k in out:
+        if k != "sync" and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise bad_config(f'{where}: max_root_delay values are "sync" or integers >= 0, got {k!r}')
+    return out
+
+
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
@@ -458,7 +469,7 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
             raise bad_config(f"{where}: name must be one of {OPTIMIZERS}, got {oname!r}")
         allowed = {"name", "lr", "options", "tasks", "label"}
         if oname == "shampoo":
-            allowed |= {"root_solver", "root_dtype", "eps", "precondition_frequency"}
+            allowed |= {"root_solver", "root_dtype", "eps", "precondition_frequency", "max_root_delay"}
         if oname == "soap":
             allowed |= {"basis_update", "eps", "precondition_frequency"}
         bad = set(o) - allowed
@@ -498,12 +509,14 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
             _int(f, f"{where}.precondition_frequency", 1)
             for f in _list(o.get("precondition_frequency", [10]))
         ]
-        for (sname, sopts, slabel), d, e, f in itertools.product(
-            _solvers(o.get("root_solver", ["eigh"]), where), dts, epss, freqs
+        delays = _delays(o.get("max_root_delay", ["sync"]), where)
+        for (sname, sopts, slabel), d, e, f, k in itertools.product(
+            _solvers(o.get("root_solver", ["eigh"]), where), dts, epss, freqs, delays
         ):
+            async_opts = {} if k == "sync" else {"root_schedule": "async", "max_root_delay": k}
             spec = OptimizerSpec(
                 name="shampoo",
-                options=opts,
+                options={**opts, **async_opts},
                 root_solver=sname,
                 solver_options=sopts,
                 solver_label=slabel,
@@ -514,6 +527,8 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
             )
             if o.get("label"):  # a name for the entry: it replaces "shampoo" in each config's label
                 spec = dataclasses.replace(spec, label=o["label"] + spec.default_label()[len("shampoo") :])
+            if k != "sync":  # the roots' schedule: computed in the background, installed k steps later
+                spec = dataclasses.replace(spec, label=f"{spec.label[:-1]}|async={k}]")
             entries.append((spec, lrs, only))
     if not any(e[0].name == BASELINE for e in entries):
         raise bad_config("the grid needs an 'adamw' entry: its best final validation loss is the target")
