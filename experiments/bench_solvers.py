@@ -51,6 +51,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
 import warnings
@@ -323,7 +324,21 @@ def _peer(peer, mod, A: torch.Tensor, p: int) -> Callable[[int | None], tuple[np
     return run_k
 
 
-def run_to_target(args: argparse.Namespace, peers: dict) -> list[dict]:
+def _write_json(path: Path, payload: dict) -> None:
+    """payload as JSON at ``path``, written to a temporary in the same folder, fsynced and renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(payload, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def run_to_target(
+    args: argparse.Namespace, peers: dict, on_row: Callable[[list[dict]], None] | None = None
+) -> list[dict]:
+    """The --to-target rows; ``on_row(rows)`` after each (the JSON is rewritten as rows arrive)."""
     torch.set_num_threads(args.threads)
     rows = []
     for dname in args.target_dtypes:
@@ -354,6 +369,8 @@ def run_to_target(args: argparse.Namespace, peers: dict) -> list[dict]:
                         row.update(fewest(lambda k, run_k=run_k: run_k(k)[:2], ref, target))
                     rows.append(row)
                     print(_fmt_target(row), flush=True)
+                    if on_row is not None:
+                        on_row(rows)
     return rows
 
 
@@ -372,6 +389,17 @@ def _fmt_target(r: dict) -> str:
         f"{r['method']:>32} {g} {k} {r['error']:8.1e}  {r['default_error']:14.1e} {gd} "
         f"{r['default_status']} {r['note']}".rstrip()
     )
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def _load() -> str:
@@ -422,11 +450,23 @@ def main(argv: list[str] | None = None) -> int:
             state = "found" if peers[pr.name] else f"ABSENT ({pr.install})"
             print(f"peer {pr.name}: {state}; its defaults: {pr.defaults}")
         print(TARGET_HEADER)
-        rows = run_to_target(args, peers)
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            found = {k: v is not None for k, v in peers.items()}
-            args.json.write_text(json.dumps({"argv": sys.argv, "peers": found, "rows": rows}, indent=1))
+        found = {k: v is not None for k, v in peers.items()}
+        meta = {
+            "argv": sys.argv,
+            "peers": found,
+            "torch": torch.__version__,
+            "threads": args.threads,
+            "machine": platform.platform(),
+            "commit": _commit(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+
+        def save(rows: list[dict], done: bool = False) -> None:
+            if args.json:
+                _write_json(args.json, {**meta, "complete": done, "rows": rows})
+
+        rows = run_to_target(args, peers, on_row=save)
+        save(rows, done=True)
         return 0
     if args.quick:
         args.sizes, args.kappas, args.repeats = [64, 128], [1e2], 2
