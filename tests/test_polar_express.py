@@ -48,22 +48,91 @@ def test_sign_form_fp64_converges_within_the_bound(kappa: float, p: int) -> None
     assert check_accurate_or_reported(METHOD, A, p, torch.float64, form="sign") == "converged"
 
 
-def test_bf16_uses_the_sign_form_and_beats_the_coupled_one() -> None:
-    """bf16, kappa 1e2, n = 64, p = 4: "auto" takes the sign form, whose M_k = Z_k Y_k is recomputed
-    each step; the coupled form's propagated M_k drifts. Both meet the (loose, cond u) contract; the sign
-    form's error is the smaller."""
+@pytest.mark.parametrize("kappa", (1e1, 1e4, 1e8))
+@pytest.mark.parametrize("p", (1, 2, 3, 4))
+def test_factored_form_converges_within_the_bound(kappa: float, p: int) -> None:
+    """The factored form (M = Z Y recomputed, one stage for any p) under the contract, fp64 and fp32
+    (plain products there), and bf16 (split and plain products; converged only within the bound)."""
+    A = spd_matrix(N, kappa, seed=p)
+    assert check_accurate_or_reported(METHOD, A, p, torch.float64, form="factored") == "converged"
+    assert check_accurate_or_reported(METHOD, A, p, torch.float32, form="factored") in (
+        "converged",
+        "reported",
+    )
+    if kappa < 1e8:
+        status = check_accurate_or_reported(METHOD, A, p, torch.bfloat16, form="factored")
+        assert status in ("converged", "reported", "refused")
+
+
+def test_factored_form_batch_element_gets_its_own_arithmetic() -> None:
+    """Split steps are decided per element (by its own schedule): in a batch of a kappa 1.5 and a kappa
+    1e3 matrix (split steps or none) each element takes the split steps it takes alone, and its root
+    agrees with the one it gets alone to fp32 accumulation-order level (a batched GEMM need not sum in
+    the order of a single one: 1e-4 relative; a wrong split decision moves the root by ~1e-3)."""
+    A = torch.stack([torch.from_numpy(spd_matrix(N, k, seed=7)) for k in (1.5, 1e3)]).to(torch.bfloat16)
+    both = matroots.inverse_root(A, 4, method=METHOD, quiet=True)
+    assert both.info["form"] == "factored"
+    splits = [int(v) for v in both.info["split_steps"]]
+    assert splits[0] != splits[1], splits
+    for i in range(2):
+        one = matroots.inverse_root(A[i], 4, method=METHOD, quiet=True)
+        assert int(one.info["split_steps"][0]) == splits[i]
+        rel = float(torch.linalg.matrix_norm(one.root - both.root[i]) / torch.linalg.matrix_norm(one.root))
+        assert rel <= 1e-4, rel
+
+
+def test_bf16_sign_form_beats_the_coupled_one() -> None:
+    """bf16, kappa 1e2, n = 64, p = 4: the sign form's M_k = Z_k Y_k is recomputed each step; the
+    coupled form's propagated M_k drifts. Both meet the (loose, cond u) contract; the sign form's error
+    is the smaller."""
     A = spd_matrix(64, 1e2, seed=3)
     Ab = torch.from_numpy(A).to(torch.bfloat16)
     W = Ab.double().numpy()
     w, V = np.linalg.eigh(W)
     ref = (V * w**-0.25) @ V.T
     err = {}
-    for form in ("auto", "coupled"):
+    for form in ("sign", "coupled"):
         res = matroots.inverse_root(Ab, 4, method=METHOD, form=form)
         assert res.converged
         err[res.info["form"]] = np.linalg.norm(res.root.double().numpy() - ref) / np.linalg.norm(ref)
-    assert set(err) == {"sign", "coupled"}
     assert err["sign"] < err["coupled"], err
+
+
+def test_bf16_kappa_1e4_factored_form_with_split_steps_reaches_1e_2() -> None:
+    """Issue 27's bf16 goal on a small case: kappa 1e4 (bench_solvers' matrix, shifted before the
+    rounding so that the bf16 matrix is SPD at kappa ~1e4), n = 64, p = 4, error against float64 LAPACK
+    eigh of the bf16 matrix itself (its own error ~kappa u_64, negligible here).
+
+    "auto" takes the factored form (Z <- P Z, Y <- Y P^3, M = Z Y recomputed) with split (hi + lo)
+    products in the steps whose interval has l_k^p < 0.02: measured 4.4e-3. Rounding the state after
+    the first polynomial step to bf16 is what costs the plain variants their accuracy (measured: sign
+    form 3.0e-2, factored without splitting 2.7e-2). The thresholds leave a factor >= 1.8 either side;
+    bf16 roundings are deterministic and the fp32 accumulation order moves results by ~1e-6.
+    converged is False: lambda_min / lambda_max = 1e-4 < u_bf16, the Lanczos estimate cannot determine
+    lambda_min in the format (flag_undetermined), so the promise is not made; the error is measured.
+    """
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    from bench_solvers import matrix_in_format
+
+    Ab, kappa, _shift = matrix_in_format(64, 1e4, torch.bfloat16, 4)
+    assert 9e3 < kappa < 1.1e4
+    w, V = np.linalg.eigh(Ab.double().numpy())
+    ref = (V * w**-0.25) @ V.T
+
+    def error(**kw) -> tuple[float, object]:
+        res = matroots.inverse_root(Ab, 4, method=METHOD, quiet=True, **kw)
+        return float(np.linalg.norm(res.root.double().numpy() - ref) / np.linalg.norm(ref)), res
+
+    e_auto, res = error()
+    assert res.info["form"] == "factored" and int(res.info["split_steps"][0]) >= 1
+    assert e_auto <= 1e-2 / 1.8, e_auto
+    e_sign, _ = error(form="sign")
+    e_plain, res_plain = error(form="factored", split_below=0.0)
+    assert int(res_plain.info["split_steps"][0]) == 0
+    assert min(e_sign, e_plain) >= 1.8e-2 / 1.2, (e_sign, e_plain)
 
 
 @pytest.mark.parametrize("degree", (1, 3))
@@ -98,6 +167,10 @@ def test_refusals() -> None:
         matroots.root(torch.eye(4, dtype=torch.float64), 3, method=METHOD)
     with pytest.raises(matroots.UnsupportedExponentError, match="form='sign'"):
         matroots.root(torch.eye(4, dtype=torch.float64), 2, method=METHOD, form="coupled")
+    with pytest.raises(matroots.UnsupportedExponentError, match="form='sign'"):
+        matroots.root(torch.eye(4, dtype=torch.float64), 2, method=METHOD, form="factored")
+    with pytest.raises(matroots.InvalidArgumentError, match="split_below"):
+        matroots.solvers.get(METHOD, split_below=-1.0)
     with pytest.raises(matroots.UnsupportedExponentError):
         matroots.inverse_root(torch.eye(4, dtype=torch.float64), 17, method=METHOD)
     with pytest.raises(matroots.UnsupportedExponentError):

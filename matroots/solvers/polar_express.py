@@ -42,19 +42,55 @@ Two forms (``form``):
   relative to its floor ~u ||Y|| ||Z||). Stage j uses the schedule of the sign case (p = 2) on
   [l_0^{(j)}, 1], l_0^{(j)} = (lambda_min_est/(4c))^{1/2^(j+1)}. This is Polar Express on the block
   matrix [[0, A], [I, 0]] itself. Cost: d + 2 GEMMs per iteration.
-* ``"auto"`` (default): ``"sign"`` for forward roots and in 16-bit compute formats when p = 2^k,
-  ``"coupled"`` otherwise (fewer products at p = 4: one stage of 5 GEMMs per step on [kappa^{-1/4}, 1]
-  against two stages of 4).
+* ``"factored"`` (any p <= ``MAX_P``, inverse roots; the 16-bit default): the sign form's recomputed
+  residual in one stage for any p, Z_0 = I, Y_0 = A/c, P_k = q_k(M_k),
 
-Domain: SPD (non-symmetric input: NotSymmetricError); integer 1 <= p <= ``MAX_P`` (coupled form) or
-p = 2^k (sign form). Cost per iteration of the coupled form: (d - 1) GEMMs for q_k(M) by Horner, 1 for
+      Z_{k+1} = P_k Z_k,   Y_{k+1} = Y_k P_k^{p-1},   M_{k+1} = Z_{k+1} Y_{k+1},
+
+  Z_k -> (A/c)^{-1/p}, Y_k = Z_k^{p-1} A/c -> (A/c)^{1/p} (p = 2: the sign form's step). The same
+  schedules as the coupled form on [kappa^{-1/p}, 1]. P multiplies Z from the left and Y from the right,
+  so M_{k+1} = P M P^{p-1}: linearised at the fixed point, the errors (E in Z, F in Y) enter M as
+  u1 + u2 (u1 = E_ij y_j, u2 = z_i F_ij) and the step maps (u1, u2) by I - [1/p; (p-1)/p][1, 1], which
+  is idempotent for every pair of eigenvalues (bounded error propagation, as Higham 2008, Thm 6.12,
+  for the sign form; P on the same side of both would give the eigenvalue 1 - (lambda_j/lambda_i)^{1/p},
+  unstable past kappa = 2^p). The floor of M = Z Y is ~u ||Z|| ||Y|| ~ u kappa^{1/p}, against
+  u kappa^{1/2} in the first square-root stage of the sign form. Cost: d + 2 + (the products of
+  P^{p-1}) GEMMs per step, one fewer at the first (Z_0 = I): 6 at p = 4, d = 2.
+
+  In a 16-bit compute format the iterates, the polynomial sums and the residual are fp32 and each GEMM
+  takes its operands rounded to the format with fp32 accumulation and result (a tensor-core GEMM; on
+  CPU an fp32 GEMM of the rounded operands, whose products are exact), and c is a power of two (A/c as
+  exact as A). Where the rounding of the state still hurts, in the first steps, which act on the widest
+  interval, steps with l_k^p < ``split_below`` (default 0.02) take split products: each operand as
+  hi + lo in the format, X Y ~ hi hi + hi lo + lo hi (3 GEMMs, counted so). Measured (bf16, p = 4,
+  n = 256, bench_solvers' kappa 1e4 matrix; rounding the *exact* state of the fp64 iteration to bf16
+  once, after step k, and iterating on exactly): k = 1 costs 8.3e-3 in the final root here (2.2e-2 in
+  the sign form, its whole measured error), k = 2 1.6e-3, later steps ~1.3e-3 each, so no variant that
+  stores that state in bf16 reaches 1e-2: factored without splitting 3.7e-2, with the first two steps
+  split 4.1e-3 at 45 GEMM-equivalents (4 steps; ``bench_solvers.py --to-target``).
+* ``"auto"`` (default): ``"factored"`` for inverse roots (p >= 2) in 16-bit compute formats, ``"sign"``
+  for forward roots (and p = 1 in 16-bit formats), ``"coupled"`` otherwise (fewer products in fp32/fp64
+  at p = 4: 5 GEMMs per step against 6).
+
+Domain: SPD (non-symmetric input: NotSymmetricError); integer 1 <= p <= ``MAX_P`` (coupled and
+factored forms) or p = 2^k (sign form). Cost per iteration of the coupled form: (d - 1) GEMMs for q_k(M) by Horner, 1 for
 X P, the binary powering of P^p, 1 for P^p M: 5 at p = 4, d = 2; 4 at p = 2. Warm start: none (X_0 must be a function of A). Odd p: a converged root is
 certified positive definite by a float64 Cholesky (not counted in ``matmuls``;
 :func:`~matroots.solvers.spd_start.require_positive_root`). The returned
 root is symmetrised.
 
+bf16 limits (what the format permits, against the root of the bf16 matrix itself): a worst-case
+perturbation of A of u_bf16 per entry changes A^{-1/4} by cond(f, A) u ~ (kappa/4) u = 9.8 at kappa
+1e4, and a random one of that size already makes bench_solvers' kappa 1e4 matrix indefinite, so no
+backward-error argument promises 1e-2 there; what is reached depends on which intermediates are
+rounded (above). Past kappa ~ 1/u_bf16 ~ 256 the Lanczos estimate of lambda_min is not determined in
+the format either (``flag_undetermined``): such runs report converged=False even when accurate (4.4e-3
+at kappa 1e4), and at kappa 1e6 the schedule, designed on the interval Lanczos sees, leaves the
+smallest eigenvalues behind (error 0.2, not converged).
+
 ``info``: ``form``, ``degree``, ``safety``, ``l0`` (per element), ``schedule_steps`` (minimax steps before the tail,
-per element, and per stage in the sign form), ``stage_iterations`` (sign form), ``c`` (user units), ``tol``, ``stop_reason``, ``eps_abs`` and the Lanczos estimates.
+per element, and per stage in the sign form), ``stage_iterations`` (sign form), ``split_below`` and
+``split_steps`` (per element; factored form), ``c`` (user units), ``tol``, ``stop_reason``, ``eps_abs`` and the Lanczos estimates.
 """
 
 from __future__ import annotations
@@ -91,7 +127,10 @@ from .spd_start import (
 MAX_P = 16
 """Largest p: the basis x^{1 + jp} becomes too ill-conditioned for the float64 Remez beyond it."""
 MIN_L0 = 1e-10
-FORMS = ("auto", "coupled", "sign")
+FORMS = ("auto", "coupled", "sign", "factored")
+SPLIT_BELOW = 0.02
+"""Default ``split_below`` in 16-bit formats: split products while the step's l_k^p < 0.02 (module
+docstring, "factored")."""
 
 
 def _polynomial(M: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
@@ -105,11 +144,118 @@ def _polynomial(M: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
     return P
 
 
+def _product(low: torch.dtype | None, split: bool):
+    """X @ Y as a GEMM with operands in ``low`` and fp32 accumulation and result (None: plain X @ Y).
+
+    The operands' values are rounded to ``low`` and multiplied by an fp32 GEMM: the products of two
+    16-bit values are exact in fp32, so this is a 16-bit GEMM with fp32 accumulation (what a tensor-core
+    kernel computes, up to the order of summation). ``split``: each operand as hi + lo, hi = fl(X),
+    lo = fl(X - hi), and X Y ~ hi_X hi_Y + (hi_X lo_Y + lo_X hi_Y): three such GEMMs, operands good to
+    ~u^2 (the bf16x3 product; Henry, Tang & Heinecke 2019, "Leveraging the bfloat16 artificial
+    intelligence datatype for higher-precision computations").
+    """
+    if low is None:
+        return torch.matmul
+
+    def mm(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+        Xh, Yh = X.to(low).to(X.dtype), Y.to(low).to(Y.dtype)
+        out = Xh @ Yh
+        if split:
+            Xl, Yl = (X - Xh).to(low).to(X.dtype), (Y - Yh).to(low).to(Y.dtype)
+            out = out + (Xh @ Yl + Xl @ Yh)
+        return out
+
+    return mm
+
+
+def _polynomial_mm(M: torch.Tensor, C: torch.Tensor, mm) -> torch.Tensor:
+    """q(M) = sum_j C[:, j] M^j by Horner with the product ``mm`` (d - 1 products)."""
+    I = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
+    cm = C.to(M.dtype)[:, :, None, None]
+    d = C.shape[1] - 1
+    P = cm[:, d] * M + cm[:, d - 1] * I
+    for j in range(d - 2, -1, -1):
+        P = mm(P, M) + cm[:, j] * I
+    return P
+
+
+def _power_mm(P: torch.Tensor, e: int, mm) -> torch.Tensor:
+    """P^e (e >= 1) by binary powering with the product ``mm``."""
+    result, base = None, P
+    while True:
+        if e & 1:
+            result = base if result is None else mm(result, base)
+        e >>= 1
+        if not e:
+            return result
+        base = mm(base, base)
+
+
 def _coefficients(scheds: list[tuple[Step, ...]], k: int, rows: torch.Tensor) -> torch.Tensor:
     """(r, d + 1): step k of each active row's schedule (the tail step after its end)."""
     return torch.tensor(
         [scheds[i][min(k, len(scheds[i]) - 1)].coeffs for i in rows.tolist()], dtype=torch.float64
     )
+
+
+def _run_factored(
+    M0: torch.Tensor,
+    I: torch.Tensor,
+    scheds: list[tuple[Step, ...]],
+    p: int,
+    d: int,
+    *,
+    low: torch.dtype | None,
+    split_below: float,
+    tol: float,
+    max_iter: int,
+    accept: float,
+    record_history: bool,
+):
+    """The factored form: Z_0 = I, Y_0 = M_0 = A/c, P_k = q_k(M_k), Z <- P Z, Y <- Y P^(p-1), M = Z Y.
+
+    Returns the loop's outcome, the products per element (split steps count 3) and the number of split
+    steps per element. An element's step is split when its design interval has l_k^p < ``split_below``
+    (decided per element, so an element gets the arithmetic it gets alone).
+    """
+    plain, split = _product(low, False), _product(low, True) if low is not None else None
+
+    def is_split(i: int, k: int) -> bool:
+        return split is not None and scheds[i][min(k, len(scheds[i]) - 1)].lo ** p < split_below
+
+    def advance(k: int, rows: torch.Tensor, Z: torch.Tensor, Y: torch.Tensor, M: torch.Tensor, mm):
+        P = _polynomial_mm(M, _coefficients(scheds, k, rows), mm)
+        Z_new = P if k == 0 else mm(P, Z)  # Z_0 = I
+        Y_new = Y if p == 1 else mm(Y, _power_mm(P, p - 1, mm))
+        return Z_new, Y_new, mm(Z_new, Y_new)
+
+    def step(k: int, rows: torch.Tensor, state, M: torch.Tensor):
+        Z, Y = state
+        flags = torch.tensor([is_split(i, k) for i in rows.tolist()])
+        if bool(flags.all()) or not bool(flags.any()):
+            Z, Y, M = advance(k, rows, Z, Y, M, split if bool(flags[0]) else plain)
+            return (Z, Y), M
+        Zo, Yo, Mo = torch.empty_like(Z), torch.empty_like(Y), torch.empty_like(M)
+        for flag, mm in ((False, plain), (True, split)):
+            sel = torch.nonzero(flags == flag).flatten()
+            z, y, m = advance(k, rows[sel], Z[sel], Y[sel], M[sel], mm)
+            Zo.index_copy_(0, sel, z)
+            Yo.index_copy_(0, sel, y)
+            Mo.index_copy_(0, sel, m)
+        return (Zo, Yo), Mo
+
+    per_iter = (d - 1) + 1 + (0 if p == 1 else matmul_count_power(p - 1) + 1) + 1
+    out = run_coupled(
+        (I, M0), M0, step, tol=tol, max_iter=max_iter, accept=accept, per_iter=per_iter,
+        record_history=record_history, floor_scale=product_floor,
+        stagnation_from=[len(s) - 1 for s in scheds],
+    )  # fmt: skip
+    matmuls, n_split = [], []
+    for i, it in enumerate(out.iterations.tolist()):
+        cost = [(per_iter - (1 if k == 0 else 0)) * (3 if is_split(i, k) else 1) for k in range(it)]
+        matmuls.append(float(sum(cost)))
+        n_split.append(sum(is_split(i, k) for k in range(it)))
+    return out, torch.tensor(matmuls, dtype=torch.float64), torch.tensor(n_split)
 
 
 @register
@@ -119,11 +265,15 @@ class PolarExpressConfig(SpdIterationConfig):
 
     Args:
         form: "coupled" (X_k, M_k; any p), "sign" (Y_k, Z_k by square-root stages; p = 2^k, forward roots
-            too), or "auto": "sign" for forward roots and in 16-bit compute formats when p = 2^k, else
-            "coupled" (module docstring).
+            too), "factored" (Z_k, Y_k, M_k = Z_k Y_k recomputed; any p, one stage), or "auto":
+            "factored" for inverse roots (p >= 2) in 16-bit compute formats, "sign" for forward roots,
+            else "coupled" (module docstring).
         degree: d, the degree of q_k in M (the step polynomial has degree 1 + d p in x); 2 is the
             paper's quintic for p = 2.
         safety: interval widening s >= 1 of each design (None: 1.01 in 16-bit formats, else 1.001).
+        split_below: form "factored" in a 16-bit format: steps whose design interval has
+            l_k^p < split_below take split (hi + lo, 3-GEMM) products (None: 0.02 in 16-bit formats;
+            0 turns splitting off; ignored in fp32/fp64).
         lanczos_steps, stagnation_accept, symmetry_tol: see :class:`~matroots.solvers.spd_start.SpdIterationConfig`.
     """
 
@@ -132,6 +282,7 @@ class PolarExpressConfig(SpdIterationConfig):
     form: str = "auto"
     degree: int = 2
     safety: float | None = None
+    split_below: float | None = None
 
     def __post_init__(self) -> None:
         arguments.store(
@@ -139,6 +290,9 @@ class PolarExpressConfig(SpdIterationConfig):
             form=arguments.choice("form", self.form, FORMS),
             degree=arguments.integer("degree", self.degree, minimum=1),
             safety=arguments.real("safety", self.safety, minimum=1.0, maximum=1.5, allow_none=True),
+            split_below=arguments.real(
+                "split_below", self.split_below, minimum=0.0, maximum=1.0, allow_none=True
+            ),
             **self._spd_options(),
         )
 
@@ -154,8 +308,15 @@ class PolarExpressConfig(SpdIterationConfig):
         two_k = p & (p - 1) == 0 and p.bit_length() - 1 <= MAX_STAGES
         form = self.form
         if form == "auto":
-            form = "sign" if two_k and (sixteen or not inverse) else "coupled"
-        if p > MAX_P and form == "coupled":
+            if sixteen and inverse and p >= 2:
+                form = "factored"
+            else:
+                form = "sign" if two_k and (sixteen or not inverse) else "coupled"
+        if form == "factored" and not inverse:
+            raise UnsupportedExponentError(
+                f"{self.name}: forward roots A^(1/p) need form='sign' (p = 2^k); got form='factored'"
+            )
+        if p > MAX_P and form in ("coupled", "factored"):
             raise UnsupportedExponentError(
                 f"{self.name}: the coupled form takes integer 1 <= p <= {MAX_P}, got p = {p}; "
                 "use form='sign' for p = 2^k, or method='coupled_newton'"
@@ -168,15 +329,17 @@ class PolarExpressConfig(SpdIterationConfig):
                 )
         n, b = prob.n, prob.A.shape[0]
         d = self.degree
-        check_resolvable(p if form == "coupled" else 2, cdt, n, self.name)
+        check_resolvable(2 if form == "sign" else p, cdt, n, self.name)
         st = spd_start(prob, self.name, self.lanczos_steps, self.symmetry_tol)
         info = dict(st.info)
         safety = self.safety if self.safety is not None else (1.01 if sixteen else 1.001)
-        q = p if form == "coupled" else 2  # the root each iteration computes
+        q = 2 if form == "sign" else p  # the root each iteration computes
         tol = prob.tol if prob.tol is not None else default_tol(cdt, n, q)
         max_iter = prob.max_iter if prob.max_iter is not None else 100
         accept = self.stagnation_accept * tol
         c = st.lmax
+        if form == "factored" and sixteen:  # a power of two: A / c is as exact as A in the 16-bit format
+            c = torch.exp2(torch.ceil(torch.log2(c)))
         ratio = (st.lmin / (4.0 * c)).clamp(min=MIN_L0**p, max=1.0).tolist()
         info.update(form=form, degree=d, safety=safety, c=c / prob.prescale, tol=tol)
         if form == "sign" and stages == 0 and not inverse:  # A^{1/1}: the shifted matrix itself
@@ -187,9 +350,29 @@ class PolarExpressConfig(SpdIterationConfig):
             return RawResult(
                 root, torch.ones(b, dtype=torch.bool), zeros, zeros.double(), st.matmuls, info=info
             )
-        M0 = _start_matrix(st.A, c, st.shift, cdt)
-        I = torch.eye(n, dtype=cdt).expand(b, n, n).clone()
-        if form == "coupled":
+        wdt = torch.float32 if sixteen and form == "factored" else cdt  # the iterates' format
+        M0 = _start_matrix(st.A, c, st.shift, wdt)
+        I = torch.eye(n, dtype=wdt).expand(b, n, n).clone()
+        if form == "factored":
+            split_below = self.split_below
+            if split_below is None:
+                split_below = SPLIT_BELOW if sixteen else 0.0
+            l0 = [max(grid_floor(r ** (1.0 / p)), MIN_L0) for r in ratio]
+            scheds = [schedule(lo, p, d, safety) for lo in l0]
+            out, matmuls, n_split = _run_factored(
+                M0, I, scheds, p, d, low=cdt if sixteen else None, split_below=split_below, tol=tol,
+                max_iter=max_iter, accept=accept, record_history=prob.record_history,
+            )  # fmt: skip
+            X, conv, iters, reason, history = (
+                out.state[0],
+                out.converged,
+                out.iterations,
+                out.reason,
+                out.history,
+            )
+            info["schedule_steps"] = torch.tensor([len(s) - 1 for s in scheds])
+            info.update(split_below=split_below, split_steps=n_split)
+        elif form == "coupled":
             l0 = [max(grid_floor(r ** (1.0 / p)), MIN_L0) for r in ratio]
             scheds = [schedule(lo, p, d, safety) for lo in l0]
 
@@ -259,7 +442,13 @@ class PolarExpressConfig(SpdIterationConfig):
             flag_undetermined(st.undetermined, conv, reason, info, prob, st.lmax)
         root = symmetrise(unscale(X, scalar_powers(c, (-1.0 if inverse else 1.0) / p)))
         info["stop_reason"] = reason
-        if sixteen:
+        if sixteen and form == "factored":
+            info["compute_dtype_note"] = (
+                f"GEMM operands in {precision.info(cdt).name} with fp32 accumulation and result (split "
+                "hi + lo operands, 3 GEMMs, while l_k^p < split_below); iterates, polynomial sums, residual "
+                "norms and the final scaling in fp32"
+            )
+        elif sixteen:
             info["compute_dtype_note"] = (
                 f"products in {precision.info(cdt).name}; residual norms and the final scaling in fp32"
             )
