@@ -312,7 +312,7 @@ def reference_root(
             V = Vinv = None
         else:
             E, V = mpmath.eig(M)
-            Vinv = mpmath.inverse(V)
+            Vinv = _eigenvector_inverse(V)
             lam = [E[i] + c for i in range(n)]
             for x in lam:
                 if _is_real(x, tol) and mpmath.re(x) <= 0 and not _defined_at(x, e):
@@ -322,10 +322,67 @@ def reference_root(
                     )
                     ill = abs(x) <= C_BOUND * n * u * cond_v * lmax
                     return {"exists": False, "min_eig": float(mpmath.re(x)), "ill_posed": bool(ill)}
+            if Vinv is None:  # defective or nearly so: no usable eigenbasis
+                X, cond = _defective_reference(M + c * mpmath.eye(n), lam, e)
+                return {"exists": True, "X": X, "cond": cond, "defective": True}
             fl = [_power(x, e) for x in lam]
             X = V * mpmath.diag(fl) * Vinv
         cond = _condition(lam, fl, e, V, Vinv)
     return {"exists": True, "X": X, "cond": cond}
+
+
+# cond(V) beyond which V diag(f) V^-1 loses too many of REF_DPS digits (an eigenvalue of a Jordan-like
+# block of size k is computed to ~10^(-REF_DPS/k) and V's conditioning amplifies that)
+_MAX_COND_V = mpmath.mpf(10) ** (REF_DPS // 4)
+
+
+def _eigenvector_inverse(V: mpmath.matrix) -> mpmath.matrix | None:
+    """V^-1, or None where V is singular or so ill-conditioned (a defective or nearly defective matrix)
+    that V diag(f(lambda)) V^-1 would not be a reference: for the Jordan block [[1, 1], [0, 1]] mpmath
+    returns two parallel eigenvectors and the product gave I as its square root; for a 3 x 3 Jordan
+    block mpmath.inverse raises ZeroDivisionError ('matrix is numerically singular')."""
+    try:
+        Vinv = mpmath.inverse(V)
+    except ZeroDivisionError:
+        return None
+    if mpmath.mnorm(V, 1) * mpmath.mnorm(Vinv, 1) > _MAX_COND_V:
+        return None
+    return Vinv
+
+
+def _powm(A: mpmath.matrix, e: Fraction) -> mpmath.matrix:
+    """A^e without an eigenbasis: an integer power by products, else mpmath.powm (exp(e log A), the
+    principal logarithm by inverse scaling and squaring; square roots by Denman-Beavers), valid for
+    defective A with no eigenvalue on the closed negative real axis."""
+    if e.denominator == 1:
+        k = int(e)
+        return A**k if k >= 0 else mpmath.inverse(A) ** (-k)
+    return mpmath.powm(A, mpmath.mpf(e.numerator) / e.denominator)
+
+
+def _defective_reference(A: mpmath.matrix, lam: list, e: Fraction) -> tuple[mpmath.matrix, float]:
+    """f(A) and cond(f, A) for A without a usable eigenbasis. Both on A / max|lambda| (f(A) scaled
+    back by s^e exactly as the eigen-route's, the condition number scale-invariant). cond from the
+    Frechet derivative's Kronecker form, column (i, j) = vec L(A, E_ij), each the upper-right block of
+    f([[A, E_ij], [0, A]]) (Higham 2008, Thm 3.6 / eq. (3.16)): 2-norm times ||A||_F / ||f(A)||_F."""
+    n = A.rows
+    s = max(abs(x) for x in lam)
+    An = A / s
+    Xn = _powm(An, e)
+    X = Xn * _power(mpmath.mpf(s), e)
+    K = np.zeros((n * n, n * n), dtype=complex)
+    with mpmath.workdps(max(30, REF_DPS // 2)):  # a few digits of cond suffice
+        for j in range(n):
+            for i in range(n):
+                B = mpmath.zeros(2 * n, 2 * n)
+                for r in range(n):
+                    for t in range(n):
+                        B[r, t] = B[n + r, n + t] = An[r, t]
+                B[i, n + j] = 1
+                F = _powm(B, e)
+                K[:, i + j * n] = [complex(F[r, n + t]) for t in range(n) for r in range(n)]
+    fro = lambda Y: math.sqrt(sum(float(abs(Y[r, t])) ** 2 for r in range(n) for t in range(n)))  # noqa: E731
+    return X, float(np.linalg.norm(K, 2)) * fro(An) / fro(Xn)
 
 
 def _condition(lam: list, fl: list, e: Fraction, V: Any, Vinv: Any) -> float:
