@@ -430,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--to-target", action="store_true", help="GEMM-equivalents to an error target (n = 256)")
     ap.add_argument("--target-dtypes", nargs="+", default=list(TARGETS), choices=list(TARGETS))
     ap.add_argument("--target-kappas", type=float, nargs="+", default=list(TARGET_KAPPAS))
+    ap.add_argument("--no-peers", action="store_true", help="--to-target: matroots' methods only")
     ap.add_argument(
         "--reference",
         choices=["certified", "lapack"],
@@ -442,12 +443,16 @@ def main(argv: list[str] | None = None) -> int:
             args.sizes = [256]
         if args.methods == list(METHODS):
             args.methods = list(TARGET_METHODS)
-        peers = root_peers.found()
+        peers = {pr.name: None for pr in PEERS} if args.no_peers else root_peers.found()
         print(
             f"torch {torch.__version__}, {args.threads} threads, p={args.p}; load {_load()}; reference {args.reference}"
         )
         for pr in PEERS:
-            state = "found" if peers[pr.name] else f"ABSENT ({pr.install})"
+            state = (
+                "found"
+                if peers[pr.name]
+                else ("not run (--no-peers)" if args.no_peers else f"ABSENT ({pr.install})")
+            )
             print(f"peer {pr.name}: {state}; its defaults: {pr.defaults}")
         print(TARGET_HEADER)
         found = {k: v is not None for k, v in peers.items()}
