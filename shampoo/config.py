@@ -39,6 +39,7 @@ from .grafting import (
     SGDGrafting,
     resolve_grafting,
 )
+from .transforms.base import Preconditioner
 from .transforms.soap import preconditioner_named
 
 # ----------------------------------------------------------------------------------------------------
@@ -350,12 +351,11 @@ class GroupOptions:
             raise ValueError(f"grafting must be a GraftingConfig, got {self.grafting!r}")
         if not isinstance(self.failure, FailurePolicy):
             raise ValueError(f"failure must be a FailurePolicy, got {self.failure!r}")
-        need = ("init", "bind", "update", "direction", "ready", "refresh", "accumulators")
-        missing = [m for m in need if not callable(getattr(self.preconditioner, m, None))]
-        if self.preconditioner is not None and missing:
+        if self.preconditioner is not None and not isinstance(self.preconditioner, Preconditioner):
             raise ValueError(
-                f"preconditioner must be a per-block transform (shampoo.transforms.Preconditioner) or None; "
-                f"{self.preconditioner!r} lacks {missing}"
+                f"preconditioner must be a per-block transform (shampoo.transforms.Preconditioner: init, "
+                f"update, direction, bind, ready, refresh, accumulators; a subclass of it inherits the "
+                f"last four) or None; {self.preconditioner!r} is not one"
             )
 
     @property

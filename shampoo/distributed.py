@@ -56,7 +56,7 @@ from .comm import (
 )
 from .config import GroupOptions
 from .engine import GroupPlan, PlannedBlock, layout_group
-from .state import merge_shards
+from .state import ParamState, merge_shards
 
 logger = logging.getLogger(__name__)
 
@@ -441,7 +441,9 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     momentum buffers)."""
     blocks = replicated = 0
     for st in optimizer.state.values():
-        for b in getattr(st, "blocks", ()):
+        if not isinstance(st, ParamState):  # another optimizer's state: nothing of Shampoo's
+            continue
+        for b in st.blocks:
             if not b.owned:
                 continue
             for t in (b.first_moment, b.graft_state, b.diagonal):
@@ -453,7 +455,7 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
                         blocks += t.numel() * t.element_size()
             for t in b.tensors.values():  # transform state (e.g. SOAP's eigenbases and second moments)
                 blocks += t.numel() * t.element_size()
-        mom = getattr(st, "momentum_buffer", None)
+        mom = st.momentum_buffer
         if mom is not None:
             replicated += mom.numel() * mom.element_size()
     return {"blocks": blocks, "replicated": replicated, "total": blocks + replicated}

@@ -90,11 +90,28 @@ class _Graft:
         """(scale, ||pre_j||, ||d_j||): :meth:`graft`'s scale and the block norms it was computed
         from (None where a method computes none: without :attr:`rescales`, ``pre_scale`` itself). A
         finite norm proves every entry of its block finite, which lets the optimizer skip a separate
-        finiteness pass over the directions. A subclass that overrides :meth:`graft` alone gets its
-        own scale and no norms."""
-        if type(self).graft is not _Graft.graft:
-            return self.graft(pre, pre_scale, d, d_scale), None, None
+        finiteness pass over the directions. This is the method the pipeline calls; a subclass that
+        defines :meth:`graft` and not this method gets :meth:`_graft_without_norms` in its place
+        (:meth:`__init_subclass__`): its own scale, and no norms."""
         return self._scale_and_norms(pre, pre_scale, d, d_scale)
+
+    def _graft_without_norms(
+        self,
+        pre: torch.Tensor,
+        pre_scale: torch.Tensor | float,
+        d: torch.Tensor,
+        d_scale: torch.Tensor | float,
+    ) -> tuple[torch.Tensor | float, torch.Tensor | None, torch.Tensor | None]:
+        """:meth:`graft_with_norms` of a class with its own :meth:`graft`: that scale, no norms."""
+        return self.graft(pre, pre_scale, d, d_scale), None, None
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        """Fix once, when a subclass is defined, which :meth:`graft_with_norms` it has: one that
+        defines its own :meth:`graft` and not :meth:`graft_with_norms` gets the scale-only one, so
+        the pipeline uses its :meth:`graft` (the built-in norms would not be its scale)."""
+        super().__init_subclass__(**kwargs)
+        if "graft" in cls.__dict__ and "graft_with_norms" not in cls.__dict__:
+            cls.graft_with_norms = _Graft._graft_without_norms  # type: ignore[method-assign]
 
     def _scale_and_norms(
         self,

@@ -142,3 +142,59 @@ def test_an_object_that_is_not_a_transform_is_refused() -> None:
     lin.weight.grad = torch.ones_like(lin.weight)
     with pytest.raises(ValueError, match="per-block transform"):
         shampoo.Shampoo([{"params": lin.parameters(), "preconditioner": "sign"}]).step()
+
+
+@dataclass(frozen=True)
+class ShortSign(shampoo.transforms.Preconditioner):
+    """Sign written against the protocol class: only its three required methods, the rest inherited."""
+
+    def init(self, stack: Any) -> None:
+        return None
+
+    def update(self, state: None, G: torch.Tensor, ctx: Any) -> None:
+        return None
+
+    def direction(self, state: None, m: torch.Tensor, ctx: Any) -> tuple[torch.Tensor, float]:
+        return torch.sign(m), 1.0
+
+
+def test_a_preconditioner_subclass_inherits_the_optional_methods() -> None:
+    """A subclass of shampoo.transforms.Preconditioner inherits bind/ready/refresh/accumulators (no
+    view, always ready, no periodic work, nothing to check) and steps exactly as the full Sign."""
+    runs = []
+    for pre in (Sign(), ShortSign()):
+        lin, X, Y = _problem(2)
+        opt = shampoo.Shampoo(
+            [{"params": lin.parameters(), "preconditioner": pre}],
+            lr=0.01, grafting="adam", max_preconditioner_dim=4, start_preconditioning_step=1,
+            precondition_frequency=2,
+        )  # fmt: skip
+        for _ in range(4):
+            _grad(lin, X, Y)
+            opt.step()
+        runs.append(lin.weight.detach().clone())
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_a_preconditioner_subclass_must_write_its_direction() -> None:
+    class NoDirection(shampoo.transforms.Preconditioner):
+        def init(self, stack: Any) -> None:
+            return None
+
+        def update(self, state: None, G: torch.Tensor, ctx: Any) -> None:
+            return None
+
+    with pytest.raises(TypeError, match="direction"):
+        NoDirection()
+
+
+def test_an_object_missing_a_method_is_refused_with_the_protocol_named() -> None:
+    @dataclass(frozen=True)
+    class NoReady:  # Sign's methods but ready
+        init, bind, update, direction = Sign.init, Sign.bind, Sign.update, Sign.direction
+        refresh, accumulators = Sign.refresh, Sign.accumulators
+
+    lin, _, _ = _problem()
+    lin.weight.grad = torch.ones_like(lin.weight)
+    with pytest.raises(ValueError, match=r"per-block transform \(shampoo.transforms.Preconditioner: init"):
+        shampoo.Shampoo([{"params": lin.parameters(), "preconditioner": NoReady()}]).step()

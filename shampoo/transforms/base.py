@@ -22,9 +22,10 @@ whole per-block update rule in one place.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -91,18 +92,42 @@ class StepContext:
         return per_block(list(values), 1, self.device)
 
 
+@runtime_checkable
 class Preconditioner(Protocol):
-    """A per-block preconditioner (Kronecker, diagonal, ...); see the module docstring."""
+    """A per-block preconditioner (Kronecker, diagonal, ...); see the module docstring.
 
+    Any object with these seven methods is one (a structural protocol: a class of the user's need not
+    name it). A class that subclasses it explicitly writes ``init``, ``update`` and ``direction``
+    and inherits the rest: no per-block view (``bind``), always ready, no periodic work, no
+    accumulators to check.
+    """
+
+    @abstractmethod
     def init(self, stack: Stack) -> Any: ...
-    def bind(self, state: Any, j: int, block: BlockState) -> None: ...
+
+    @abstractmethod
     def update(self, state: Any, G: torch.Tensor, ctx: StepContext) -> None: ...
+
+    @abstractmethod
     def direction(self, state: Any, m: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, Any]: ...
-    def ready(self, state: Any, j: int) -> bool: ...
+
+    def bind(self, state: Any, j: int, block: BlockState) -> None:
+        """Give block j's typed state its views into ``state`` (default: none)."""
+        return None
+
+    def ready(self, state: Any, j: int) -> bool:
+        """Whether block j may use this preconditioner yet (default: always)."""
+        return True
+
     def refresh(
         self, state: Any, positions: list[int], steps: list[int], label: Callable[[int, int], str]
-    ) -> list[RootJob]: ...
-    def accumulators(self, state: Any) -> list[torch.Tensor]: ...
+    ) -> list[RootJob]:
+        """The periodic work of the due blocks, as root jobs (default: none)."""
+        return []
+
+    def accumulators(self, state: Any) -> list[torch.Tensor]:
+        """The stacked accumulators to check for overflow (default: none)."""
+        return []
 
 
 class Grafting(Protocol):
