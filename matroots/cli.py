@@ -111,6 +111,14 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         help="continue an interrupted run in --out, skipping units already written",
     )
     sw.add_argument(
+        "--seed-from",
+        type=Path,
+        default=None,
+        metavar="RESULTS",
+        help="first write the units of the shipped set RESULTS (results/NAME, of this config) into "
+        "--out as finished parts, never over a part there; then run the rest (for a lost run folder)",
+    )
+    sw.add_argument(
         "--no-retry-crashed",
         action="store_true",
         help="with --resume: keep the units an earlier run recorded as WorkerCrashed (default: rerun them)",
@@ -250,6 +258,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         csv=args.csv,
         scheduler=args.scheduler,
         retry_crashed=not args.no_retry_crashed,
+        seed_from=args.seed_from,
+        on_seeded=lambda line: print(line, flush=True),  # before the units run: hours before the end
     )
     print(f"{len(df)} rows in {out / 'results.parquet'}")
     return 0

@@ -8,6 +8,10 @@ run was started or resumed at, machines, dates, units done and rows failed, wall
 :func:`load` reads a shipped set back and refuses one whose config no longer matches the config of
 the same name in the repository (a shipped result must be reproducible from the repo's config).
 
+A shipped set is also where a lost run starts again: ``matroots sweep CONFIG --out RUN --resume
+--seed-from results/NAME`` (:mod:`matroots.study.seeding`) writes its rows back as RUN's parts, and a
+later ship of RUN keeps the set's commits, dates and CPU totals (:func:`run_summary`).
+
 The shipper itself (:func:`run_summary`, :func:`write_set`, :func:`load_set`) serves every kind of set:
 the sweep's here, the validation protocol's in :mod:`matroots.study.validation.ship`.
 
@@ -107,7 +111,9 @@ def run_summary(
 ) -> dict[str, Any]:
     """What a provenance records of the run: commits, starts, units done / total (one row per unit at
     least, in ``rows``), failures by type, CPU and wall time. A run that has not done every unit is
-    refused unless ``allow_partial``; ``resume`` is the command that finishes it."""
+    refused unless ``allow_partial``; ``resume`` is the command that finishes it. A run seeded from a
+    shipped set (:mod:`matroots.study.seeding`) adds its sources' commits, starts and unit CPU / wall
+    totals, and a ``seeded`` entry (units seeded, and per source its sha256, dates and share)."""
     runs = prov.get("runs", [])
     commits = sorted({r["git"]["commit"] for r in runs if r.get("git") and r["git"].get("commit")})
     dirty = any(bool(r.get("git", {}).get("dirty")) for r in runs)
@@ -123,22 +129,35 @@ def run_summary(
             f"{run} has {units_done} of {units_total} units; finish it with `{resume}`, "
             "or pass allow_partial=True (--partial)"
         )
-    return {
-        "commits": commits,
-        "dirty": dirty,
-        "starts": [
-            {k: r.get(k) for k in ("event", "started", "finished", "command", "machine", "versions")}
-            for r in runs
-        ],
+    starts = [
+        {k: r.get(k) for k in ("event", "started", "finished", "command", "machine", "versions")}
+        for r in runs
+    ]
+    # rows seeded from a shipped set (matroots.study.seeding) were computed by the source's runs: its
+    # commits, starts, dates and unit CPU / wall totals (the share of its units still seeded) count here
+    from .seeding import summarize
+
+    seeded = summarize(prov, rows)
+    record = {
+        "commits": sorted(set(commits) | seeded.get("commits", set())),
+        "dirty": dirty or seeded.get("dirty", False),
+        "starts": seeded.get("starts", []) + starts,
         "units_done": units_done,
         "units_total": units_total,
         "complete": units_done >= units_total,
         "rows": len(rows),
         "rows_failed_by_type": {k: int(v) for k, v in failures[failures != ""].value_counts().items()},
-        "unit_cpu_seconds": float(per_unit.get("unit_cpu_seconds", pd.Series(dtype=float)).sum()),
-        "unit_wall_seconds": float(per_unit.get("unit_wall_seconds", pd.Series(dtype=float)).sum()),
-        "run_wall_seconds": wall,
+        "unit_cpu_seconds": float(per_unit.get("unit_cpu_seconds", pd.Series(dtype=float)).sum())
+        + seeded.get("unit_cpu_seconds", 0.0),
+        "unit_wall_seconds": float(per_unit.get("unit_wall_seconds", pd.Series(dtype=float)).sum())
+        + seeded.get("unit_wall_seconds", 0.0),
+        "run_wall_seconds": wall + seeded.get("run_wall_seconds", 0.0),
     }
+    if seeded:
+        record["seeded"] = {"units": seeded["units"], "sources": seeded["sources"]}
+        if seeded["created"]:
+            record["seeded"]["created"] = seeded["created"]
+    return record
 
 
 def write_set(dest: str | Path, tables: dict[str, pd.DataFrame], record: dict[str, Any]) -> dict[str, Any]:
@@ -226,6 +245,12 @@ def _read_rows(run_dir: Path) -> pd.DataFrame:
     raise ShippedResultsError(f"{run_dir} holds no rows (no parts/*.parquet, no results.parquet)")
 
 
+def _earliest(*dates: str | None) -> str | None:
+    """The earliest of some ISO dates (None where none is given)."""
+    given = [d for d in dates if d]
+    return min(given, key=pd.Timestamp) if given else None
+
+
 def ship(
     run_dir: str | Path, dest: str | Path, *, config: str | Path, allow_partial: bool = False
 ) -> dict[str, Any]:
@@ -255,7 +280,7 @@ def ship(
         "name": spec.name,
         "config": repo_relative(config),
         "config_hash": want,
-        "created": prov.get("created"),
+        "created": _earliest(prov.get("created"), summary.get("seeded", {}).get("created")),
         "shipped": provenance.now(),
         "columns": keep,
         **summary,

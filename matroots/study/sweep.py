@@ -13,6 +13,9 @@
 * ``results.parquet`` (and optionally ``results.csv``) holds all rows once the sweep completes;
   ``provenance.json`` holds the config and its hash and one record per start/resume (git commit,
   command line, timestamps, versions, machine).
+* ``seed_from`` (``matroots sweep CONFIG --out RUN --resume --seed-from results/NAME``) first writes the
+  rows of a shipped set of the same grid back as RUN's parts (:mod:`matroots.study.seeding`), so a
+  sweep whose run folder was lost resumes from what was shipped, and computes only the rest.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import logging
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -257,17 +261,31 @@ def run_sweep(
     csv: bool = False,
     scheduler: Any = None,
     retry_crashed: bool = True,
+    seed_from: str | Path | None = None,
+    on_seeded: Callable[[str], None] | None = None,
 ) -> pd.DataFrame:
     """Run (or resume) a sweep into ``out_dir`` and return all its rows.
 
     ``scheduler``: ``None`` runs units on a local process pool of ``workers`` processes (default: one
     per core); a dask scheduler address or ``distributed.Client`` runs them on that cluster.
     ``retry_crashed``: rerun the units an earlier run recorded as ``WorkerCrashed`` (default).
+    ``seed_from``: a shipped set of this grid (``results/NAME``) whose units are written into
+    ``out_dir`` before anything runs (:func:`matroots.study.seeding.seed`; never over a part there);
+    a set of another kind, config or with tampered rows is refused before the folder is touched.
+    ``on_seeded`` gets the one-line account of the seeding (:func:`matroots.study.seeding.describe`)
+    before any unit runs (the command line prints it).
     """
+    from . import seeding
+
     runner.check_scheduler(scheduler)
     require_device(grid.device)  # before any folder or worker: a CUDA grid on a CPU-only machine
+    source = seeding.read_source(seed_from, grid) if seed_from is not None else None
     out = Path(out_dir)
     prepare_out_dir(grid, out, resume=resume)
+    if source is not None:
+        seeded = seeding.seed(out, grid, source)
+        if on_seeded is not None:
+            on_seeded(seeding.describe(seeded, source, out))
     log.info(
         "sweep %s: %d units (%d rows each)",
         grid.name,
