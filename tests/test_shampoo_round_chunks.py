@@ -25,7 +25,7 @@ import torch
 
 import matroots
 import shampoo
-import shampoo.roots as roots_mod
+import shampoo.root_batches as batches_mod
 from shampoo.config import DiagnosticsConfig, GroupOptions
 from shampoo.refresh import RootJob
 from shampoo.roots import compute_roots
@@ -63,7 +63,7 @@ def test_chunks_partition_the_due_rows_in_order(rows: int) -> None:
     matrix_bytes = 4 * 4 * 4
     impl = shampoo.ShampooImplementation(round_chunk_bytes=rows * matrix_bytes + matrix_bytes // 2)
     assert impl.chunk_rows(matrix_bytes) == rows
-    chunks = roots_mod._chunks(jobs, impl.chunk_rows(matrix_bytes))
+    chunks = batches_mod.chunk_jobs(jobs, impl.chunk_rows(matrix_bytes))
 
     def flat(js: list[RootJob]) -> list[tuple]:
         out = []
@@ -84,7 +84,7 @@ def test_chunks_partition_the_due_rows_in_order(rows: int) -> None:
 
 def test_chunks_hold_at_least_one_factor() -> None:
     rows = shampoo.ShampooImplementation(round_chunk_bytes=1).chunk_rows(4 * 4 * 4)
-    chunks = roots_mod._chunks([_job(3, [0, 1, 2])], rows)
+    chunks = batches_mod.chunk_jobs([_job(3, [0, 1, 2])], rows)
     assert [_rows(c) for c in chunks] == [1, 1, 1]
 
 
