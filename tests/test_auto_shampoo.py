@@ -98,7 +98,11 @@ def test_shampoo_auto_parses_the_table_once_and_estimates_kappa_once_per_factor(
     table._RECENT.clear()
     loads, auto_est, diag_est = [], [], []
     step = [0]
-    orig_load, orig_est, orig_kappa = table.SelectionTable.load, estimate.estimate_kappa, shampoo.root_solve._kappa
+    orig_load, orig_est, orig_kappa = (
+        table.SelectionTable.load,
+        estimate.estimate_kappa,
+        shampoo.root_solve._kappa,
+    )
     monkeypatch.setattr(
         table.SelectionTable, "load", classmethod(lambda c, p: (loads.append(p), orig_load(p))[1])
     )
@@ -108,7 +112,9 @@ def test_shampoo_auto_parses_the_table_once_and_estimates_kappa_once_per_factor(
         lambda A, **kw: (auto_est.append((step[0], A.shape[0])), orig_est(A, **kw))[1],
     )
     monkeypatch.setattr(
-        shampoo.root_solve, "_kappa", lambda A, *a: (diag_est.append((step[0], A.shape[0])), orig_kappa(A, *a))[1]
+        shampoo.root_solve,
+        "_kappa",
+        lambda A, *a: (diag_est.append((step[0], A.shape[0])), orig_kappa(A, *a))[1],
     )
     task = get_task("digits", hidden=64)
     model = task.build_model(0)
