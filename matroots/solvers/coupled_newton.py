@@ -114,15 +114,13 @@ import numpy as np
 import torch
 
 from ..core import arguments, precision
-from ..core.conditioning import eigenvalue_conditions
 from ..core.errors import (
     FormatRangeError,
-    NotPositiveDefiniteError,
     NotSymmetricError,
 )
 from ..core.inputs import Problem, symmetric_input
 from ..core.regularize import working_shift
-from ..core.spectral import SpectrumEstimate, lanczos_extremes, power_lambda_max
+from ..core.spectral import SpectrumEstimate
 from .base import Capabilities, RawResult, SolverConfig
 from .coupled_newton_checks import (
     check_principal,
@@ -130,6 +128,9 @@ from .coupled_newton_checks import (
     check_true_residual,
     general_spectrum,
 )
+from .coupled_newton_domain import check_domain, diagnose_divergence, refuse_indefinite, refuse_negative_real
+from .coupled_newton_results import identity_root, merge_rerun
+from .coupled_newton_scaling import cold_scaling
 from .coupled_newton_warm import (
     WARM_CHECK_MATMULS,
     WARM_LMIN_FACTOR,
@@ -137,21 +138,17 @@ from .coupled_newton_warm import (
     warm_root,
     warm_scaling,
 )
-from .newton_checks import axis_error, negative_axis_status
 from .newton_core import (
     NewtonOutcome,
     capped_start,
     check_resolvable_exponent,
-    eigenvalue_backward_error,
     forward_backward_check,
     forward_top,
-    optimal_c_power,
-    predicted_iterations,
 )
 from .newton_loop import coupled_newton_iterate, materialise, shifted_fro
 from .newton_schulz import newton_schulz_inverse
 from .registry import register
-from .spd_start import domain_test, flag_undetermined, lanczos_lambda_max, shifted_estimate
+from .spd_start import lanczos_lambda_max, shifted_estimate
 
 SCALINGS = ("auto", "frobenius", "power", "optimal", "dynamic")
 
@@ -327,7 +324,7 @@ class CoupledNewtonConfig(SolverConfig):
             run.est = shifted_estimate(run.est, shift)
         if run.eigs is not None:
             run.eigs = run.eigs + shift.numpy()[:, None]
-            run.eigs = self._refuse_negative_real(run.A, run.eigs, run.kappas, shift, prob, run.info)
+            run.eigs = refuse_negative_real(run.A, run.eigs, run.kappas, shift, prob, run.info)
         run.shift = shift
         run.tol = prob.tol if prob.tol is not None else precision.default_tol(run.cdt, prob.n, run.p)
         run.max_iter = prob.max_iter if prob.max_iter is not None else 100
@@ -338,7 +335,7 @@ class CoupledNewtonConfig(SolverConfig):
         and the inverse with p = 1 from a previous inverse by Newton-Schulz, X <- X(2I - A X), whose
         residual I - A X squares each step (Higham 2008, eq. (7.12)), when ||I - A Z||_F < 1/2."""
         if run.p == 1 and not run.inverse:
-            return _identity_root(run.A, run.shift, run.cdt, run.prob, run.info, run.tol, run.matmuls)
+            return identity_root(run.A, run.shift, run.cdt, run.prob, run.info, run.tol, run.matmuls)
         if run.Z is None or run.p != 1 or not run.inverse:
             return None
         ns = newton_schulz_inverse(
@@ -371,7 +368,7 @@ class CoupledNewtonConfig(SolverConfig):
     def _start(self, run: _Solve) -> None:
         """c^p per element and the dynamic scaling's interval: from the previous root where its lower end
         holds (:func:`~matroots.solvers.coupled_newton_warm.warm_scaling`, :func:`~matroots.solvers.coupled_newton_warm.lower_end_holds`), else the cold scaling
-        (:meth:`_cold_scaling`; Guo & Higham 2006, eq. (3.11)). Forward roots, and inverse roots with
+        (:func:`~matroots.solvers.coupled_newton_scaling.cold_scaling`; Guo & Higham 2006, eq. (3.11)). Forward roots, and inverse roots with
         p > GH_MAX_P, keep M_0's spectrum in (0, beta_p] (newton_core module docstring)."""
         A, shift, p, info = run.A, run.shift, run.p, run.info
         b = A.shape[0]
@@ -399,8 +396,18 @@ class CoupledNewtonConfig(SolverConfig):
                     "matrix (Cholesky test): those elements start cold"
                 )
         if not bool(warm.all()):
-            cp, interval, mv = self._cold_scaling(
-                A, shift, run.est, run.scaling, p, run.capped, run.tol, run.max_iter, info, run.prob
+            cp, interval, mv = cold_scaling(
+                A,
+                shift,
+                run.est,
+                run.scaling,
+                p,
+                run.capped,
+                run.tol,
+                run.max_iter,
+                info,
+                run.prob,
+                self.power_iters,
             )
             run.matmuls += mv
             if interval is not None:
@@ -418,7 +425,7 @@ class CoupledNewtonConfig(SolverConfig):
                 interval = (lo, hi)
             dynamic |= warm
         if run.est is not None:
-            self._refuse_indefinite(run.est, run.prob)
+            refuse_indefinite(run.est, run.prob)
         info["scaling"] = "warm" if bool(warm.any()) else run.scaling
         run.cp = torch.where(cp > 0, cp, torch.ones_like(cp))
         run.interval, run.dynamic = interval, dynamic
@@ -470,7 +477,7 @@ class CoupledNewtonConfig(SolverConfig):
             info["retried_frobenius"] = idx
             run.cp = run.cp.clone()
             run.cp[idx] = cp_f
-            out = _merge(out, retry, idx)
+            out = merge_rerun(out, retry, idx)
         info.update(out.notes)
         info["newton_matmuls"] = out.matmuls_each
         return out
@@ -481,9 +488,9 @@ class CoupledNewtonConfig(SolverConfig):
         on general input; the root symmetrised on symmetric input; the forward root's backward error."""
         A, shift, p, info = run.A, run.shift, run.p, run.info
         if run.sym and "divergence" in out.reason:
-            self._diagnose_divergence(A, shift, out, run.prob)
+            diagnose_divergence(A, shift, out, run.prob, self.lanczos_steps)
         if run.sym and run.inverse:
-            run.matmuls += self._domain(A, shift, run.est, out, run.prob, info)
+            run.matmuls += check_domain(self.name, A, shift, run.est, out, run.prob, info)
         if run.eigs is not None:
             check_principal(run.eigs, p, run.cp, out, info)
             check_root_sector(out, p, info)
@@ -494,245 +501,3 @@ class CoupledNewtonConfig(SolverConfig):
         if not run.inverse:
             run.matmuls += forward_backward_check(root, A, shift, p, out, run.accept, info)
         return root
-
-    def _cold_scaling(
-        self,
-        A: torch.Tensor,
-        shift: torch.Tensor,
-        est: SpectrumEstimate | None,
-        scaling: str,
-        p: int,
-        capped: bool,
-        tol: float,
-        max_iter: int,
-        info: dict,
-        prob: Problem,
-    ) -> tuple[torch.Tensor, tuple[np.ndarray, np.ndarray] | None, float]:
-        """c^p of a cold start (per element), the dynamic scaling's interval (or None) and the matrix
-        products the estimates cost (module docstring: the scalings; ``est`` is Lanczos on A + shift I,
-        needed by "optimal" and "dynamic")."""
-        b = A.shape[0]
-        fwd_fro = min((p + 1) / 2, forward_top(p)) if capped else 1.0
-        if scaling == "frobenius":
-            fro = shifted_fro(A, shift)
-            return (fro / fwd_fro if capped else 2.0 * fro / (p + 1)), None, 0.0
-        if scaling == "power":
-            lam_p, mv = power_lambda_max(A, self.power_iters)
-            lam_p = (lam_p + shift).clamp_min(torch.finfo(torch.float64).tiny)
-            return (lam_p / fwd_fro if capped else 2.0 * lam_p / (p + 1)), None, mv / A.shape[-1]
-        assert est is not None
-        interval = None
-        lmax = (est.lmax_upper * (1 + 1e-6)).numpy()
-        lmin = np.clip(est.lmin.numpy(), 0.0, None)
-        cpn = lmax / forward_top(p) if capped else optimal_c_power(lmin, lmax, p)
-        info.update(lambda_min_est=est.lmin / prob.prescale, lambda_max_est=est.lmax / prob.prescale)
-        if scaling == "dynamic":
-            interval = (np.maximum(lmin, lmax * 1e-300) / cpn, lmax / cpn)
-        elif not capped:
-            cpn, info["c_choice"] = self._choose_optimal_c(A, shift, est, cpn, p, tol, max_iter)
-        else:
-            info["c_choice"] = ["lambda_max / beta_p (M_0's spectrum in (0, beta_p], see newton_core)"] * b
-        return torch.as_tensor(cpn, dtype=torch.float64), interval, 0.0
-
-    @staticmethod
-    def _choose_optimal_c(
-        A: torch.Tensor,
-        shift: torch.Tensor,
-        est: SpectrumEstimate,
-        c_gh: np.ndarray,
-        p: int,
-        tol: float,
-        max_iter: int,
-    ) -> tuple[np.ndarray, list[str]]:
-        """Guo & Higham's c, or Frobenius's c where the scalar model predicts strictly fewer iterations.
-
-        Guo & Higham's c minimises the worst eigenvalue after the first step, which is not always the
-        fewest steps in total (e.g. a geometric spectrum with kappa 100 and p = 8 takes 10 steps with it
-        and 9 with Frobenius's c). Both candidates are run through the scalar model on the Ritz values
-        (all eigenvalues when n <= lanczos_steps; otherwise weighted by n times the Gauss weights), at
-        no matrix cost, and the faster one is taken (Guo & Higham's on ties).
-        """
-        n = A.shape[-1]
-        c_f = (2.0 * shifted_fro(A, shift) / (p + 1)).numpy()
-        theta, weights = est.ritz.numpy(), est.weights.numpy()
-        out = np.array(c_gh, dtype=float, copy=True)
-        choice = []
-        for i in range(out.shape[0]):
-            kept = np.isfinite(theta[i])  # rows of elements given fewer Ritz values are NaN-padded
-            th = np.clip(theta[i][kept], 0.0, None)
-            mult = np.ones_like(th) if th.shape[0] == n else n * weights[i][kept]
-            k_gh = predicted_iterations(th, mult, p, float(c_gh[i]), tol, max_iter=max_iter)
-            k_f = predicted_iterations(th, mult, p, float(c_f[i]), tol, max_iter=max_iter)
-            if k_f < k_gh:
-                out[i] = c_f[i]
-                choice.append("frobenius (scalar model: fewer iterations)")
-            else:
-                choice.append("guo_higham")
-        return out, choice
-
-    @staticmethod
-    def _refuse_negative_real(
-        A: torch.Tensor, eigs: np.ndarray, kappas: np.ndarray, shift: torch.Tensor, prob: Problem, info: dict
-    ) -> np.ndarray:
-        """NegativeRealEigenvalueError when an eigenvalue of the matrix solved (after rounding and the
-        eps shift) is on the closed negative real axis, or within its rounding uncertainty of it.
-
-        Where the working format is coarser than float64 and its eigenvalues are not clear of the axis,
-        those of the same rounded matrix (exact in float64) are recomputed in float64 and decide: fp32
-        frank(10)'s small eigenvalues (condition numbers ~1e6) are within fp32's rounding of the axis,
-        not within float64's (issue 22, class 4). They then replace the working format's (returned;
-        ``info["eigvals_fp64"]`` lists the batch elements)."""
-        u = precision.unit_roundoff(A.dtype)
-        u64 = precision.unit_roundoff(torch.float64)
-        eigs = eigs.copy()
-        for i in range(eigs.shape[0]):
-            Ai = materialise(A[i : i + 1], shift[i : i + 1], torch.float64)[0]
-            fro = float(torch.linalg.matrix_norm(Ai))
-            a = Ai.numpy()
-            eta = eigenvalue_backward_error(fro, prob.n, u)
-            kind, why = negative_axis_status(a, eigs[i], kappas[i], eta, prob.prescale)
-            if kind != "clear" and u > u64:
-                w64, k64 = eigenvalue_conditions(a)
-                eta = eigenvalue_backward_error(fro, prob.n, u64)
-                kind, why = negative_axis_status(a, w64, k64, eta, prob.prescale)
-                eigs[i] = w64
-                info.setdefault("eigvals_fp64", []).append(i)
-            if kind != "clear":
-                raise axis_error("coupled_newton", why, kind)
-        return eigs
-
-    def _refuse_indefinite(self, est: SpectrumEstimate, prob: Problem) -> None:
-        """Raise when a Ritz value proves a negative eigenvalue (Ritz values lie inside the spectrum)."""
-        thresh = -100.0 * prob.n * 2.0**-53 * est.lmax.abs()
-        bad = est.lmin < thresh
-        if bool(bad.any()):
-            worst = float(est.lmin[bad].min()) / prob.prescale
-            raise NotPositiveDefiniteError(
-                f"coupled_newton: the matrix is not positive definite after regularisation: Lanczos "
-                f"proves an eigenvalue <= {worst:.3e} (dtype {precision.info(prob.dtype).name}); "
-                "increase eps, or use method='eigh' with rank_policy='clamp' or 'pseudo_inverse'"
-            )
-
-    def _diagnose_divergence(
-        self, A: torch.Tensor, shift: torch.Tensor, out: NewtonOutcome, prob: Problem
-    ) -> None:
-        """After divergence on symmetric input, raise NotPositiveDefiniteError if Cholesky fails."""
-        idx = [i for i, r in enumerate(out.reason) if r == "divergence"]
-        Ad = materialise(A[idx], shift[idx], torch.float64)
-        _, chol_info = torch.linalg.cholesky_ex(Ad)
-        if bool((chol_info > 0).any()):
-            est = lanczos_extremes(Ad, self.lanczos_steps)
-            worst = float(est.lmin.min()) / prob.prescale
-            raise NotPositiveDefiniteError(
-                f"coupled_newton diverged and the (regularised, rounded) matrix is not positive definite: "
-                f"Cholesky fails; Lanczos estimate of the smallest eigenvalue {worst:.3e} "
-                f"(dtype {precision.info(prob.dtype).name}); increase eps, or use method='eigh' with "
-                "rank_policy='clamp' or 'pseudo_inverse'"
-            )
-
-    def _domain(
-        self,
-        A: torch.Tensor,
-        shift: torch.Tensor,
-        est: SpectrumEstimate | None,
-        out: NewtonOutcome,
-        prob: Problem,
-        info: dict,
-    ) -> float:
-        """Symmetric input, inverse root: the shared domain test (:func:`~matroots.solvers.spd_start.domain_test`)
-        on the converged elements; a matrix that is not positive definite raises, one whose lambda_min is
-        below u lambda_max is flagged ``"not_determined"``. Returns the matrix products spent.
-
-        An eigenvalue at rounding level (an exactly singular PSD matrix, rounded, plus eps = 1e-16) does
-        not make the iteration diverge: it is resolved in log(1/m_0)/(p log(1+1/p)) steps, within
-        max_iter, and the "converged" inverse is then an arbitrary matrix of that size (issue 22, class 2).
-        """
-        rows = out.converged.clone()
-        if not bool(rows.any()):
-            return 0.0
-        b = A.shape[0]
-        spent = float(rows.sum()) / b / 6.0  # one Cholesky (n^3/3 flops) per tested element
-        # lambda_max: the Lanczos upper bound, else (frobenius / power scaling) ||A + shift I||_F >=
-        # lambda_max, which at worst makes the margin sqrt(n) u lambda_max
-        lmax = est.lmax_upper * (1 + 1e-6) if est is not None else shifted_fro(A, shift)
-        undetermined = domain_test(self.name, prob, A, shift, lmax, rows)
-        flag_undetermined(undetermined, out.converged, out.reason, info, prob, lmax)
-        info["domain_matmuls"] = spent
-        return spent
-
-
-def _merge(out: NewtonOutcome, sub: NewtonOutcome, idx: list[int]) -> NewtonOutcome:
-    """``out`` with the batch elements ``idx`` replaced by those of ``sub`` (a rerun of that subset).
-
-    Iterations and products add up (the failed attempt was spent too; ``matmuls`` stays per matrix of
-    the whole batch); the rerun's residual history is appended, the other elements repeating their
-    final residual.
-    """
-    # the two runs may end in different formats (16-bit: one in the compute format, one already
-    # unscaled in float32): the merge keeps the wider, which holds either's entries exactly
-    X = out.X.to(torch.promote_types(out.X.dtype, sub.X.dtype), copy=True)
-    X[idx] = sub.X.to(X.dtype)
-    conv, iters, res = out.converged.clone(), out.iterations.clone(), out.residual.clone()
-    conv[idx] = sub.converged
-    iters[idx] = iters[idx] + sub.iterations
-    res[idx] = sub.residual
-    reason = list(out.reason)
-    for j, i in enumerate(idx):
-        reason[i] = sub.reason[j]
-    each = None
-    if out.matmuls_each is not None and sub.matmuls_each is not None:
-        each = out.matmuls_each.clone()
-        each[idx] = each[idx] + sub.matmuls_each
-    history = list(out.history)
-    for h in sub.history:
-        full = (history[-1] if history else out.residual).clone()
-        full[idx] = h
-        history.append(full)
-    return NewtonOutcome(
-        X=X,
-        converged=conv,
-        iterations=iters,
-        residual=res,
-        reason=reason,
-        matmuls=out.matmuls + sub.matmuls * len(idx) / out.X.shape[0],
-        history=history,
-        notes={**out.notes, **sub.notes},
-        matmuls_each=each,
-        compactions=out.compactions + sub.compactions,
-    )
-
-
-def _identity_root(
-    A: torch.Tensor,
-    shift: torch.Tensor,
-    cdt: torch.dtype,
-    prob: Problem,
-    info: dict,
-    tol: float,
-    matmuls: float,
-) -> RawResult:
-    """The forward root with p = 1: (A + shift I)^{1/1} is the matrix itself, no iteration (each entry
-    rounded once: the sum in float64, then to the compute format; kept in fp32 where a 16-bit format
-    cannot hold it). Twenty Newton steps on a non-normal matrix cost 66 u where u is the floor."""
-    b = A.shape[0]
-    X64 = materialise(A, shift, torch.float64)
-    X = X64.to(cdt)
-    if cdt not in (torch.float32, torch.float64) and not bool(torch.isfinite(X).all()):
-        X = X64.float()
-        info["root_dtype"] = f"the root does not fit {precision.info(cdt).name}: returned in fp32"
-    info.update(
-        scaling="none",
-        stop_reason=["identity_root"] * b,
-        tol=tol,
-        backward_error=torch.zeros(b, dtype=torch.float64),
-        newton_matmuls=torch.zeros(b, dtype=torch.float64),
-    )
-    return RawResult(
-        root=X,
-        converged=torch.ones(b, dtype=torch.bool),
-        iterations=torch.zeros(b, dtype=torch.int64),
-        residual=torch.zeros(b, dtype=torch.float64),
-        matmuls=matmuls,
-        history=[torch.zeros(b, dtype=torch.float64)] if prob.record_history else [],
-        info=info,
-    )
