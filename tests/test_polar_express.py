@@ -81,6 +81,16 @@ def test_factored_form_batch_element_gets_its_own_arithmetic() -> None:
         assert rel <= 1e-4, rel
 
 
+def test_factored_form_resolvability_is_that_of_one_product() -> None:
+    """bf16, n = 256, p = 8: coupled_newton's rule with p (p sqrt(n) u = 0.5, the coupled form's floor
+    through P^8) would refuse; the factored form's residual is one product M = Z Y (as in the sign form),
+    whose floor 2 sqrt(n) u = 0.125 is resolvable, so it runs and meets the contract."""
+    A = spd_matrix(256, 10.0, seed=2)
+    with pytest.raises(matroots.UnsupportedExponentError):
+        matroots.inverse_root(torch.from_numpy(A), 8, method=METHOD, dtype=torch.bfloat16, form="coupled")
+    assert check_accurate_or_reported(METHOD, A, 8, torch.bfloat16) == "converged"
+
+
 def test_bf16_sign_form_beats_the_coupled_one() -> None:
     """bf16, kappa 1e2, n = 64, p = 4: the sign form's M_k = Z_k Y_k is recomputed each step; the
     coupled form's propagated M_k drifts. Both meet the (loose, cond u) contract; the sign form's error

@@ -329,7 +329,9 @@ class PolarExpressConfig(SpdIterationConfig):
                 )
         n, b = prob.n, prob.A.shape[0]
         d = self.degree
-        check_resolvable(2 if form == "sign" else p, cdt, n, self.name)
+        # the residual's rounding floor: propagated through P^p in the coupled form (coupled_newton's
+        # rule with p); one product M = Z Y of two rounded operands in the sign and factored forms
+        check_resolvable(p if form == "coupled" else 2, cdt, n, self.name)
         st = spd_start(prob, self.name, self.lanczos_steps, self.symmetry_tol)
         info = dict(st.info)
         safety = self.safety if self.safety is not None else (1.01 if sixteen else 1.001)
