@@ -19,6 +19,7 @@ from ..core.regularize import working_shift
 from .base import Capabilities, RawResult, SolverConfig
 from .eigh_autograd import SpectralRoot
 from .registry import register
+from .spd_start import domain_margin, domain_test, flag_undetermined
 
 RANK_POLICIES = ("perturb", "clamp", "pseudo_inverse")
 
@@ -173,6 +174,12 @@ class EighConfig(SolverConfig):
         A, info = self._working_matrix(prob)
         w, Q = self._eigh(A, info)
         wr, f, e, psd_shift, _ = self._root_eigenvalues(prob, w, info, inverse=inverse)
+        converged = torch.ones(prob.A.shape[0], dtype=torch.bool)
+        if inverse and self.rank_policy == "perturb":
+            shift = info["eps_abs"].to(torch.float64) * prob.prescale  # prescaled units (2^k: exact)
+            if psd_shift is not None:
+                shift = shift + psd_shift.reshape(-1).to(torch.float64)
+            flag_singular(self.name, prob, A, wr, shift, info, converged)
         # X = Q f(Lambda) Q^T = W W^T with W = Q f(Lambda)^{1/2} (f >= 0 here), scaling Q in place: one
         # n x n temporary fewer (at n = 1024 each fresh one costs ~4 ms of page faults). Symmetric up to
         # the GEMM's rounding (~u ||X||); not symmetrised, which would cost a strided pass over X.
@@ -205,12 +212,51 @@ class EighConfig(SolverConfig):
             root=X,
             in_caller_units=folded,
             finite=torch.ones(b, dtype=torch.bool) if certified else None,
-            converged=torch.ones(b, dtype=torch.bool),
+            converged=converged,
             iterations=torch.zeros(b, dtype=torch.int64),
             residual=torch.full((b,), float("nan"), dtype=torch.float64),
             matmuls=1.0,
             info=info,
         )
+
+
+def flag_singular(
+    method: str,
+    prob: Problem,
+    A: torch.Tensor,
+    wr: torch.Tensor,
+    shift: torch.Tensor,
+    info: dict,
+    converged: torch.Tensor,
+) -> None:
+    """The SPD domain test of an inverse root (:func:`~matroots.solvers.spd_start.domain_test`, shared
+    with coupled_newton and schur_newton): an element whose matrix solved (A + psd and eps shifts) has
+    lambda_min < u lambda_max is singular to working precision and its inverse root is not determined
+    (cond(A^{-1/p}) u >= kappa u / p > 1/p): ``converged`` False there, stop reason ``not_determined``;
+    a matrix the float64 Cholesky test proves indefinite raises NotPositiveDefiniteError. Issue 22,
+    class 2: an 8 x 8 PSD matrix of exact rank 7, rounded to fp64 (exact lambda_min -1.5e-17), had the
+    computed eigenvalue ~1e-15 and its inverse square root (entries 2.4e7, vs 1.6e7 from schur_newton)
+    came back converged.
+
+    The computed eigenvalues wr (ascending) are exact for a matrix within n u ||A||_2 of A (u: LAPACK's
+    format; Weyl): where wr_min > u lambda_max + n u lambda_max every element is clear of the margin and
+    no Cholesky runs (the common case: one comparison). Elsewhere the float64 Cholesky test decides,
+    exactly for fp32 and 16-bit input, to within rounding of kappa = 1/u for fp64 input.
+
+    ``A``: the working matrices (prescaled, LAPACK's format), ``wr``: their ascending eigenvalues plus
+    ``shift`` (b,), the psd and eps shifts in prescaled units.
+    """
+    lmax = wr[..., -1].double()
+    err = prob.n * precision.unit_roundoff(A.dtype) * lmax
+    delta = domain_margin(prob.n, prob.dtype, prob.compute_dtype, lmax)
+    rows = wr[..., 0].double() <= delta + err
+    if not bool(rows.any()):
+        return
+    undetermined = domain_test(method, prob, A, shift, lmax, rows)
+    if bool(undetermined.any()):
+        reason = ["direct"] * converged.shape[0]
+        flag_undetermined(undetermined, converged, reason, info, prob, lmax)
+        info["stop_reason"] = reason
 
 
 def eigh_checked(A: torch.Tensor, info: dict) -> tuple[torch.Tensor, torch.Tensor]:

@@ -117,7 +117,7 @@ from ..core import arguments, precision
 from ..core import psd as psd_policy
 from ..core.inputs import Problem
 from .base import Capabilities, RawResult
-from .eigh import EighConfig, root_eigenvalue_sqrt
+from .eigh import EighConfig, flag_singular, root_eigenvalue_sqrt
 from .registry import register
 from .warm_basis import warm_basis
 from .warm_bound import binned_second_order
@@ -411,6 +411,21 @@ class _Run:
         for i in idx.tolist():
             self.status[i] = label
 
+    def _flag_singular(self, info: dict) -> None:
+        """eigh's SPD domain test (:func:`~matroots.solvers.eigh.flag_singular`) on every element, from
+        its eigenvalues (LAPACK's, or the accepted Ritz values, within the warm tolerance of them) plus
+        its psd and eps shifts: an inverse root of a matrix singular to working precision is flagged
+        ``not converged: not_determined``, warm or cold (issue 22, class 2)."""
+        s = self.prob.prescale
+        shift = info["eps_abs"].to(torch.float64) * s  # prescaled units (2^k: exact)
+        if "psd_shift" in info:
+            shift = shift + info["psd_shift"].reshape(-1).to(torch.float64)
+        wr = self.w + shift.to(self.w.dtype).unsqueeze(-1)
+        before = self.converged.clone()
+        flag_singular(self.cfg.name, self.prob, self.A, wr, shift, info, self.converged)
+        for i in (before & ~self.converged).nonzero().flatten().tolist():
+            self.status[i] = "not converged: not_determined"
+
     # ---------------------------------------------------------------------------------------- result
     def result(self) -> RawResult:
         prob = self.prob
@@ -420,6 +435,8 @@ class _Run:
             info[key] = val
         if "psd_shift" in self.per_elem:
             info["psd_shift"] = self.per_elem["psd_shift"]
+        if self.inverse and self.cfg.rank_policy == "perturb":
+            self._flag_singular(info)
         bs = prob.batch_shape
         n = prob.n
         info["eigenvectors"] = self.Q.reshape(*bs, n, n)
