@@ -23,9 +23,7 @@ import torch
 from . import arguments, precision
 from .errors import InvalidArgumentError
 from .psd import check_policy
-
-EPS_MODES = ("absolute", "relative")
-"""The eps modes every solver accepts (docs/design.md §3)."""
+from .regularize import EPS_MODES  # the eps modes every solver accepts (docs/design.md §3)
 
 
 def check_warm_start(warm_start: object, shape: tuple[int, ...] | None = None) -> None:

@@ -29,6 +29,10 @@ import torch
 
 from .errors import InvalidArgumentError
 
+#: The eps modes, defined once (``matroots.core.options`` re-exports them): eps_abs = eps, or
+#: eps * lambda_max(A).
+EPS_MODES = ("absolute", "relative")
+
 
 def absolute_shift(eps: float, eps_mode: str, lambda_max: torch.Tensor) -> torch.Tensor:
     """The absolute shift eps_abs per batch element (float64 tensor shaped like ``lambda_max``)."""
@@ -37,7 +41,7 @@ def absolute_shift(eps: float, eps_mode: str, lambda_max: torch.Tensor) -> torch
         return torch.full_like(lmax, float(eps))
     if eps_mode == "relative":
         return float(eps) * lmax.abs()
-    raise InvalidArgumentError(f"eps_mode must be one of ('absolute', 'relative'), got {eps_mode!r}")
+    raise InvalidArgumentError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
 
 
 def working_shift(eps: float, eps_mode: str, lambda_max: torch.Tensor, prescale: float = 1.0) -> torch.Tensor:
@@ -60,4 +64,4 @@ def add_to_diagonal(A: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return out
 
 
-__all__ = ["absolute_shift", "add_to_diagonal", "working_shift"]
+__all__ = ["EPS_MODES", "absolute_shift", "add_to_diagonal", "working_shift"]

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.options import EPS_MODES
 from ..core.regularize import absolute_shift
 from ..core.spectral import power_lambda_max
 
@@ -125,7 +126,7 @@ def _exact(work: torch.Tensor, eps: float, eps_mode: str, floor: torch.Tensor | 
     """kappa of A + eps_abs I from the eigenvalues of A (float64 LAPACK), with the psd floor applied
     as in the iterative estimate."""
     w = torch.linalg.eigvalsh(work)
-    if floor is None and eps_mode in ("absolute", "relative"):
+    if floor is None and eps_mode in EPS_MODES:
         # the float64 arithmetic of the tensor path below on Python floats (IEEE double, the same
         # roundings), in two operations instead of a dozen small ones
         ends = w[:, [0, -1]].tolist()

@@ -42,6 +42,7 @@ from ..core.conditioning import cond_u_line
 from ..core.errors import InvalidArgumentError, NegativeRealEigenvalueError
 from ..core.inputs import parse_exponent
 from ..core.inputs import symmetry_defect as _symmetry_defect_tensor
+from ..core.options import EPS_MODES
 from ..core.result import info_per_element
 from .spectrum import symmetric_spectrum as _spectrum
 
@@ -297,8 +298,7 @@ def eps_bias(
     General A: two references (:func:`matroots.truth.reference.inverse_root`). NaN when A itself has no
     inverse root (a non-positive / negative real eigenvalue). Max over a batch.
     """
-    if eps_mode not in ("absolute", "relative"):
-        raise ValueError(f"eps_mode must be 'absolute' or 'relative', got {eps_mode!r}")
+    _check_eps_mode(eps_mode)
     frac = parse_exponent(p)
     worst = 0.0
     for Ai in _batch(_f64(A)):
@@ -334,9 +334,13 @@ def eps_bias(
     return worst
 
 
+def _check_eps_mode(eps_mode: str) -> None:
+    if eps_mode not in EPS_MODES:
+        raise ValueError(f"eps_mode must be {' or '.join(map(repr, EPS_MODES))}, got {eps_mode!r}")
+
+
 def _absolute_eps(A: np.ndarray, ref: Any, eps: float, eps_mode: str) -> float:
-    if eps_mode not in ("absolute", "relative"):
-        raise ValueError(f"eps_mode must be 'absolute' or 'relative', got {eps_mode!r}")
+    _check_eps_mode(eps_mode)
     if eps_mode == "absolute":
         return float(eps)
     eig = getattr(ref, "eigenvalues", None)
