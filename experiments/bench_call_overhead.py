@@ -13,15 +13,24 @@ models trained on the same batches, their ``step()`` calls interleaved and timed
     python experiments/bench_call_overhead.py --sizes 64 128 256 --dtype fp32 fp64
     python experiments/bench_call_overhead.py --sizes 128 --profile
     python experiments/bench_call_overhead.py --sizes 128 --mlp 600
+    python experiments/bench_call_overhead.py --sizes 16 128 --dtype fp32 --auto
+
+``--auto`` adds, in the same interleaved rounds, ``method="auto"`` and the configuration it chose
+(called directly with the same solve options): the ratio auto / chosen is auto's own per-call cost
+(its kappa estimate, lookup and report). Each ratio is reported in process CPU time and in wall
+time (medians of the interleaved rounds), with the load average before and after: on a shared
+machine wall time includes waiting for a core, CPU time does not.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import statistics
 import time
+import warnings
 
 import torch
 
@@ -44,14 +53,25 @@ def _bare(A: torch.Tensor, p: int) -> torch.Tensor:
     return W @ W.mT
 
 
-def _cpu_per_call(fn, reps: int) -> float:
-    t0 = time.process_time()
+def _per_call(fn, reps: int) -> tuple[float, float]:
+    """(process CPU seconds, wall seconds) per call of ``fn`` over ``reps`` calls."""
+    t0, w0 = time.process_time(), time.perf_counter()
     for _ in range(reps):
         fn()
-    return (time.process_time() - t0) / reps
+    return (time.process_time() - t0) / reps, (time.perf_counter() - w0) / reps
 
 
-def measure(n: int, dtype: torch.dtype, p: int, rounds: int, reps: int) -> dict[str, float]:
+def _auto_pair(A: torch.Tensor, p: int) -> tuple[object, str]:
+    """method="auto" on A and a callable of the configuration it chose (same solve options)."""
+    from matroots.solvers.auto import AutoConfig
+    from matroots.solvers.auto_table import load_table
+
+    label = matroots.inverse_root(A, p, method="auto").info["auto"]["chosen"][0]
+    cfg, sopts = AutoConfig._candidate(load_table(), label)
+    return (lambda: cfg.solve(A, p, **sopts)), label
+
+
+def measure(n: int, dtype: torch.dtype, p: int, rounds: int, reps: int, auto: bool = False) -> dict:
     A = _spd(n, dtype)
     B = torch.randn(n, n, dtype=dtype)
     fns = {
@@ -59,21 +79,41 @@ def measure(n: int, dtype: torch.dtype, p: int, rounds: int, reps: int) -> dict[
         "bare": lambda: _bare(A, p),
         "matroots": lambda: matroots.inverse_root(A, p, method="eigh"),
     }
+    label = ""
+    if auto:
+        fns["chosen"], label = _auto_pair(A, p)
+        fns["auto"] = lambda: matroots.inverse_root(A, p, method="auto")
     for fn in fns.values():  # warm up (thread pools, first-call allocations)
         for _ in range(3):
             fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            times[k].append(_cpu_per_call(fn, reps * (20 if k == "gemm" else 1)))
-    med = {k: statistics.median(v) for k, v in times.items()}
-    return {
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
+    wall: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(rounds):
+        order = list(fns) if r % 2 == 0 else list(fns)[::-1]  # alternate the order: no position bias
+        for k in order:
+            c, w = _per_call(fns[k], reps * (20 if k == "gemm" else 1))
+            cpu[k].append(c)
+            wall[k].append(w)
+    med = {k: statistics.median(v) for k, v in cpu.items()}
+    medw = {k: statistics.median(v) for k, v in wall.items()}
+    out = {
         "gemm_us": med["gemm"] * 1e6,
         "bare_gemms": med["bare"] / med["gemm"],
         "matroots_gemms": med["matroots"] / med["gemm"],
         "ratio": med["matroots"] / med["bare"],
+        "ratio_wall": medw["matroots"] / medw["bare"],
         "overhead_us": (med["matroots"] - med["bare"]) * 1e6,
     }
+    if auto:
+        out.update(
+            chosen=label, auto_us=med["auto"] * 1e6, chosen_us=med["chosen"] * 1e6,
+            auto_ratio=med["auto"] / med["chosen"], auto_ratio_wall=medw["auto"] / medw["chosen"],
+        )  # fmt: skip
+    return out
+
+
+def _load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def mlp_step_ratio(steps: int, root_solver: str = "eigh") -> dict[str, float]:
@@ -115,21 +155,28 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: stable CPU times under load)")
     ap.add_argument("--mlp", type=int, default=0, metavar="STEPS", help="also time the MLP steps")
     ap.add_argument("--profile", action="store_true", help="cProfile the matroots calls at the first size")
+    ap.add_argument("--auto", action="store_true", help="also method='auto' against the solver it picks")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; process CPU time, median of "
-          f"{args.rounds} interleaved rounds of {args.reps} calls")  # fmt: skip
-    print(
-        f"{'n':>5} {'dtype':>5} {'GEMM us':>8} {'bare':>7} {'matroots':>9} {'ratio':>6} {'overhead us':>11}"
-    )
+    warnings.simplefilter("ignore")  # auto's TargetWarning at a kappa it cannot promise
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; process CPU time (wall time), "
+          f"median of {args.rounds} interleaved rounds of {args.reps} calls; {_load()}")  # fmt: skip
+    head = f"{'n':>5} {'dtype':>5} {'GEMM us':>8} {'bare':>7} {'matroots':>9} {'ratio':>6} {'(wall)':>6} {'overhead us':>11}"
+    if args.auto:
+        head += f"  {'auto/chosen':>11} {'(wall)':>6}  chosen"
+    print(head)
     for dt in args.dtype:
         for n in args.sizes:
-            r = measure(n, DTYPES[dt], args.p, args.rounds, args.reps)
-            print(
+            r = measure(n, DTYPES[dt], args.p, args.rounds, args.reps, auto=args.auto)
+            line = (
                 f"{n:>5} {dt:>5} {r['gemm_us']:>8.1f} {r['bare_gemms']:>7.1f} {r['matroots_gemms']:>9.1f} "
-                f"{r['ratio']:>6.2f} {r['overhead_us']:>11.0f}"
+                f"{r['ratio']:>6.2f} {r['ratio_wall']:>6.2f} {r['overhead_us']:>11.0f}"
             )
-    print("(bare and matroots in GEMM-equivalents: CPU time / one n x n GEMM's)")
+            if args.auto:
+                line += f"  {r['auto_ratio']:>11.2f} {r['auto_ratio_wall']:>6.2f}  {r['chosen']}"
+            print(line)
+    print("(bare and matroots in GEMM-equivalents: CPU time / one n x n GEMM's; ratio: matroots / bare)")
+    print(_load())
     if args.mlp:
         r = mlp_step_ratio(args.mlp)
         print(f"20-64-2 MLP, {args.mlp} steps, mean step CPU time: Shampoo (eigh, defaults) "

@@ -17,6 +17,7 @@ import torch
 import matroots
 from matroots.solvers import auto_table as table
 from matroots.solvers.auto import AutoConfig, TargetWarning, default_target
+from matroots.solvers.kappa_estimate import estimate_kappa
 from matroots.study import matrices
 from matroots.study.tuning.select import TABLE_COLUMNS
 from matroots.truth import reference
@@ -247,9 +248,16 @@ def test_forward_root_and_warm_start_path(toy_table: str) -> None:
     assert res.info["auto"]["kappa_estimate"][0] == pytest.approx(1e3, rel=1e-9)
     big = _spd(1e3, n=80)
     prev = matroots.inverse_root(big, 2, "eigh")
+    # n = 80 is outside the toy table's n bands: the safe choice (eigh) whatever kappa, so none is
+    # estimated to choose; kappa is read from the spectrum eigh computed (of the matrix solved)
     res = AutoConfig(table=toy_table, target=1e-4).solve(big, 2, warm_start=prev)
-    assert res.info["auto"]["kappa_source"].startswith("previous root")
-    assert res.info["auto"]["kappa_estimate"][0] == pytest.approx(1e3, rel=0.6)
+    assert res.info["auto"]["kappa_source"].startswith("eigenvalues of the matrix solved")
+    assert res.info["auto"]["estimate_matmuls"] == 0.0
+    assert res.info["auto"]["kappa_estimate"][0] == pytest.approx(1e3, rel=1e-9)
+    # the estimate from a previous root (taken where kappa decides: inside the table)
+    ke = estimate_kappa(torch.from_numpy(big).reshape(1, 80, 80), previous_root=prev.root, p=2.0)
+    assert ke.source.startswith("previous root")
+    assert ke.kappa[0] == pytest.approx(1e3, rel=0.6)
 
 
 # ------------------------------------------------------------------- shipped table, held-out matrices

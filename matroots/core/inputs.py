@@ -5,6 +5,7 @@ Each check raises a typed :mod:`matroots.core.errors` error whose message says w
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -34,6 +35,8 @@ def parse_exponent(p: object, *, integer: bool = False, method: str = "") -> Fra
     Floats are converted by ``Fraction(p).limit_denominator(10**6)`` so that ``0.5`` and ``1/3`` read
     as the rationals users mean. With ``integer=True`` (Newton methods) p must be a positive integer.
     """
+    if type(p) is int and p > 0:  # the common case (p = 2, 4, ...), its Fraction built once
+        return _int_exponent(p)
     if isinstance(p, bool) or not isinstance(p, int | float | Fraction | np.integer | np.floating):
         raise UnsupportedExponentError(f"p must be a positive int, float or Fraction, got {p!r}")
     if isinstance(p, float | np.floating) and not math.isfinite(float(p)):
@@ -46,6 +49,11 @@ def parse_exponent(p: object, *, integer: bool = False, method: str = "") -> Fra
             f"method {method!r} needs an integer p >= 1, got p={p!r}; use method='eigh' for rational p"
         )
     return frac
+
+
+@functools.lru_cache(maxsize=64)
+def _int_exponent(p: int) -> Fraction:
+    return Fraction(p)  # immutable: one object serves every call with this p
 
 
 _NUMPY_KINDS_REFUSED = {

@@ -171,6 +171,19 @@ class SolveOptions:
             return cls(**kwargs) if kwargs else _defaults(cls)
         return dataclasses.replace(options, **kwargs) if kwargs else options
 
+    def with_warm_start(self, warm_start: Any = None, psd: str | None = None) -> SolveOptions:
+        """This object with ``warm_start`` (and ``psd``, when given) replaced, without validating the
+        other fields again: they were validated when this object was built, so only the two new values
+        are checked (the same rules as ``__post_init__``). ``dataclasses.replace`` would validate all
+        of them again (``method="auto"`` hands its chosen solver such a copy on every call)."""
+        check_warm_start(warm_start)
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        object.__setattr__(new, "warm_start", warm_start)
+        if psd is not None:
+            object.__setattr__(new, "psd", check_policy(psd))
+        return new
+
     def changed(self) -> dict[str, Any]:
         """The fields that differ from their defaults, as keywords (for a call that takes keywords)."""
         out = {}

@@ -41,6 +41,7 @@ can deliver for moderately conditioned input (kappa <~ 1e4).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import functools
@@ -83,6 +84,12 @@ def default_target(dtype: Any) -> float:
     """The default relative forward-error target of ``method="auto"`` for a working dtype."""
     name = precision.info(dtype).name
     return DEFAULT_TARGETS.get(name, max(1e-8, math.sqrt(precision.unit_roundoff(dtype))))
+
+
+@functools.lru_cache(maxsize=16)
+def _default_target_of(dtype: torch.dtype) -> tuple[float, str]:
+    """(default target, where it came from) of a (validated) working dtype, once per dtype."""
+    return default_target(dtype), f"default for {precision.info(dtype).name}"
 
 
 @dataclass(frozen=True)
@@ -184,7 +191,7 @@ def _cond_spd(kappa: float, q: float) -> float:
     return q
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen init sets each field through object.__setattr__
 class _Estimate:
     kappa: list[float]
     source: str
@@ -192,7 +199,7 @@ class _Estimate:
     exact: bool
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # built on every call: plain slots (internal, never mutated)
 class _Call:
     """One call as auto sees it (:meth:`AutoConfig._call`)."""
 
@@ -226,6 +233,12 @@ class _Plan:
     target: float
     sym: bool
     memo: dict[object, Decision] = field(default_factory=dict)
+    edge_list: list[float] | None = None
+
+    @property
+    def kappa_free(self) -> bool:
+        """The decision is the same for every kappa (one cell-less answer: the safe choice)."""
+        return bool(self.coverage) or self.table is None
 
     def decision(self, cfg: AutoConfig, kappa: float) -> Decision:
         """The decision for an element whose (safety-scaled) kappa estimate is ``kappa``; it depends
@@ -233,7 +246,11 @@ class _Plan:
         if self.coverage or not self.sym or self.table is None:
             key: object = "any"
         else:
-            key = int(np.searchsorted(self.edges, kappa, side="right")) if math.isfinite(kappa) else "inf"
+            # bisect_right on the edges as floats: numpy's searchsorted(side="right"), without its
+            # dispatch
+            if self.edge_list is None:
+                self.edge_list = [float(x) for x in self.edges]
+            key = bisect.bisect_right(self.edge_list, kappa) if math.isfinite(kappa) else "inf"
         hit = self.memo.get(key)
         if hit is None:
             hit = self.memo[key] = cfg._decide(
@@ -241,6 +258,19 @@ class _Plan:
                 self.sym,
             )  # fmt: skip
         return hit
+
+
+def _spectrum_kappa(info: dict[str, Any], b: int) -> _Estimate | None:
+    """kappa per element from the extreme eigenvalues of the matrix solved, when the solver reports
+    them (eigh: ``solved_lambda_min/max``, user units, psd and eps shifts included), else None."""
+    lo, hi = info.get("solved_lambda_min"), info.get("solved_lambda_max")
+    if not isinstance(lo, torch.Tensor) or not isinstance(hi, torch.Tensor):
+        return None
+    if lo.numel() != b or hi.numel() != b:
+        return None
+    ends = zip(lo.reshape(-1).tolist(), hi.reshape(-1).tolist(), strict=True)
+    kappa = [h / lo_ if lo_ > 0 and math.isfinite(h) else math.inf for lo_, h in ends]
+    return _Estimate(kappa, "eigenvalues of the matrix solved (the chosen solver's)", 0.0, True)
 
 
 def _target_message(missed: list, target: float) -> str:
@@ -392,6 +422,8 @@ class AutoConfig(SolverConfig):
         call = self._call(A, p, opts)
         plan = self._plan(call.device, call.wdtype, call.n, call.frac, call.target, call.sym)
         est = _Estimate([math.nan] * call.b, "none (non-symmetric input)", 0.0, False)
+        if call.sym and call.hint is None and plan.kappa_free:
+            return self._solve_kappa_free(A, call, plan, opts, t0)
         if call.sym and (call.hint is not None or all_finite(call.det)):
             est = self._estimate(call, opts)
         est_seconds = time.perf_counter() - t0
@@ -413,6 +445,37 @@ class AutoConfig(SolverConfig):
         out.method = "auto"
         return out
 
+    def _solve_kappa_free(
+        self, A: object, call: _Call, plan: _Plan, opts: SolveOptions, t0: float
+    ) -> RootResult:
+        """:meth:`_solve` where the table's answer does not depend on kappa (the problem is outside
+        the table's dtype, p or n bands, or there is no table: the safe choice for every kappa), so
+        no estimate is taken to choose. kappa is still reported and still sets the error to expect
+        (cond(f, A) u, the TargetWarning): read from the spectrum the solver computed when it
+        reports one (eigh: ``solved_lambda_min/max``, the matrix actually solved, exactly), else
+        estimated after the solve as before it."""
+        d = plan.decision(self, math.nan)  # the one decision of this plan, whatever kappa
+        idx = list(range(call.b))
+        cells = [{"reason": d.reason, "cell": d.cell, "target_used": d.target_used, "elements": idx}]
+        res, used, note, failed = self._solve_group(d, A, call, idx, opts)
+        t_est = time.perf_counter()
+        est = _spectrum_kappa(res.info, call.b)
+        if est is None:  # the solver reports no spectrum: the estimate, after the solve
+            est = self._estimate(call, opts) if all_finite(call.det) else est
+            est = est or _Estimate([math.nan] * call.b, "none (non-finite input)", 0.0, False)
+        est_seconds = time.perf_counter() - t_est
+        expected, source = self._expected(
+            d, failed, call.sym, est.kappa, call.det, idx, call.frac, opts.inverse, call.wdtype
+        )
+        groups = [(d, idx, res, used, note, cells, expected, source)]
+        self._warn_missed(groups, call.target)
+        out = self._merge(groups, call.t, call.b, call.n, est.matmuls)
+        safety = 1.0 if est.exact else self.kappa_safety
+        out.info["auto"] = self._report(call, plan, est, est_seconds, safety, groups)
+        out.seconds = time.perf_counter() - t0
+        out.method = "auto"
+        return out
+
     def _call(self, A: object, p: object, opts: SolveOptions) -> _Call:
         """The problem as auto sees it: the exponent, the flattened batch, the working dtype, the
         device kind, the target (and where it came from), symmetry, and the checked kappa hint."""
@@ -424,8 +487,10 @@ class AutoConfig(SolverConfig):
         b = flat.shape[0]
         hint = self._hint(opts.kappa_hint, b)
         wdtype = opts.dtype if opts.dtype is not None else t.dtype
-        target = float(self.target) if self.target is not None else default_target(wdtype)
-        target_src = "argument" if self.target is not None else f"default for {precision.info(wdtype).name}"
+        if self.target is not None:
+            target, target_src = float(self.target), "argument"
+        else:
+            target, target_src = _default_target_of(wdtype)
         det = flat.detach()
         sym = opts.trusted or self._symmetric(det, t.dtype)  # trusted: symmetric
         return _Call(
@@ -628,19 +693,26 @@ class AutoConfig(SolverConfig):
         # the table's solve options where the caller set none, the config's psd policy where the caller
         # gave none, the warm start where the chosen method uses one: a call that changes nothing
         # reuses the caller's options (a default call builds no SolveOptions, as a direct call)
-        caller = opts.changed()
-        kw: dict[str, Any] = {k: v for k, v in d.solve_options.items() if k not in caller}
-        if self.psd != "none" and opts.psd is None:
-            kw["psd"] = self.psd  # the caller's rank-deficiency policy goes to the chosen solver
+        kw: dict[str, Any] = {}
+        if d.solve_options:
+            caller = opts.changed()
+            kw = {k: v for k, v in d.solve_options.items() if k not in caller}
+        psd = self.psd if self.psd != "none" and opts.psd is None else None  # the caller's policy
         p = call.frac
         pp = int(p) if p.denominator == 1 else p
-        warm = self._previous_root(opts.warm_start, call.b, call.n)
-        given = None
-        if warm is not None and d.config.capabilities.warm_start == "root":
-            given = opts.warm_start if everything else warm[idx]
-        if given is not opts.warm_start:
-            kw["warm_start"] = given
-        group = dataclasses.replace(opts, **kw) if kw else opts
+        given = None  # the previous root, only for a method that uses one (its finiteness is a pass)
+        if opts.warm_start is not None and d.config.capabilities.warm_start == "root":
+            warm = self._previous_root(opts.warm_start, call.b, call.n)
+            if warm is not None:
+                given = opts.warm_start if everything else warm[idx]
+        if kw:  # the table's solve options: validated as a new SolveOptions
+            if psd is not None:
+                kw["psd"] = psd
+            group = dataclasses.replace(opts, warm_start=given, **kw)
+        elif given is not opts.warm_start or psd is not None:
+            group = opts.with_warm_start(given, psd=psd)  # the other fields are validated already
+        else:
+            group = opts
         try:
             return d.config._solve(sub, pp, group, time.perf_counter()), d.label, "", False
         except MatrootsNumericalError as exc:

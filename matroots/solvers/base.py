@@ -156,25 +156,27 @@ class SolverConfig:
             check_root_range(root, prob.dtype)
         root = root.to(prob.dtype)
         amax = None
+        every_finite = False  # known without another look: every root finite
         if self.range_on_eigenvalues and raw.finite is not None and bool(raw.finite.all()):
-            finite = raw.finite
+            finite, every_finite = raw.finite, True
         elif self.range_on_eigenvalues:
             if all_finite(root):
-                finite = torch.ones(root.shape[0], dtype=torch.bool)
+                finite, every_finite = torch.ones(root.shape[0], dtype=torch.bool), True
             else:
                 finite = torch.isfinite(root).flatten(1).all(-1)
         else:  # max|X| per matrix: the finiteness test (NaN and inf propagate) and the range check
             amax = root.detach().abs().flatten(1).amax(-1).double().cpu()
             finite = torch.isfinite(amax)
-        converged = raw.converged & finite
+        converged = raw.converged if every_finite else raw.converged & finite
         info = {**prob.info, **raw.info}
         psd_policy.report(info, root.shape[0])
         if amax is not None:
             check_root_range(root, prob.dtype, amax=amax)
             _check_zero_roots(self.name, prob, amax, info, inverse=inverse)
-        if not bool(finite.all()):
+        if not every_finite and not bool(finite.all()):
             info["non_finite_root"] = int((~finite).sum())
-        n_bad = int((~converged).sum())
+        flags = converged.tolist()  # one read serves the count and a single matrix's flag
+        n_bad = flags.count(False)
         if n_bad:
             reasons = info.get("stop_reason")
             msg = (
@@ -185,7 +187,7 @@ class SolverConfig:
         bs = prob.batch_shape
         out = RootResult(
             root=root.reshape(*bs, prob.n, prob.n),
-            converged=converged.reshape(bs) if bs else bool(converged.tolist()[0]),  # one read each
+            converged=converged.reshape(bs) if bs else bool(flags[0]),  # one read each
             iterations=raw.iterations.reshape(bs) if bs else int(raw.iterations.tolist()[0]),
             residual=raw.residual.reshape(bs) if bs else float(raw.residual.tolist()[0]),
             history=[h.reshape(bs) if bs else float(h[0]) for h in raw.history],
