@@ -38,9 +38,11 @@ bench: $(STAMP)
 figures: $(STAMP)
 	$(PY) paper_figs/figures.py $(if $(FULL),--full,)
 
-# docs/findings.md's generated blocks from the shipped results/ (seconds); after reshipping a study.
+# docs/findings.md's and docs/validation.md's generated blocks from the shipped results/ (seconds);
+# after reshipping a study or the validation.
 findings: $(STAMP)
 	$(PY) paper_figs/findings.py --write
+	$(PY) paper_figs/validation_findings.py --write
 
 # Regenerate the shipped CPU selection table of method="auto" (matroots/data/selection_cpu.csv + .json)
 # from its config; resumable (runs/tune_default), about 15 minutes of CPU on 2 cores.

@@ -99,6 +99,52 @@ VALIDATION_FIGURES = {
 }
 
 
+#: figures drawn from the shipped validation set (results/validation) in the full build: x axis, caption
+SHIPPED_VALIDATION = "validation"
+SHIPPED_VALIDATION_FIGURES = {
+    "validation_vs_steps": (
+        "step",
+        "held-out loss vs steps per task, each optimizer at its tuned point, seed range",
+    ),
+    "validation_vs_cpu": (
+        "cpu_s",
+        "held-out loss vs training CPU seconds per task, each optimizer at its tuned point",
+    ),
+}
+
+
+def shipped_validation_figures(results: Path, out: Path) -> tuple[dict[str, list[Path]], list[str]]:
+    """The validation figures of the shipped set ``results/validation`` (files, index lines); none, with
+    a note, when no set is shipped. Every task of the set's config gets a panel (one without final
+    seeds says so), and the index says how much of the run the set holds."""
+    from matroots.study import plots
+    from matroots.study.validation import config, ship
+    from matroots.study.validation import figures as vfig
+
+    where = Path(results) / SHIPPED_VALIDATION
+    if not (where / "provenance.json").exists():
+        note = (
+            f"skipped {', '.join(SHIPPED_VALIDATION_FIGURES)}: no shipped validation set in {where} "
+            "(`matroots validate CONFIG --out RUN --ship results/validation`)"
+        )
+        log.warning(note)
+        return {}, [f"Note: {note}."]
+    tables = ship.load(where, repo_root=ROOT)
+    prov = ship.read_provenance(where)
+    cfg = Path(prov["config"])
+    tasks = [t.name for t in config.load_config(cfg if cfg.is_absolute() else ROOT / cfg).tasks]
+    state = "complete" if prov.get("complete") else "PARTIAL"
+    written, lines = {}, []
+    for name, (x, caption) in SHIPPED_VALIDATION_FIGURES.items():
+        fig = vfig.held_out_curves(tables["curves"], tables["protocol"], x, tasks=tasks)
+        written[name] = plots.save(fig, out, name)
+        lines.append(
+            f"* `{name}.png` / `.pdf`: {caption} (`results/{SHIPPED_VALIDATION}`, {prov['units_done']}/"
+            f"{prov['units_total']} units, {state})."
+        )
+    return written, lines
+
+
 def _validation_runs(runs_dir: Path) -> list[Path]:
     if not runs_dir.exists():
         return []
@@ -164,6 +210,10 @@ def build(
         for name, (fn, caption) in FIGURES.items():
             written[name] = plots.save(fn(df), out, name)
             index.append(f"* `{name}.png` / `.pdf`: {caption}.")
+        if shipped is not None:
+            vwritten, vlines = shipped_validation_figures(Path(shipped), out)
+            written.update(vwritten)
+            index += vlines
         vruns = _validation_runs(runs)
         if vruns:
             from matroots.study.validation import figures as vfig

@@ -712,12 +712,12 @@ def _marker(name: str, end: bool = False) -> str:
     return f"<!-- finding:{name} {'END' if end else 'BEGIN'} -->"
 
 
-def render(doc: str, generated: dict[str, str]) -> str:
+def render(doc: str, generated: dict[str, str], doc_name: str = DOC.name) -> str:
     """``doc`` with each marked block replaced by its generated text; every block must be marked."""
     for name, text in generated.items():
         pat = re.compile(re.escape(_marker(name)) + r".*?" + re.escape(_marker(name, True)), re.S)
         if not pat.search(doc):
-            raise SystemExit(f"findings: {DOC.name} has no block {_marker(name)} ... {_marker(name, True)}")
+            raise SystemExit(f"findings: {doc_name} has no block {_marker(name)} ... {_marker(name, True)}")
         doc = pat.sub(lambda _m, n=name, t=text: f"{_marker(n)}\n{t}\n{_marker(n, True)}", doc)
     return doc
 

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..figure_style import readable
+from ..figure_style import MIN_FONT_PT, _no_data, _panels, readable
 from .summary import best
 
 DTYPE_MARKERS = {"fp64": "o", "fp32": "s", "bf16": "^", "fp16": "v"}
@@ -99,14 +99,22 @@ def accuracy_vs_outcome(acc: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def held_out_curves(curves: pd.DataFrame, protocol: pd.DataFrame, x: str = "step") -> plt.Figure:
+def held_out_curves(
+    curves: pd.DataFrame, protocol: pd.DataFrame, x: str = "step", tasks: list[str] | None = None
+) -> plt.Figure:
     """The protocol's held-out loss per task against ``x`` ("step" or "cpu_s": cumulative training CPU
     seconds): each optimizer at its chosen point, median over the final seeds (line) and their range
-    (band; CPU time on the x axis is the seeds' median at each step); dashed: the target."""
+    (band; CPU time on the x axis is the seeds' median at each step); dashed: the target. Laid out two
+    panels a row, a page (16 cm) wide, one legend below; ``tasks`` (default: those in ``protocol``) may
+    name tasks without final seeds, whose panel says so."""
     fc = curves[curves["phase"] == "final"] if "phase" in curves else curves.iloc[:0]
-    tasks = sorted(protocol["task"].unique()) if len(protocol) else []
-    fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(4.8 * max(len(tasks), 1), 3.8), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=False):
+    tasks = list(tasks) if tasks is not None else (sorted(protocol["task"].unique()) if len(protocol) else [])
+    configs = list(dict.fromkeys(protocol["config"])) if len(protocol) else []
+    colour = {c: f"C{i % 10}" for i, c in enumerate(configs)}
+    fig, axes = _panels(max(len(tasks), 1), sharex=False, sharey=False, height=2.9)
+    drawn: dict[str, plt.Line2D] = {}
+    for ax, task in zip(axes, tasks, strict=False):
+        lines = 0
         for cfg in protocol.loc[protocol["task"] == task, "config"]:
             c = fc[(fc["task"] == task) & (fc["config"] == cfg)]
             if c.empty:
@@ -118,20 +126,29 @@ def held_out_curves(curves: pd.DataFrame, protocol: pd.DataFrame, x: str = "step
                 else np.asarray(sorted(c["step"].unique()), dtype=float)
             )
             med, lo, hi = g["test_loss"].median(), g["test_loss"].min(), g["test_loss"].max()
-            (line,) = ax.plot(xs, med.to_numpy(), label=cfg)
-            ax.fill_between(xs, lo.to_numpy(), hi.to_numpy(), color=line.get_color(), alpha=0.2)
+            (line,) = ax.plot(xs, med.to_numpy(), color=colour[cfg], lw=1.2, label=cfg)
+            ax.fill_between(xs, lo.to_numpy(), hi.to_numpy(), color=colour[cfg], alpha=0.2)
+            drawn.setdefault(cfg, line)
+            lines += 1
+        ax.set_title(task)
+        if not lines:
+            _no_data(ax, "final seeds not yet run")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
         tg = protocol.loc[protocol["task"] == task, "target"]
         if len(tg) and math.isfinite(float(tg.iloc[0])):
-            ax.axhline(float(tg.iloc[0]), color="k", ls="--", lw=0.8, label="target")
-        ax.set_title(task)
-        ax.set_xlabel("step" if x == "step" else "training CPU seconds (one thread)")
-        ax.set_ylabel("held-out loss (median, range over seeds)")
+            t = ax.axhline(float(tg.iloc[0]), color="k", ls="--", lw=0.8, label="target")
+            drawn.setdefault("target", t)
+        ax.set_xlabel("step" if x == "step" else "training CPU s (one thread)")
+        ax.set_ylabel("held-out loss")
         ax.set_yscale("log")
-        ax.legend(fontsize=6)
-    fig.suptitle(
-        "Held-out loss at each optimizer's tuned point" + ("" if x == "step" else ", against CPU time")
-    )
-    fig.tight_layout()
+    if drawn:
+        fig.legend(handles=list(drawn.values()), labels=list(drawn), loc="lower center", ncol=3,
+                   fontsize=MIN_FONT_PT, frameon=False, bbox_to_anchor=(0.5, 0.0))  # fmt: skip
+    rows_of_legend = -(-len(drawn) // 3)
+    fig.suptitle("Held-out loss at the tuned points" + (" vs steps" if x == "step" else " vs CPU time"))
+    fig.tight_layout(rect=(0, 0.05 * rows_of_legend, 1, 1))
     return fig
 
 
