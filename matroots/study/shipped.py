@@ -32,6 +32,7 @@ import pandas as pd
 
 from ..core.errors import MatrootsInputError
 from . import atomic, grid, provenance, runner
+from .seed_record import summarize
 
 ROWS = "rows.parquet"
 PROVENANCE = "provenance.json"
@@ -135,8 +136,6 @@ def run_summary(
     ]
     # rows seeded from a shipped set (matroots.study.seeding) were computed by the source's runs: its
     # commits, starts, dates and unit CPU / wall totals (the share of its units still seeded) count here
-    from .seeding import summarize
-
     seeded = summarize(prov, rows)
     record = {
         "commits": sorted(set(commits) | seeded.get("commits", set())),
