@@ -8,7 +8,10 @@ steps and the first step whose 20-step mean loss reaches the target: ``--target`
 W1 by default the loss every standard-blocking seed reaches (the largest of their final 20-step
 means): how many steps does shard-shaped blocking need to reach what standard blocking reaches?
 ``--task w1`` runs workload W1 (the transformer of experiments/train.py on its Markov-chain tokens,
-global batch 16, lr 1e-3) instead of the digits MLP; ``--json`` writes every curve.
+global batch 16, lr 1e-3) instead of the digits MLP; ``--json`` writes every curve. With ``--json``,
+each finished (row_shards, seed) curve is also saved at once beside it (``<json>.curves.json``, for
+the same arguments only), and a rerun with the same arguments reuses those curves: a W1 run takes
+hours on 2 cores and must survive being stopped.
 
     python experiments/fsdp_blocking.py                       # row_shards 1, 2, 4; 3 seeds, 300 steps
     python experiments/fsdp_blocking.py --block 32 --seeds 5  # blocks smaller than a shard's rows
@@ -71,6 +74,21 @@ def steps_to(losses: list[float], target: float, window: int = 20) -> int | None
     return None
 
 
+def _load_curves(cache: Path | None, sig: dict) -> dict[str, list[float]]:
+    """The curves an earlier run with the same arguments (``sig``) saved in ``cache``; else none."""
+    if cache is None or not cache.exists():
+        return {}
+    saved = json.loads(cache.read_text())
+    return dict(saved["curves"]) if saved.get("args") == sig else {}
+
+
+def _save_curves(cache: Path, sig: dict, curves: dict[str, list[float]]) -> None:
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(cache.name + ".tmp")
+    tmp.write_text(json.dumps({"args": sig, "curves": curves}))
+    tmp.replace(cache)  # atomic: a stop mid-write keeps the previous file
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", choices=["digits", "w1"], default="digits")
@@ -92,7 +110,19 @@ def main(argv: list[str] | None = None) -> dict:
     args.lr = args.lr or (1e-3 if args.task == "w1" else 3e-3)
     torch.set_num_threads(1)
     shards = sorted(set(args.row_shards) | {1})
-    curves = {r: [run(s, r, args) for s in range(args.seeds)] for r in shards}
+    cache = Path(args.json + ".curves.json") if args.json else None
+    sig = {k: v for k, v in vars(args).items() if k not in ("json", "row_shards", "seeds", "target")}
+    done = _load_curves(cache, sig)
+    curves = {}
+    for r in shards:
+        curves[r] = []
+        for s in range(args.seeds):
+            key = f"{r}:{s}"
+            if key not in done:
+                done[key] = run(s, r, args)
+                if cache is not None:
+                    _save_curves(cache, sig, done)
+            curves[r].append(done[key])
     target = args.target if args.target is not None else (0.2 if args.task == "digits" else None)
     if target is None:
         target = max(statistics.fmean(c[-20:]) for c in curves[1])
