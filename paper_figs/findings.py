@@ -722,34 +722,53 @@ def render(doc: str, generated: dict[str, str], doc_name: str = DOC.name) -> str
     return doc
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def block_cli(
+    argv: list[str] | None,
+    blocks_of: Callable[[Path], dict[str, str]],
+    *,
+    doc: Path,
+    results: Path,
+    command: str,
+    label: str,
+    description: str | None,
+) -> int:
+    """The command line of a generated page (this one, paper_figs/validation_findings.py): print the
+    blocks, ``--write`` them into ``doc`` or ``--check`` (exit 1) that ``doc`` holds them."""
+    ap = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--write", action="store_true", help="regenerate the blocks of docs/findings.md")
-    g.add_argument("--check", action="store_true", help="exit 1 when docs/findings.md is out of date")
-    ap.add_argument("--doc", type=Path, default=DOC)
-    ap.add_argument("--results", type=Path, default=RESULTS)
+    g.add_argument("--write", action="store_true", help=f"regenerate the blocks of docs/{doc.name}")
+    g.add_argument("--check", action="store_true", help=f"exit 1 when docs/{doc.name} is out of date")
+    ap.add_argument("--doc", type=Path, default=doc)
+    ap.add_argument("--results", type=Path, default=results)
     args = ap.parse_args(argv)
-    generated = blocks(args.results)
+    generated = blocks_of(args.results)
     if not (args.write or args.check):
         for name, text in generated.items():
             print(f"{_marker(name)}\n{text}\n{_marker(name, True)}\n")
         return 0
-    doc = args.doc.read_text()
-    new = render(doc, generated)
+    old = args.doc.read_text()
+    new = render(old, generated, doc_name=args.doc.name)
     if args.check:
-        if new != doc:
-            stale = [n for n, t in generated.items() if f"{_marker(n)}\n{t}\n{_marker(n, True)}" not in doc]
+        if new != old:
+            stale = [n for n, t in generated.items() if f"{_marker(n)}\n{t}\n{_marker(n, True)}" not in old]
             print(
-                f"findings: {args.doc} is out of date for block(s) {', '.join(stale)}: run `{COMMAND}`",
+                f"{label}: {args.doc} is out of date for block(s) {', '.join(stale)}: run `{command}`",
                 file=sys.stderr,
             )
             return 1
-        print(f"findings: {args.doc} matches the shipped results ({len(generated)} blocks)")
+        print(f"{label}: {args.doc} matches the shipped results ({len(generated)} blocks)")
         return 0
     args.doc.write_text(new)
-    print(f"findings: wrote {len(generated)} blocks into {args.doc}")
+    print(f"{label}: wrote {len(generated)} blocks into {args.doc}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return block_cli(
+        argv, blocks, doc=DOC, results=RESULTS, command=COMMAND, label="findings", description=__doc__
+    )
 
 
 if __name__ == "__main__":

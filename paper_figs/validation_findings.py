@@ -17,7 +17,6 @@ page holds exactly what :data:`BLOCKS` ``[NAME]`` returns (the same machinery as
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import math
@@ -349,33 +348,9 @@ def blocks(results: Path = RESULTS) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--write", action="store_true", help="regenerate the blocks of docs/validation.md")
-    g.add_argument("--check", action="store_true", help="exit 1 when docs/validation.md is out of date")
-    ap.add_argument("--doc", type=Path, default=DOC)
-    ap.add_argument("--results", type=Path, default=RESULTS)
-    args = ap.parse_args(argv)
-    generated = blocks(args.results)
-    if not (args.write or args.check):
-        for name, text in generated.items():
-            print(f"{F._marker(name)}\n{text}\n{F._marker(name, True)}\n")
-        return 0
-    doc = args.doc.read_text()
-    new = F.render(doc, generated, doc_name=args.doc.name)
-    if args.check:
-        if new != doc:
-            stale = [
-                n for n, t in generated.items() if f"{F._marker(n)}\n{t}\n{F._marker(n, True)}" not in doc
-            ]
-            print(f"validation: {args.doc} is out of date for block(s) {', '.join(stale)}: run `{COMMAND}`",
-                  file=sys.stderr)  # fmt: skip
-            return 1
-        print(f"validation: {args.doc} matches the shipped results ({len(generated)} blocks)")
-        return 0
-    args.doc.write_text(new)
-    print(f"validation: wrote {len(generated)} blocks into {args.doc}")
-    return 0
+    return F.block_cli(
+        argv, blocks, doc=DOC, results=RESULTS, command=COMMAND, label="validation", description=__doc__
+    )
 
 
 if __name__ == "__main__":
