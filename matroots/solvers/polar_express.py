@@ -355,28 +355,19 @@ class PolarExpressConfig(SpdIterationConfig):
         wdt = torch.float32 if sixteen and form == "factored" else cdt  # the iterates' format
         M0 = _start_matrix(st.A, c, st.shift, wdt)
         I = torch.eye(n, dtype=wdt).expand(b, n, n).clone()
+        if form in ("factored", "coupled"):  # one stage: the p-th root's schedule on the start's ratio
+            l0 = [max(grid_floor(r ** (1.0 / p)), MIN_L0) for r in ratio]
+            scheds = [schedule(lo, p, d, safety) for lo in l0]
         if form == "factored":
             split_below = self.split_below
             if split_below is None:
                 split_below = SPLIT_BELOW if sixteen else 0.0
-            l0 = [max(grid_floor(r ** (1.0 / p)), MIN_L0) for r in ratio]
-            scheds = [schedule(lo, p, d, safety) for lo in l0]
             out, matmuls, n_split = _run_factored(
                 M0, I, scheds, p, d, low=cdt if sixteen else None, split_below=split_below, tol=tol,
                 max_iter=max_iter, accept=accept, record_history=prob.record_history,
             )  # fmt: skip
-            X, conv, iters, reason, history = (
-                out.state[0],
-                out.converged,
-                out.iterations,
-                out.reason,
-                out.history,
-            )
-            info["schedule_steps"] = torch.tensor([len(s) - 1 for s in scheds])
             info.update(split_below=split_below, split_steps=n_split)
         elif form == "coupled":
-            l0 = [max(grid_floor(r ** (1.0 / p)), MIN_L0) for r in ratio]
-            scheds = [schedule(lo, p, d, safety) for lo in l0]
 
             def step(k: int, rows: torch.Tensor, state, M: torch.Tensor):
                 P = _polynomial(M, _coefficients(scheds, k, rows))
@@ -387,15 +378,7 @@ class PolarExpressConfig(SpdIterationConfig):
                 per_iter=d + 1 + matmul_count_power(p), record_history=prob.record_history,
                 stagnation_from=[len(s) - 1 for s in scheds],
             )  # fmt: skip
-            X, conv, iters, reason, history = (
-                out.state[0],
-                out.converged,
-                out.iterations,
-                out.reason,
-                out.history,
-            )
             matmuls = out.matmuls_each
-            info["schedule_steps"] = torch.tensor([len(s) - 1 for s in scheds])
         else:
             # stage j takes the square root of (A/c)^{1/2^j}: its singular-value variable is
             # x = (lambda/c)^{1/2^(j+1)}, whose lower end is the start's ratio to that power
@@ -436,6 +419,15 @@ class PolarExpressConfig(SpdIterationConfig):
             info["schedule_steps"] = torch.tensor(
                 [[len(s[i]) - 1 for s in stage_scheds.values()] for i in range(b)]
             )
+        if form in ("factored", "coupled"):
+            X, conv, iters, reason, history = (
+                out.state[0],
+                out.converged,
+                out.iterations,
+                out.reason,
+                out.history,
+            )
+            info["schedule_steps"] = torch.tensor([len(s) - 1 for s in scheds])
         info["l0"] = torch.tensor(l0, dtype=torch.float64)
         if "divergence" in reason:
             not_positive_definite(self.name, prob, st.A, st.shift)
