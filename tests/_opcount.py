@@ -17,3 +17,19 @@ class OpCount(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops[str(func)] += 1
         return func(*args, **(kwargs or {}))
+
+
+def count_options_built(monkeypatch) -> collections.Counter[str]:
+    """A counter whose ``["options"]`` goes up each time a ``SolveOptions`` is built (and validated),
+    for the tests that check a call reuses cached options instead of building them again."""
+    from matroots.core import options
+
+    built: collections.Counter[str] = collections.Counter()
+    post = options.SolveOptions.__post_init__
+
+    def counted(self) -> None:
+        built["options"] += 1
+        post(self)
+
+    monkeypatch.setattr(options.SolveOptions, "__post_init__", counted)
+    return built

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 from _opcount import OpCount as _Count
+from _opcount import count_options_built
 
 import matroots
-from matroots.core import options as options_mod
 from matroots.solvers.auto import AutoConfig
 from matroots.solvers.auto_table import load_table
 from matroots.solvers.kappa_estimate import EXACT_MAX_WORK, estimate_kappa
@@ -80,14 +80,7 @@ def test_a_default_auto_call_builds_no_solve_options_and_a_given_option_is_valid
     cached default SolveOptions as a direct call does (before, it built and validated one per call
     from eps / eps_mode / dtype / inverse at their defaults)."""
     A = _spd(16, torch.float64)
-    built = collections.Counter()
-    post = options_mod.SolveOptions.__post_init__
-
-    def counted(self) -> None:
-        built["options"] += 1
-        post(self)
-
-    monkeypatch.setattr(options_mod.SolveOptions, "__post_init__", counted)
+    built = count_options_built(monkeypatch)
     matroots.inverse_root(A, 2, method="auto")
     built.clear()
     matroots.inverse_root(A, 2, method="auto")

@@ -4,15 +4,12 @@ option objects (not timed: the counts are the same on every machine; issue 29 it
 
 from __future__ import annotations
 
-import collections
-
 import numpy as np
 import pytest
 import torch
-from _opcount import OpCount
+from _opcount import OpCount, count_options_built
 
 import matroots
-from matroots.core import options as options_mod
 from matroots.solvers.auto import AutoConfig
 from matroots.solvers.eigh import EighConfig
 from matroots.study import matrices
@@ -79,14 +76,7 @@ def test_auto_in_shampoos_mode_adds_no_options_object_and_no_scan_of_the_warm_st
     assert first.info["auto"]["chosen"][0].startswith("eigh")
     kw = {"trusted": True, "quiet": True, "warm_start": first.root,
           "kappa_hint": first.info["auto"]["kappa_estimate"]}  # fmt: skip
-    built = collections.Counter()
-    post = options_mod.SolveOptions.__post_init__
-
-    def counted(self) -> None:
-        built["options"] += 1
-        post(self)
-
-    monkeypatch.setattr(options_mod.SolveOptions, "__post_init__", counted)
+    built = count_options_built(monkeypatch)
     AutoConfig().solve(A, 2, **kw)
     built.clear()
     with OpCount() as c:
