@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # the test writes files; the library itself never forces a backend
 
 import pytest
+from _figfonts import record_fonts
 from _tiny_sweep import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,20 +37,10 @@ def _figures_module():
 def test_make_figures_writes_every_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MATROOTS_CACHE_DIR", str(tmp_path / "cache"))
     import matplotlib.image as mimg
-    import matplotlib.pyplot as plt
 
-    from matroots.study import figure_style, plots
+    from matroots.study import figure_style
 
-    fonts: dict[str, float] = {}
-    real_save = plots.save
-
-    def save(fig, out, name, close=True):  # the smallest font of each figure as saved
-        paths = real_save(fig, out, name, close=False)
-        fonts[name] = figure_style.min_font_size(fig)
-        plt.close(fig)
-        return paths
-
-    monkeypatch.setattr(plots, "save", save)
+    fonts = record_fonts(monkeypatch)  # the smallest font of each figure as saved
     figs = _figures_module()
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY_FIGS)

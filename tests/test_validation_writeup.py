@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")  # the test writes files; the library itself never forces a backend
 
 import pytest
+from _figfonts import record_fonts
 from _tiny_validation import tiny_protocol
 
 from matroots.study.validation import config, ship
@@ -111,20 +112,10 @@ def test_full_figures_include_the_validation_curves_readable_at_page_width(
     sets: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import matplotlib.image as mimg
-    import matplotlib.pyplot as plt
 
-    from matroots.study import figure_style, plots
+    from matroots.study import figure_style
 
-    fonts: dict[str, float] = {}
-    real_save = plots.save
-
-    def save(fig, out, name, close=True):  # the smallest font of each figure as saved
-        paths = real_save(fig, out, name, close=False)
-        fonts[name] = figure_style.min_font_size(fig)
-        plt.close(fig)
-        return paths
-
-    monkeypatch.setattr(plots, "save", save)
+    fonts = record_fonts(monkeypatch)  # the smallest font of each figure as saved
     figs = _module("figures")
     for which in ("full", "partial"):
         out = sets["tmp"] / f"figs_{which}"
