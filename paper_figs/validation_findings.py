@@ -62,6 +62,12 @@ class TaskCoverage:
     baseline_total: int
     #: config label -> tuning trials the protocol gives it on this task (0: an untuned entry)
     trials: dict[str, int]
+    #: config label -> "absent" (its package is not installed) or "failed" (every trial failed): its
+    #: tuning is done and chose nothing, so it has no final seeds to run (not counted in final_total)
+    unchosen: dict[str, str] = None
+
+    def __post_init__(self) -> None:
+        self.unchosen = dict(self.unchosen or {})
 
     @property
     def started(self) -> bool:
@@ -80,13 +86,20 @@ class TaskCoverage:
         return (
             f"**{self.task}**: {state}; tuning trials {self.tune_done}/{self.tune_total}, final seeds "
             f"{self.final_done}/{self.final_total} (AdamW's {self.baseline_done}/{self.baseline_total})."
+            + "".join(f" {lab}: {why} (no final seeds)." for lab, why in sorted(self.unchosen.items()))
         )
 
 
 def coverage(runs: pd.DataFrame, grid) -> dict[str, TaskCoverage]:
     """Per task of ``grid`` (the config the set was shipped from): units done in ``runs`` against the
-    units the protocol asks for (its tuning trials, and the final seeds of every entry, chosen or not yet)."""
+    units the protocol asks for (its tuning trials, and the final seeds of every entry, chosen or not yet).
+    An entry whose tuning is complete but chose nothing (:func:`protocol.select` status "absent": the
+    peer's package is not installed; "failed": every trial failed) has no final seeds to wait for: it is
+    named in ``unchosen`` and left out of ``final_total``."""
+    from matroots.study.validation import protocol as vprotocol
+
     n_final = len(grid.protocol.final_seeds)
+    sel = vprotocol.select(runs) if len(runs) else pd.DataFrame(columns=["task", "config", "status"])
     out = {}
     for t in grid.tasks:
         units = [u for u in grid.units() if u.task.name == t.name]
@@ -96,15 +109,23 @@ def coverage(runs: pd.DataFrame, grid) -> dict[str, TaskCoverage]:
         r = runs[runs["task"] == t.name]
         done = r.drop_duplicates("unit") if "unit" in r else r
         fin = done[done["phase"] == "final"]
+        tuned = done[done["phase"] == "tune"]
+        unchosen = {
+            row.config: row.status
+            for row in sel[(sel["task"] == t.name) & sel["status"].isin(["absent", "failed"])].itertuples()
+            if trials.get(row.config, 0) > 0
+            and int((tuned["config"] == row.config).sum()) >= trials[row.config]
+        }
         out[t.name] = TaskCoverage(
             task=t.name,
             tune_done=int((done["phase"] == "tune").sum()),
             tune_total=sum(trials.values()),
             final_done=len(fin),
-            final_total=n_final * len(labels),
+            final_total=n_final * len([lab for lab in labels if lab not in unchosen]),
             baseline_done=int((fin["optimizer"] == BASELINE).sum()),
             baseline_total=n_final * len(set(base)),
             trials=trials,
+            unchosen=unchosen,
         )
     return out
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import warnings
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,12 +33,14 @@ from _refs import (
 )
 
 import matroots
+from matroots.core.conditioning import cond_root
 
 # Estimation slack on c^p: power iteration's Rayleigh quotient underestimates lambda_max by at most
 # (lambda_2/lambda_1)^(2*20) relatively (<= 1e-7 for the spectra below, whose top ratio is <= 0.66);
 # Lanczos (exact in n <= 24 steps) is inflated by its residual bound and a 1e-6 safety factor.
 POWER_SLACK = 1e-6
 OPTIMAL_SLACK = 1e-5
+DATA = Path(__file__).parent / "data"
 
 
 def scalar_iterations(lam: np.ndarray, p: int, cp: float, tol: float, max_iter: int = 100) -> int:
@@ -297,3 +300,20 @@ def test_warm_started_forward_root_is_correct():
     assert warm.converged and warm.iterations < cold.iterations
     ref = ref_power(A1, Fraction(1, p))
     assert rel_err(warm.root, ref) <= fwd_bound(spectral_condition(A1), p, n, U["fp64"])
+
+
+def test_true_residual_catches_a_drift_hidden_by_the_product_of_norms():
+    """A non-normal matrix (kappa(V) = 8.7, eigenvalue arguments up to 0.62 pi, |lambda| 0.1-1) where
+    the coupled iteration met tol at p = 8 with an error of 1.3e-12, 21 times the cond(f, A) bound
+    (cond 39), and r = ||R||_2 / (||X||^p ||A||) = 0.3 of its floor: ||X||_2^8 = 1900 hides it. The
+    first-order floor (||R||_F <= 4 (n + 1) u phi, coupled_newton_checks) sees ||R||_F = 249 u phi.
+    Reference: mpmath.powm at 50 digits (scipy's fractional_matrix_power agrees to 1e-14)."""
+    A = np.load(DATA / "coupled_newton_residual_drift.npz")["A"]
+    res = matroots.inverse_root(torch.from_numpy(A), 8, method="coupled_newton")
+    u = U["fp64"]
+    bound = 5 * math.sqrt(8) * (cond_root(A, 8, inverse=True) + 1) * u
+    if res.converged:  # a converged claim must be within the bound
+        assert rel_err(res.root, ref_inverse_root(A, 8)) <= bound
+    else:
+        assert res.info["stop_reason"] == ["true_residual"]
+        assert float(res.info["true_residual_floor_ratio"][0]) > 4 * (8 + 1)

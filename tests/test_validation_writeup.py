@@ -99,6 +99,25 @@ def test_a_partial_set_says_so_per_task_and_names_what_is_not_yet_run(sets: dict
     assert "Not yet run (no final seeds of AdamW): lsq." in V.reading(s)
 
 
+def test_an_entry_that_chose_nothing_is_named_and_not_waited_for(sets: dict[str, Path]) -> None:
+    """An absent peer (package not installed: every trial 'Unavailable') or an entry whose every trial
+    failed has no final seeds to run; the task is complete without them and the line names the entry.
+    Until its tuning is done it is still waited for."""
+    grid = config.load_config(sets["tmp"] / "ptiny.toml")
+    runs = V.load(sets["full"]).runs
+    soap = runs["config"] == "heavyball_soap"
+    for why, failure in (("absent", "Unavailable"), ("failed", "Diverged")):
+        cut = runs[~(soap & (runs["phase"] == "final"))].copy()
+        cut.loc[cut["config"] == "heavyball_soap", "failure"] = failure
+        cov = V.coverage(cut, grid)["digits"]
+        assert cov.complete and cov.unchosen == {"heavyball_soap": why}
+        assert cov.final_total == 3 * len(grid.protocol.final_seeds)  # adamw, shampoo-eigh, soap-published
+        assert f"heavyball_soap: {why} (no final seeds)." in cov.line()
+        one_trial = cut[~((cut["config"] == "heavyball_soap") & (cut["trial"] == cut["trial"].max()))]
+        cov = V.coverage(one_trial, grid)["digits"]  # a trial not yet run: maybe it succeeds
+        assert not cov.complete and cov.unchosen == {}
+
+
 def test_no_shipped_set_says_not_yet_shipped(tmp_path: Path) -> None:
     blocks = V.blocks(tmp_path)
     assert all(t.startswith("_Not yet shipped") for t in blocks.values())
