@@ -59,7 +59,14 @@ import torch
 
 from ..core import arguments, precision
 from ..core.errors import InvalidArgumentError, MatrootsNumericalError
-from ..core.inputs import all_finite, check_shape, parse_exponent, to_tensor
+from ..core.inputs import (
+    all_finite,
+    check_shape,
+    default_symmetry_tol,
+    parse_exponent,
+    symmetry_defect,
+    to_tensor,
+)
 from ..core.options import SolveOptions
 from ..core.psd import check_policy, floor_level
 from ..core.result import RootResult
@@ -642,11 +649,7 @@ class AutoConfig(SolverConfig):
     def _symmetric(flat: torch.Tensor, source: torch.dtype) -> bool:
         if torch.equal(flat, flat.mT):  # exactly symmetric (the common case): one comparison
             return True
-        f64 = flat.to(torch.float64)
-        nrm = torch.linalg.matrix_norm(f64).clamp_min(1e-300)
-        defect = torch.linalg.matrix_norm(f64 - f64.mT) / nrm
-        tol = 100 * math.sqrt(f64.shape[-1]) * precision.unit_roundoff(source)
-        return bool((defect <= tol).all())
+        return bool((symmetry_defect(flat) <= default_symmetry_tol(flat, source)).all())  # the solvers' rule
 
     @staticmethod
     def _hint(kappa_hint: Any, b: int) -> list[float] | None:

@@ -36,7 +36,7 @@ class EighConfig(SolverConfig):
             ``"pseudo_inverse"``: eigenvalues ``<= max(atol, rtol*lambda_max)`` are dropped (their
             eigen-directions get 0 in the root).
         atol, rtol: the threshold above; ``rtol=None`` means n * u of the compute dtype.
-        symmetry_tol: tolerance on ||A - A^T||_F / ||A||_F; None means 100 sqrt(n) u of the input.
+        symmetry_tol: tolerance on ||A - A^T||_F / ||A||_F; None means 10 sqrt(n) u of the input (core.inputs.default_symmetry_tol).
 
     Autograd: when A requires grad (and grad mode is on) the root carries a graph back to A, with the
     Daleckii-Krein derivative (:mod:`.eigh_autograd`), finite for repeated eigenvalues; supported for
