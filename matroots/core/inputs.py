@@ -329,8 +329,8 @@ def max_abs(t: torch.Tensor) -> float:
     """
     if t.numel() == 0:
         return 0.0
-    lo, hi = torch.aminmax(t.detach())
-    lo_f, hi_f = float(lo), float(hi)
+    lo, hi = torch.aminmax(t.detach() if t.requires_grad else t)
+    lo_f, hi_f = lo.tolist(), hi.tolist()  # Python floats, read without a dispatched operation
     if math.isnan(lo_f) or math.isnan(hi_f):
         return math.nan
     return max(-lo_f, hi_f)

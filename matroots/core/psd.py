@@ -250,7 +250,10 @@ def report(info: dict[str, Any], b: int) -> None:
     if psd is None and isinstance(eps, torch.Tensor) and eps.dtype == torch.float64 and eps.numel() == b:
         # no psd shift (policy "none"): the sum below is eps_abs + 0, i.e. eps_abs itself (a fresh
         # (b,) float64 CPU tensor, the same values), in one operation instead of seven
-        info["regularisation_abs"] = eps.detach().to("cpu", copy=True).reshape(b)
+        if eps.device.type == "cpu" and eps.shape == (b,) and not eps.requires_grad:
+            info["regularisation_abs"] = eps.clone()  # already one: a copy is all it takes
+        else:
+            info["regularisation_abs"] = eps.detach().to("cpu", copy=True).reshape(b)
         return
     info["regularisation_abs"] = torch.tensor(info_per_element(psd, b), dtype=torch.float64) + torch.tensor(
         info_per_element(eps, b), dtype=torch.float64

@@ -34,8 +34,8 @@ class RawResult:
     # (b,) bool: where the method returned the root of a prescaled problem already in the caller's
     # units (None: nowhere; _finalise rescales the other elements)
     in_caller_units: torch.Tensor | None = None
-    # (b,) bool, all True: the method proved every root finite (None: _finalise tests the root)
-    finite: torch.Tensor | None = None
+    # True: the method proved every root finite (False or None: _finalise tests the root)
+    finite: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -157,11 +157,12 @@ class SolverConfig:
         root = root.to(prob.dtype)
         amax = None
         every_finite = False  # known without another look: every root finite
-        if self.range_on_eigenvalues and raw.finite is not None and bool(raw.finite.all()):
-            finite, every_finite = raw.finite, True
+        finite: torch.Tensor | None = None  # (b,) bool, where not every root is known finite
+        if self.range_on_eigenvalues and raw.finite:
+            every_finite = True
         elif self.range_on_eigenvalues:
             if all_finite(root):
-                finite, every_finite = torch.ones(root.shape[0], dtype=torch.bool), True
+                every_finite = True
             else:
                 finite = torch.isfinite(root).flatten(1).all(-1)
         else:  # max|X| per matrix: the finiteness test (NaN and inf propagate) and the range check

@@ -70,7 +70,8 @@ class EighConfig(SolverConfig):
     def _working_matrix(self, prob: Problem) -> tuple[torch.Tensor, dict]:
         """The validated symmetric part of the input in the LAPACK compute format, and the info notes."""
         A_sym, defect = symmetric_input(prob)  # trusted input (SolveOptions.trusted) is used as given
-        require_symmetric(prob.A, self.name, prob.symmetry_tol(self.symmetry_tol), defect=defect)
+        if A_sym is not prob.A:  # prob.A itself comes back only with a zero defect: nothing to read
+            require_symmetric(prob.A, self.name, prob.symmetry_tol(self.symmetry_tol), defect=defect)
         info: dict = {}
         cdtype = precision.lapack_dtype(prob.compute_dtype)
         if cdtype != prob.compute_dtype:
@@ -95,19 +96,35 @@ class EighConfig(SolverConfig):
         wr: w plus the psd and eps shifts; f = the root's eigenvalues under the rank policy (wr^e with
         e = -+1/p); active: where f is the power function itself (None: everywhere, rank_policy
         'perturb'; else False on clamped or dropped eigenvalues). Records lambda_min/max, eps_abs and
-        the rank-policy counts in ``info``; raises as eigh does.
+        the rank-policy counts in ``info``; raises as eigh does (:meth:`_root_spectrum`).
+        """
+        sp = self._root_spectrum(prob, w, info, inverse=inverse)
+        return sp.wr, sp.f, sp.e, sp.psd_shift, sp.active
+
+    def _root_spectrum(
+        self, prob: Problem, w: torch.Tensor, info: dict, *, inverse: bool, w_finite: bool = False
+    ) -> _Spectrum:
+        """:meth:`_root_eigenvalues` with what its checks read on the way (:class:`_Spectrum`: the
+        ends of wr and log2 max f), for ``_run``'s domain and finiteness tests. ``w_finite``: the
+        caller proved every w finite (:func:`eigh_checked`'s fp32 test), so it is not scanned again.
+
+        Each check reads its numbers once: the ends of the spectrum (lambda_min/max, the ends of the
+        matrix solved) come from one (b, 2) float64 copy, read to Python floats in one ``tolist``
+        (the sign test of 'perturb' and the domain margin are decided there, no small tensors).
         """
         cdtype = w.dtype
         active = None
         s = prob.prescale  # report in the user's units (fp16 inputs are pre-scaled by s)
-        if not all_finite(w):  # the spectrum itself, before any shift
+        if not w_finite and not all_finite(w):  # the spectrum itself, before any shift
             k = int((~torch.isfinite(w).all(-1)).sum())
             raise EigensolverError(
                 f"eigh: the computed spectrum has non-finite eigenvalues for {k} of {w.shape[0]} finite "
                 f"matrices ({precision.info(cdtype).name}) and the eigensolver reported no error"
             )
-        lmin, lmax = w[..., 0].double(), w[..., -1].double()
+        ends = _ends(w)  # (b, 2) float64: exact copies of w[..., 0] and w[..., -1]
+        lmin, lmax = ends[..., 0], ends[..., 1]
         psd_shift = psd_policy.eigenvalue_shift(prob, w)
+        shifted = psd_shift is not None or prob.eps > 0
         if psd_shift is not None:
             w = w + psd_shift.to(device=w.device, dtype=w.dtype).unsqueeze(-1)
         if prob.eps > 0:
@@ -119,15 +136,16 @@ class EighConfig(SolverConfig):
             lmin, lmax, shift = lmin / s, lmax / s, shift / s
         info.update(lambda_min=lmin, lambda_max=lmax, eps_abs=shift)
         e = -1.0 / float(prob.p) if inverse else 1.0 / float(prob.p)
-        if not all_finite(wr):
+        if shifted and not all_finite(wr):  # unshifted, wr is w, finite already
             raise FormatRangeError(
                 f"eigh: an eigenvalue plus the eps shift (eps_abs={float(shift.max()):.3e}) overflows "
                 f"{precision.info(cdtype).name}; use a smaller eps or a wider dtype"
             )
+        wr_ends = _ends(wr) if shifted else ends
+        solved_ends = wr_ends.tolist()  # [[wr_min, wr_max], ...] as Python floats (float64, exact)
         if self.rank_policy == "perturb":
-            bad = wr[..., 0] <= 0
-            if bool(bad.any()):
-                worst = float(wr[..., 0].min()) / s
+            if any(lo <= 0 for lo, _ in solved_ends):
+                worst = min(lo for lo, _ in solved_ends) / s
                 raise NotPositiveDefiniteError(
                     f"matrix is not positive definite after regularisation: smallest eigenvalue "
                     f"{worst:.3e} (eps_abs={float(shift.max()):.3e}, dtype {precision.info(prob.dtype).name}); "
@@ -136,17 +154,18 @@ class EighConfig(SolverConfig):
             f = _pow_rows(wr, e)
             # the spectrum of the matrix actually solved (psd shift and eps included), user units:
             # its condition number for diagnostics (shampoo) without another pass over the matrix
-            solved = wr[..., [0, -1]].double()
-            if s != 1.0:
-                solved = solved / s
-            info.update(solved_lambda_min=solved[..., 0], solved_lambda_max=solved[..., 1])
+            if not shifted and s == 1.0:
+                info.update(solved_lambda_min=lmin, solved_lambda_max=lmax)  # the same numbers
+            else:
+                solved = wr_ends / s if s != 1.0 else wr_ends
+                info.update(solved_lambda_min=solved[..., 0], solved_lambda_max=solved[..., 1])
         else:
             rtol = self.rtol if self.rtol is not None else prob.n * precision.unit_roundoff(cdtype)
             thresh = torch.clamp(rtol * wr[..., -1:].abs(), min=self.atol * prob.prescale)
-            if self.rank_policy == "clamp" and self.atol <= 0 and bool((wr[..., -1] <= 0).any()):
+            if self.rank_policy == "clamp" and self.atol <= 0 and any(hi <= 0 for _, hi in solved_ends):
                 raise NotPositiveDefiniteError(
                     f"rank_policy='clamp' has nothing to clamp to: the largest eigenvalue is "
-                    f"{float(wr[..., -1].min()) / prob.prescale:.3e} <= 0 and atol=0; pass atol > 0 "
+                    f"{min(hi for _, hi in solved_ends) / prob.prescale:.3e} <= 0 and atol=0; pass atol > 0 "
                     "or use rank_policy='pseudo_inverse'"
                 )
             if self.rank_policy == "clamp":
@@ -162,8 +181,8 @@ class EighConfig(SolverConfig):
                 if not inverse:
                     f = torch.where(keep, _pow_rows(wr.clamp_min(0), e), torch.zeros_like(wr))
         powered = active if self.rank_policy == "pseudo_inverse" else True  # its zeros are dropped ones
-        _check_root_spectrum(wr, f, e, cdtype, prob, powered)
-        return wr, f, e, psd_shift, active
+        top = _check_root_spectrum(wr, f, e, cdtype, prob, powered)
+        return _Spectrum(wr, f, e, psd_shift, active, solved_ends, top)
 
     def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
         if prob.grad_source is not None and self.rank_policy != "perturb":
@@ -173,9 +192,13 @@ class EighConfig(SolverConfig):
             )
         A, info = self._working_matrix(prob)
         w, Q = self._eigh(A, info)
-        wr, f, e, psd_shift, _ = self._root_eigenvalues(prob, w, info, inverse=inverse)
+        # eigh_checked tested every fp32 eigenvalue and eigenvector (their sum is finite) unless it
+        # retried in fp64
+        checked = Q.dtype == torch.float32 and "eigh_retry_fp64" not in info
+        sp = self._root_spectrum(prob, w, info, inverse=inverse, w_finite=checked)
+        wr, f, e, psd_shift = sp.wr, sp.f, sp.e, sp.psd_shift
         converged = torch.ones(prob.A.shape[0], dtype=torch.bool)
-        if inverse and self.rank_policy == "perturb":
+        if inverse and self.rank_policy == "perturb" and near_singular(prob, A.dtype, sp.solved_ends):
             shift = info["eps_abs"].to(torch.float64) * prob.prescale  # prescaled units (2^k: exact)
             if psd_shift is not None:
                 shift = shift + psd_shift.reshape(-1).to(torch.float64)
@@ -188,11 +211,12 @@ class EighConfig(SolverConfig):
         if prob.grad_source is None:
             sq, folded = root_eigenvalue_sqrt(prob, wr, f, e, inverse)
             # Proved finite, with no pass over X, for fp32: eigh_checked tested Q's entries (no fp64
-            # retry ran) and every sqrt(f c) is finite, so |X_ij| <= max f c, here <= half the max
-            certified = (
-                Q.dtype == torch.float32
-                and "eigh_retry_fp64" not in info
-                and 2.0 * float(_log2_top(sq).max()) <= math.log2(torch.finfo(sq.dtype).max) - 1
+            # retry ran) and every sqrt(f c) is finite, so |X_ij| <= max f c, here <= half the max.
+            # Unfolded (c = 1), sqrt(f) rounds to at most sqrt(f) (1 + u): max f <= max / 4 (the log2
+            # the range check read) gives max sqrt(f)^2 <= max / 2 with no second look at f
+            log2_max = math.log2(torch.finfo(sq.dtype).max)
+            certified = checked and (
+                sp.top <= log2_max - 2 if folded is None else 2.0 * float(_log2_top(sq).max()) <= log2_max - 1
             )
             W = Q.mul_(sq.unsqueeze(-2))
             X = torch.bmm(W, W.mT)  # the kernel W @ W.mT calls for (b, n, n) operands, dispatched directly
@@ -211,13 +235,44 @@ class EighConfig(SolverConfig):
         return RawResult(
             root=X,
             in_caller_units=folded,
-            finite=torch.ones(b, dtype=torch.bool) if certified else None,
+            finite=certified,
             converged=converged,
             iterations=torch.zeros(b, dtype=torch.int64),
             residual=torch.full((b,), float("nan"), dtype=torch.float64),
             matmuls=1.0,
             info=info,
         )
+
+
+@dataclass(slots=True)
+class _Spectrum:
+    """What :meth:`EighConfig._root_spectrum` computed: wr, f, e, psd_shift, active as in
+    :meth:`EighConfig._root_eigenvalues`; ``solved_ends``: [wr_min, wr_max] per element (Python floats,
+    prescaled units); ``top``: max over the batch of log2 max f (:func:`_check_root_spectrum`)."""
+
+    wr: torch.Tensor
+    f: torch.Tensor
+    e: float
+    psd_shift: torch.Tensor | None
+    active: torch.Tensor | None
+    solved_ends: list[list[float]]
+    top: float
+
+
+def _ends(w: torch.Tensor) -> torch.Tensor:
+    """(b, 2) float64 [w[..., 0], w[..., -1]] of ascending rows w (b, n): one strided view and one copy."""
+    n = w.shape[-1]
+    return (w[..., :: n - 1] if n > 1 else w.expand(*w.shape[:-1], 2)).double()
+
+
+def near_singular(prob: Problem, lapack: torch.dtype, solved_ends: list[list[float]]) -> bool:
+    """Whether some element needs :func:`flag_singular`'s test: its test ``wr_min <= delta + err``
+    (delta = u lambda_max, :func:`~matroots.solvers.spd_start.domain_margin`; err = n u_lapack
+    lambda_max) on the ends as Python floats, the same float64 roundings as its tensors; ``lapack``:
+    the format eigh ran in. False (the common case) decides it without a small tensor."""
+    err_rate = prob.n * precision.unit_roundoff(lapack)
+    u = max(precision.unit_roundoff(prob.dtype), precision.unit_roundoff(prob.compute_dtype))
+    return any(lo <= u * hi + err_rate * hi for lo, hi in solved_ends)
 
 
 def flag_singular(
@@ -281,8 +336,7 @@ def eigh_checked(A: torch.Tensor, info: dict) -> tuple[torch.Tensor, torch.Tenso
         return w.float(), Q.float()
     if cdtype != torch.float32:
         return w, Q
-    sums = w.sum(-1) + Q.sum(dim=(-2, -1))  # finite exactly where w and Q are (or the sum overflowed)
-    if math.isfinite(float(sums.sum())):
+    if math.isfinite((w.sum() + Q.sum()).tolist()):  # finite exactly where w and Q are (or it overflowed)
         return w, Q
     bad = ~(torch.isfinite(w).all(-1) & torch.isfinite(Q.sum(dim=(-2, -1))))
     if bool(bad.any()):
@@ -383,25 +437,33 @@ def _check_root_spectrum(
     cdtype: torch.dtype,
     prob: Problem,
     powered: torch.Tensor | bool,
-) -> None:
-    """FormatRangeError when the root's eigenvalues f overflow or all underflow ``cdtype``.
+) -> float:
+    """FormatRangeError when the root's eigenvalues f overflow or all underflow ``cdtype``; returns
+    the largest log2 max f of the batch (read once, for the caller's finiteness proof).
 
     X = Q diag(f) Q^T has |X_ij| <= max f, so max f decides the range (:func:`_log2_top`): an
     overflowing f reads inf, and an underflowing one 0, which where the eigenvalue was ``powered``
     (not zeroed by the rank policy) is an underflow: a zero root would otherwise be returned as
-    converged (before, (4 I)^(-1/0.01) came back as 0, converged).
+    converged (before, (4 I)^(-1/0.01) came back as 0, converged). The b logs are read to Python
+    floats once: when their sum is finite every row's max is positive and finite (the fast path of
+    :func:`_log2_top`, the same values), else :func:`_log2_top` reads the rows entrywise.
     """
     fmt = precision.info(cdtype)
-    top = _log2_top(f, powered)
-    lo, hi = (float(v) for v in torch.aminmax(top))
+    g = f.detach() if f.requires_grad else f
+    tops = g.amax(dim=-1).double().log2().tolist()  # NaN, inf and 0 maxima: non-finite logs
+    if not math.isfinite(sum(tops)):
+        tops = _log2_top(f, powered).tolist()
+    hi = max(tops)
     if hi > math.log2(fmt.max):
         worst = float(wr[..., 0].min()) / prob.prescale
         raise FormatRangeError(
             f"eigh: the root's eigenvalues (lambda + eps)^({e:.4g}) overflow {fmt.name} (smallest shifted "
             f"eigenvalue {worst:.3e}); increase eps or use a wider dtype"
         )
-    if lo < math.log2(fmt.tiny) and bool(((top < math.log2(fmt.tiny)) & (top > -math.inf)).any()):
+    tiny = math.log2(fmt.tiny)
+    if any(-math.inf < t < tiny for t in tops):
         raise FormatRangeError(
             f"eigh: the root's eigenvalues (lambda + eps)^({e:.4g}) all underflow {fmt.name} (below "
             f"{fmt.tiny:.3e}); use a wider dtype"
         )
+    return hi
