@@ -254,8 +254,11 @@ def test_forward_root_and_warm_start_path(toy_table: str) -> None:
     assert res.info["auto"]["kappa_source"].startswith("eigenvalues of the matrix solved")
     assert res.info["auto"]["estimate_matmuls"] == 0.0
     assert res.info["auto"]["kappa_estimate"][0] == pytest.approx(1e3, rel=1e-9)
-    # the estimate from a previous root (taken where kappa decides: inside the table)
-    ke = estimate_kappa(torch.from_numpy(big).reshape(1, 80, 80), previous_root=prev.root, p=2.0)
+    # the estimate from a previous root (taken where kappa decides: inside the table), for a matrix
+    # past the exact estimate's size (b n^3 > EXACT_MAX_WORK = 192^3)
+    big = _spd(1e3, n=200)
+    prev = matroots.inverse_root(big, 2, "eigh")
+    ke = estimate_kappa(torch.from_numpy(big).reshape(1, 200, 200), previous_root=prev.root, p=2.0)
     assert ke.source.startswith("previous root")
     assert ke.kappa[0] == pytest.approx(1e3, rel=0.6)
 

@@ -36,7 +36,7 @@ def _ops(fn) -> collections.Counter[str]:
     return c.ops
 
 
-@pytest.mark.parametrize("n", [16, 128])  # the exact estimate (b n^3 <= 64^3) and the iterative one
+@pytest.mark.parametrize("n", [16, 128, 256])  # the exact estimate (b n^3 <= 192^3) and the iterative one
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_auto_adds_only_its_kappa_estimate_and_a_few_checks(n: int, dtype: torch.dtype) -> None:
     """auto = the chosen solver's operations + one kappa estimate + at most OWN_OPS: before, it added a
@@ -63,7 +63,7 @@ def test_the_kappa_estimate_costs_a_known_number_of_operations(dtype: torch.dtyp
     the Rayleigh quotients are formed once, after the last step."""
     small = _spd(16, dtype).reshape(1, 16, 16)
     assert sum(_ops(lambda: estimate_kappa(small)).values()) <= 5
-    big = _spd(128, dtype).reshape(1, 128, 128)
+    big = _spd(256, dtype).reshape(1, 256, 256)  # past EXACT_MAX_WORK: the iterative estimate
     base = sum(_ops(lambda: estimate_kappa(big, power_iters=1, inverse_iters=1)).values())
     for power, inverse in ((8, 4), (4, 2), (2, 3)):
         got = sum(
