@@ -34,7 +34,7 @@ import torch
 
 import matroots
 from matroots.solvers import auto_table as table
-from matroots.solvers.auto import AutoConfig
+from matroots.solvers.auto_candidates import candidate
 from matroots.study import matrices
 from matroots.study.tuning import cost
 from matroots.truth import reference
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                             continue
                         meeting = {}
                         for label in candidates:
-                            cfg, sopts = AutoConfig._candidate(shipped, label)
+                            cfg, sopts = candidate(shipped, label)
                             try:
                                 c, r = measured_cost(cfg, A, 2, dtype, sopts)
                             except matroots.MatrootsError:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                             if r.all_converged and err <= target:
                                 meeting[label] = c
                         chosen = res.info["auto"]["chosen"][0]
-                        cfg, sopts = AutoConfig._candidate(shipped, chosen)
+                        cfg, sopts = candidate(shipped, chosen)
                         c_chosen, _ = measured_cost(cfg, A, 2, dtype, sopts)
                         best = min(meeting, key=meeting.get) if meeting else "none"
                         ratio = c_chosen / meeting[best] if meeting else math.nan

@@ -36,13 +36,14 @@ from torch import nn
 
 import shampoo
 from matroots.solvers.auto import AutoConfig
+from matroots.solvers.auto_candidates import candidate
 from matroots.solvers.auto_table import load_table
 from matroots.study import matrices
 
 
 def _chosen(auto: AutoConfig, A: torch.Tensor, **kw: object) -> tuple[object, dict]:
     res = auto.solve(A, 2, **kw)
-    return AutoConfig._candidate(load_table(), res.info["auto"]["chosen"][0])
+    return candidate(load_table(), res.info["auto"]["chosen"][0])
 
 
 def direct(n: int, calls: int) -> dict[str, float]:

@@ -63,11 +63,11 @@ def _per_call(fn, reps: int) -> tuple[float, float]:
 
 def _auto_pair(A: torch.Tensor, p: int) -> tuple[object, str]:
     """method="auto" on A and a callable of the configuration it chose (same solve options)."""
-    from matroots.solvers.auto import AutoConfig
+    from matroots.solvers.auto_candidates import candidate
     from matroots.solvers.auto_table import load_table
 
     label = matroots.inverse_root(A, p, method="auto").info["auto"]["chosen"][0]
-    cfg, sopts = AutoConfig._candidate(load_table(), label)
+    cfg, sopts = candidate(load_table(), label)
     return (lambda: cfg.solve(A, p, **sopts)), label
 
 

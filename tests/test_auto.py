@@ -16,7 +16,8 @@ import torch
 
 import matroots
 from matroots.solvers import auto_table as table
-from matroots.solvers.auto import AutoConfig, TargetWarning, default_target
+from matroots.solvers.auto import AutoConfig
+from matroots.solvers.auto_targets import TargetWarning, default_target
 from matroots.solvers.kappa_estimate import estimate_kappa
 from matroots.study import matrices
 from matroots.study.tuning.select import TABLE_COLUMNS

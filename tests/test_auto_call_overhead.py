@@ -14,7 +14,7 @@ from _opcount import OpCount as _Count
 from _opcount import count_options_built
 
 import matroots
-from matroots.solvers.auto import AutoConfig
+from matroots.solvers.auto_candidates import candidate
 from matroots.solvers.auto_table import load_table
 from matroots.solvers.kappa_estimate import EXACT_MAX_WORK, estimate_kappa
 from matroots.study import matrices
@@ -44,7 +44,7 @@ def test_auto_adds_only_its_kappa_estimate_and_a_few_checks(n: int, dtype: torch
     operations around the eigenvalues (36 extra at n = 16, 175 at n = 128)."""
     A = _spd(n, dtype)
     res = matroots.inverse_root(A, 2, method="auto")
-    cfg, sopts = AutoConfig._candidate(load_table(), res.info["auto"]["chosen"][0])
+    cfg, sopts = candidate(load_table(), res.info["auto"]["chosen"][0])
     auto = _ops(lambda: matroots.inverse_root(A, 2, method="auto"))
     chosen = _ops(lambda: cfg.solve(A, 2, **sopts))
     estimate = _ops(lambda: estimate_kappa(A.reshape(1, n, n)))

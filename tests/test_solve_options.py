@@ -210,8 +210,8 @@ def test_shampoo_reads_declared_warm_start() -> None:
 
 def test_per_candidate_solve_options_are_solve_options() -> None:
     """The options a sweep or tuned candidate may fix per solver are a subset of the one definition."""
-    from matroots.solvers import auto
+    from matroots.solvers import auto_candidates
     from matroots.study import grid
 
     assert set(grid.SOLVE_OPTIONS) <= set(SolveOptions.names())
-    assert set(auto.SOLVE_OPTIONS) <= set(SolveOptions.names())
+    assert set(auto_candidates.SOLVE_OPTIONS) <= set(SolveOptions.names())
