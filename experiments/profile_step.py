@@ -64,9 +64,9 @@ STEP_PHASES = [
     ("shampoo.engine", "compute_roots", "root round"),
     ("shampoo.preconditioner", "BlockBucket.directions", "step: directions (precondition, graft)"),
     ("shampoo.engine", "GroupEngine.scatter", "step: scatter directions"),
-    ("shampoo.optimizer", "Shampoo._apply", "step: parameter update"),
+    ("shampoo.update", "apply_directions", "step: parameter update"),
     # the update straight from the buckets: weight decay here, the adds in "scatter directions"
-    ("shampoo.optimizer", "Shampoo._apply_from_buckets", "step: parameter update"),
+    ("shampoo.update", "apply_from_buckets", "step: parameter update"),
     ("shampoo.engine", "GroupEngine.finite_directions", "step: direction finiteness"),
 ]
 ROOT_PHASES = [

@@ -20,7 +20,7 @@ from .config import (
     RMSpropGrafting,
     SGDGrafting,
 )
-from .diagnostics import BlockDiagnostics, FactorDiagnostics
+from .diagnostics import BlockDiagnostics, FactorDiagnostics, StepTiming
 from .distributed import DDPConfig
 from .errors import (
     FactorResetWarning,
@@ -35,7 +35,7 @@ from .errors import (
 )
 from .fsdp import FSDPConfig
 from .implementation import ShampooImplementation
-from .optimizer import Shampoo, StepTiming
+from .optimizer import Shampoo
 from .transforms.soap import SOAP
 
 __all__ = [

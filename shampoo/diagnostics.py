@@ -1,4 +1,4 @@
-"""Per-block root diagnostics, and dumps of the factor matrices for the accuracy studies.
+"""Per-block root diagnostics, the step's timing (:class:`StepTiming`), and dumps of the factor matrices for the accuracy studies.
 
 Factor dumps use the layout documented in :mod:`matroots.core.factor_dump` (version 1, read by
 ``matroots.core.factor_dump.load_shampoo_factors``): ``<dump_dir>/factors_step{step:07d}.npz`` with float64
@@ -146,4 +146,57 @@ def dump_factors(
     return out
 
 
-__all__ = ["BlockDiagnostics", "FactorDiagnostics", "block_diagnostics", "dump_factors", "to_frame"]
+@dataclass
+class StepTiming:
+    """Cumulative wall time of :meth:`Shampoo.step` and of its root computations."""
+
+    steps: int = 0
+    step_seconds: float = 0.0
+    root_seconds: float = 0.0
+    root_rounds: int = 0
+    roots_computed: int = 0
+    #: ``root_schedule="async"``: of ``root_seconds``, the time the step waited for background rounds
+    #: (the rest is preparing and installing them); and the rounds' own time on the background thread
+    root_wait_seconds: float = 0.0
+    root_background_seconds: float = 0.0
+
+    def reset(self) -> None:
+        self.steps, self.step_seconds, self.root_seconds, self.root_rounds, self.roots_computed = (
+            0,
+            0.0,
+            0.0,
+            0,
+            0,
+        )
+        self.root_wait_seconds = self.root_background_seconds = 0.0
+
+    @property
+    def root_share(self) -> float:
+        return self.root_seconds / self.step_seconds if self.step_seconds else 0.0
+
+    def add_pipeline(self, now: tuple[float, float, float], before: tuple[float, float, float]) -> None:
+        """Training-thread time on background rounds (``root_schedule="async"``) since ``before``:
+        (preparing and installing, waiting, background), as :meth:`shampoo.root_pipeline.RootPipeline.seconds`
+        counts them."""
+        fg, wait, bg = (a - b for a, b in zip(now, before, strict=True))
+        self.root_seconds += fg + wait
+        self.root_wait_seconds += wait
+        self.root_background_seconds += bg
+
+    def add_round(self, seconds: float | None, factors: int) -> None:
+        """One root round of ``factors`` roots; ``seconds``: its time when computed in the step
+        (None: counted by :meth:`add_pipeline`)."""
+        if seconds is not None:
+            self.root_seconds += seconds
+        self.root_rounds += 1
+        self.roots_computed += factors
+
+
+__all__ = [
+    "BlockDiagnostics",
+    "FactorDiagnostics",
+    "StepTiming",
+    "block_diagnostics",
+    "dump_factors",
+    "to_frame",
+]

@@ -235,7 +235,7 @@ class GroupEngine:
         """Write s_j D_j into the direction views of the parameters (the inverse of :meth:`gather`).
 
         ``alpha``: add alpha s_j D_j to the views instead (the parameters themselves: the update
-        applied straight from the bucket, see :meth:`shampoo.Shampoo._apply_from_buckets`), one
+        applied straight from the bucket, see :func:`shampoo.update.apply_from_buckets`), one
         ``add_``/``addcmul_`` per tiled parameter. ``skip``: parameters left untouched.
         """
         bucket, members = self.buckets[bi], self.members[bi]

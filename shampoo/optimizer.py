@@ -24,98 +24,53 @@ Per param group, one step is (Gupta et al. 2018; Anil et al. 2020; Shi et al. 20
    tested by a pass.
 
 Stages 2-4 run only on blocks this process owns (:meth:`Shampoo._owns`); in a single process it owns
-all of them.
+all of them. Beside this module: the constructor's argument checks (:mod:`shampoo.arguments`), stage 6
+(:mod:`shampoo.update`), the state dict's packing, checks and key matching (:mod:`shampoo.state_dict`)
+and the step's timing (:class:`shampoo.diagnostics.StepTiming`).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import time
-import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .blocking import BlockSpec
-from .config import (
-    CONFIG_KEYS,
-    DiagnosticsConfig,
-    FailurePolicy,
-    GroupOptions,
-    config_to_dict,
-    normalise_group,
-)
-from .diagnostics import BlockDiagnostics, block_diagnostics, dump_factors, to_frame
-from .distributed import BlockSharding, DDPConfig
-from .engine import BucketDirections, GroupEngine, state_dtype
-from .errors import InvalidShampooArgumentError, NonFiniteGradientWarning, ShampooError, StateDictError
-from .fsdp import FSDPConfig, FSDPSharding
-from .implementation import ShampooImplementation, resolve_implementation
-from .optim_compat import (
+from . import update
+from .arguments import (
     IMPL_FLAGS,
+    check_async_preconditioner,
+    check_diagnostics,
+    check_distributed,
+    check_group_params,
     check_impl_flags,
-    check_state_dict,
-    loaded_group,
-    match_keys,
     unknown_option_error,
 )
-from .root_pipeline import GroupRounds, RootPipeline, RootStatus, check_schedule, check_schedule_state
-from .state import ParamState, flatten, plan_restore
+from .blocking import BlockSpec
+from .config import DiagnosticsConfig, FailurePolicy, GroupOptions, normalise_group
+from .diagnostics import BlockDiagnostics, StepTiming, block_diagnostics, dump_factors, to_frame
+from .distributed import BlockSharding, DDPConfig
+from .engine import BucketDirections, GroupEngine
+from .errors import ShampooError
+from .fsdp import FSDPConfig, FSDPSharding
+from .implementation import ShampooImplementation, resolve_implementation
+from .root_pipeline import GroupRounds, RootPipeline, RootStatus, check_schedule
+from .state_dict import (
+    check_state_dict,
+    gathered_schedule,
+    loaded_group,
+    pack_groups,
+    param_state,
+    restore_plans,
+    saved_step,
+    split_saved,
+)
 from .transforms.kronecker import statistics_updates
 
 log = logging.getLogger("shampoo")
-
-
-@dataclass
-class StepTiming:
-    """Cumulative wall time of :meth:`Shampoo.step` and of its root computations."""
-
-    steps: int = 0
-    step_seconds: float = 0.0
-    root_seconds: float = 0.0
-    root_rounds: int = 0
-    roots_computed: int = 0
-    #: ``root_schedule="async"``: of ``root_seconds``, the time the step waited for background rounds
-    #: (the rest is preparing and installing them); and the rounds' own time on the background thread
-    root_wait_seconds: float = 0.0
-    root_background_seconds: float = 0.0
-
-    def reset(self) -> None:
-        self.steps, self.step_seconds, self.root_seconds, self.root_rounds, self.roots_computed = (
-            0,
-            0.0,
-            0.0,
-            0,
-            0,
-        )
-        self.root_wait_seconds = self.root_background_seconds = 0.0
-
-    @property
-    def root_share(self) -> float:
-        return self.root_seconds / self.step_seconds if self.step_seconds else 0.0
-
-
-def _direct(params: list[torch.Tensor]) -> bool:
-    """Whether the update can be added straight from the buckets: every parameter contiguous (its
-    merged shape is then a view) and of its state's dtype, which its buckets' directions have
-    (16-bit parameters keep fp32 state, and their direction is rounded to the parameter's dtype
-    first, as documented)."""
-    return all(p.is_contiguous() and state_dtype(p.dtype) == p.dtype for p in params)
-
-
-def _all_finite(tensors: list[torch.Tensor]) -> list[bool]:
-    """Per tensor, whether every entry is finite.
-
-    Tested by the sum in at least float32: NaN or +-Inf entries make it NaN or Inf, and it cannot
-    overflow for the gradients of practice (a 2-norm overflows for large fp16 gradients; an
-    inf-norm costs ten times as much on CPU).
-    """
-    sums = [t.sum(dtype=torch.promote_types(t.dtype, torch.float32)) for t in tensors]
-    return torch.isfinite(torch.stack(sums)).tolist()
 
 
 class Shampoo(torch.optim.Optimizer):
@@ -274,18 +229,11 @@ class Shampoo(torch.optim.Optimizer):
         if unknown:
             raise unknown_option_error(next(iter(unknown)), Shampoo.__init__)
         check_impl_flags(foreach=foreach, fused=fused, capturable=capturable, differentiable=differentiable)
-        if distributed is not None and not isinstance(distributed, DDPConfig | FSDPConfig):
-            raise InvalidShampooArgumentError(
-                "distributed", distributed, "a shampoo.DDPConfig, a shampoo.FSDPConfig or None"
-            )
+        check_distributed(distributed)
         self._sharding = BlockSharding(distributed) if isinstance(distributed, DDPConfig) else None
         self._fsdp = FSDPSharding(distributed) if isinstance(distributed, FSDPConfig) else None
         self._impl = resolve_implementation(implementation)
-        self._diag = diagnostics if diagnostics is not None else DiagnosticsConfig()
-        if not isinstance(self._diag, DiagnosticsConfig):
-            raise InvalidShampooArgumentError(
-                "diagnostics", diagnostics, "a shampoo.DiagnosticsConfig or None"
-            )
+        self._diag = check_diagnostics(diagnostics)
         check_schedule(root_schedule, max_root_delay)
         self._roots = (
             RootPipeline(max_root_delay, root_threads, root_timeout) if root_schedule == "async" else None
@@ -330,33 +278,11 @@ class Shampoo(torch.optim.Optimizer):
         if group["start_preconditioning_step"] is None:
             group["start_preconditioning_step"] = group["precondition_frequency"]
         check_impl_flags(**{k: group[k] for k in IMPL_FLAGS if k in group})
-        seen: dict[int, int] = {}
-        for i, p in enumerate(group["params"]):
-            if id(p) in seen:
-                raise ValueError(
-                    f"parameter {i} of the group is parameter {seen[id(p)]} again: Shampoo keeps one state "
-                    "per parameter entry and would step it twice; pass each parameter once"
-                )
-            seen[id(p)] = i
-            if p.is_sparse:
-                raise ValueError("Shampoo does not support sparse parameters")
-            if p.is_complex():
-                raise ValueError(
-                    f"Shampoo does not support complex parameters (parameter {i} of the group is {p.dtype}): "
-                    "its Kronecker factors are real and would drop the imaginary part; keep the weight as "
-                    "a real tensor of shape (..., 2) and torch.view_as_complex it in forward()"
-                )
+        check_group_params(group["params"])
         device = group["params"][0].device if group["params"] else None
         normalise_group(group, device)
-        if self._roots is not None and self._roots.delay > 0 and group["preconditioner"] is not None:
-            raise InvalidShampooArgumentError(
-                f"param group {len(self._engines)}'s preconditioner",
-                group["preconditioner"],
-                f"None under root_schedule='async' with max_root_delay={self._roots.delay}, which computes "
-                "Kronecker roots in the background (a preconditioner that refreshes inside its own update, "
-                "as SOAP, is not scheduled yet: use max_root_delay=0, the synchronous computation, or "
-                "root_schedule='sync')",
-            )
+        if self._roots is not None:
+            check_async_preconditioner(len(self._engines), group["preconditioner"], self._roots.delay)
         self._engines.append(None)
 
     def _param_keys(self) -> list[list[str | int]]:
@@ -449,10 +375,10 @@ class Shampoo(torch.optim.Optimizer):
         grads = self._local([params[i].grad for i in idx])
         if any(g.is_sparse for g in grads):  # type: ignore[union-attr]
             raise ValueError("Shampoo does not support sparse gradients")
-        finite = self._agreed(idx, _all_finite(grads), len(params), "gradients")  # type: ignore[arg-type]
+        finite = self._agreed(idx, update.all_finite(grads), len(params), "gradients")  # type: ignore[arg-type]
         if not all(finite):
             bad = [eng.states[i] for i, ok in zip(idx, finite, strict=True) if not ok]
-            self._skip(bad, "gradient")
+            update.skip(bad, "gradient")
             idx = [i for i, ok in zip(idx, finite, strict=True) if ok]
             grads = [g for g, ok in zip(grads, finite, strict=True) if ok]
             if not idx:
@@ -479,39 +405,35 @@ class Shampoo(torch.optim.Optimizer):
             raise
         finally:
             if pipe is not None:  # training-thread time on roots: preparing, waiting, installing
-                fg, wait, bg = (a - b for a, b in zip(pipe.seconds(), before, strict=True))
-                self.timing.root_seconds += fg + wait
-                self.timing.root_wait_seconds += wait
-                self.timing.root_background_seconds += bg
+                self.timing.add_pipeline(pipe.seconds(), before)
         if report is not None:
-            if pipe is None:
-                self.timing.root_seconds += report.seconds
-            self.timing.root_rounds += 1
-            self.timing.roots_computed += report.factors
+            self.timing.add_round(report.seconds if pipe is None else None, report.factors)
             log.info(
                 "shampoo step %d group %d: %d roots in %.3fs (%d solver failures, %d without a root)",
                 self._global_step, gi, report.factors, report.seconds, report.primary_failures, report.failures,
             )  # fmt: skip
         path = self._apply_path(opts, plist)
         if path == "gathered":
-            self._apply(eng, opts, idx, plist, self._assemble_directions(eng, idx, outputs))
+            update.apply_directions(eng, opts, idx, plist, self._assemble_directions(eng, idx, outputs))
         elif path == "assembled":
             assert self._fsdp is not None
             dirs = self._fsdp.assemble(eng.plan, idx, outputs, len(params))
-            finite = _all_finite(dirs)  # "owner": of the whole directions, the same on every rank
+            finite = update.all_finite(dirs)  # "owner": of the whole directions, the same on every rank
             if not self._fsdp.owner:
                 finite = self._agreed(idx, finite, len(params), "search directions")
-            self._apply(eng, opts, idx, plist, self._fsdp.local_rows(gi, idx, dirs), finite)
+            update.apply_directions(eng, opts, idx, plist, self._fsdp.local_rows(gi, idx, dirs), finite)
         elif path == "buckets":
             finite = eng.finite_directions(idx, outputs, -opts.lr, written=False)  # from grafting norms
             finite = self._agreed(idx, finite, len(params), "search directions")
-            self._apply_from_buckets(eng, opts, idx, plist, outputs, finite)
+            update.apply_from_buckets(eng, opts, idx, plist, outputs, finite)
         else:  # without momentum the update is -lr d: its overflow skips the parameter too
             alpha = -opts.lr if opts.momentum == 0 else None
             finite = self._agreed(
                 idx, eng.finite_directions(idx, outputs, alpha), len(params), "search directions"
             )
-            self._apply(eng, opts, idx, plist, self._assemble_directions(eng, idx, outputs), finite)
+            update.apply_directions(
+                eng, opts, idx, plist, self._assemble_directions(eng, idx, outputs), finite
+            )
 
     def _agreed(self, idx: list[int], finite: list[bool], count: int, what: str) -> list[bool]:
         """Per present parameter, whether it is finite; under FSDP on every rank's shard (the whole
@@ -530,14 +452,14 @@ class Shampoo(torch.optim.Optimizer):
         sharding layer, :meth:`shampoo.fsdp.FSDPSharding.assemble`),
         ``"buckets"`` (one process, no momentum, contiguous parameters of their state's dtype, and
         ``implementation.apply_from_buckets``: w <- w - lr s_j D_j straight from the buckets,
-        :meth:`_apply_from_buckets`) or ``"directions"`` (through the per-parameter direction
-        tensors, :meth:`_apply`). The paths are equal to rounding (the per-block factor -lr s_j is
-        rounded once instead of s_j D_j), not bitwise."""
+        :func:`shampoo.update.apply_from_buckets`) or ``"directions"`` (through the per-parameter
+        direction tensors, :func:`shampoo.update.apply_directions`). The paths are equal to rounding
+        (the per-block factor -lr s_j is rounded once instead of s_j D_j), not bitwise."""
         if self._sharding is not None:
             return "gathered"
         if self._fsdp is not None and self._fsdp.gatherer is not None:
             return "assembled"
-        if self._impl.apply_from_buckets and opts.momentum == 0 and _direct(params):
+        if self._impl.apply_from_buckets and opts.momentum == 0 and update.direct(params):
             return "buckets"
         return "directions"
 
@@ -561,73 +483,6 @@ class Shampoo(torch.optim.Optimizer):
         for out in outputs:
             eng.scatter(out.bucket, out.positions, out.D, out.scale, views)
         return [eng.directions[i] for i in present]
-
-    def _apply_from_buckets(
-        self,
-        eng: GroupEngine,
-        opts: GroupOptions,
-        idx: list[int],
-        params: list[torch.Tensor],
-        outputs: list[BucketDirections],
-        finite: list[bool],
-    ) -> None:
-        """Stage 5-6 in one pass without momentum: decoupled weight decay, then w <- w - lr s_j D_j
-        added straight from the buckets into the parameters' block views (no direction tensor is
-        written and read back). ``finite``: per parameter, from :meth:`GroupEngine.finite_directions`;
-        a parameter with a non-finite direction is skipped, as in :meth:`_apply`."""
-        skip = frozenset(i for i, ok in zip(idx, finite, strict=True) if not ok)
-        if skip:
-            self._skip([eng.states[i] for i in idx if i in skip], "update")
-        keep = [p for i, p in zip(idx, params, strict=True) if i not in skip]
-        if not keep:
-            return
-        if opts.weight_decay and opts.decoupled_weight_decay:
-            torch._foreach_mul_(keep, 1.0 - opts.lr * opts.weight_decay)
-        views = {i: eng.states[i].layout.merged_view(p) for i, p in zip(idx, params, strict=True)}
-        for out in outputs:
-            eng.scatter(out.bucket, out.positions, out.D, out.scale, views, alpha=-opts.lr, skip=skip)
-
-    def _apply(
-        self,
-        eng: GroupEngine,
-        opts: GroupOptions,
-        idx: list[int],
-        params: list[torch.Tensor],
-        dirs: list[torch.Tensor],
-        finite: list[bool] | None = None,
-    ) -> None:
-        """Stage 6: momentum, decoupled weight decay and the parameter update; never writes NaN/Inf.
-        ``finite``: per parameter, whether its direction is finite (None: tested here)."""
-        if finite is None:
-            finite = _all_finite(dirs)
-        if not all(finite):
-            self._skip([eng.states[i] for i, ok in zip(idx, finite, strict=True) if not ok], "update")
-            keep = [k for k, ok in enumerate(finite) if ok]
-            idx, params, dirs = [idx[k] for k in keep], [params[k] for k in keep], [dirs[k] for k in keep]
-            if not idx:
-                return
-        if opts.momentum > 0:
-            bufs = [eng.states[i].momentum_buffer for i in idx]
-            torch._foreach_mul_(bufs, opts.momentum)  # type: ignore[arg-type]
-            torch._foreach_add_(bufs, dirs)  # type: ignore[arg-type]
-            if opts.nesterov:
-                torch._foreach_add_(dirs, bufs, alpha=opts.momentum)  # type: ignore[arg-type]
-            else:
-                dirs = bufs  # type: ignore[assignment]
-        if opts.weight_decay and opts.decoupled_weight_decay:
-            torch._foreach_mul_(params, 1.0 - opts.lr * opts.weight_decay)
-        torch._foreach_add_(params, dirs, alpha=-opts.lr)
-
-    def _skip(self, states: list[ParamState], what: str) -> None:
-        for st in states:
-            st.skipped_steps += 1
-        names = ", ".join(str(s.key) for s in states[:5]) + (" ..." if len(states) > 5 else "")
-        msg = (
-            f"shampoo: non-finite {what} for {len(states)} parameter(s) ({names}); their update was skipped "
-            f"(skipped so far: {', '.join(str(s.skipped_steps) for s in states[:5])})"
-        )
-        log.warning(msg)
-        warnings.warn(msg, NonFiniteGradientWarning, stacklevel=4)
 
     # -- diagnostics ----------------------------------------------------------------------------------
 
@@ -709,29 +564,14 @@ class Shampoo(torch.optim.Optimizer):
         for pre_hook in self._optimizer_state_dict_pre_hooks.values():
             pre_hook(self)
         keys = self._param_keys()
-        state: dict[Any, Any] = {}
-        for g, eng in zip(self.param_groups, self._engines, strict=True):
-            if eng is not None:
-                for p, st in zip(g["params"], eng.states, strict=True):
-                    if self.state.get(p) is st:  # stepped or loaded, as opt.state says
-                        state[st.key] = flatten(st)
+        state = param_state(self.param_groups, self._engines, self.state)
         if self._sharding is not None:  # collective: every rank's blocks, in the single-process form
             state = self._sharding.gather_state(state)
         elif self._fsdp is not None:  # this rank's blocks; DTensor momentum (torch.distributed.checkpoint)
             state = self._fsdp.export_state(state, self.param_groups, keys)
         # entries of opt.state that are not a parameter's (a hook's), as they are, as torch.optim
         state.update({k: v for k, v in self.state.items() if not isinstance(k, torch.Tensor)})
-        groups = []
-        for g, ks in zip(self.param_groups, keys, strict=True):
-            # not "params" (replaced by their keys): a deepcopy of every parameter, and of a sharded
-            # one's gradient whose storage FSDP2 may have freed (RuntimeError: invalid python storage)
-            packed = {
-                k: (config_to_dict(v) if k in CONFIG_KEYS else copy.deepcopy(v))
-                for k, v in g.items()
-                if k != "params"
-            }
-            packed["params"] = list(ks)  # param_names stay, as torch.optim keeps them
-            groups.append(packed)
+        groups = pack_groups(self.param_groups, keys)
         meta: dict[str, Any] = {"version": 1, "global_step": self._global_step}
         if self._roots is not None:
             meta["root_schedule"] = self._root_schedule_state()
@@ -746,16 +586,7 @@ class Shampoo(torch.optim.Optimizer):
         """The root schedule and rounds in flight (:meth:`shampoo.root_pipeline.RootPipeline.export`),
         every rank's under ``distributed=DDPConfig`` (collective, in :meth:`state_dict`'s order)."""
         assert self._roots is not None
-        data = self._roots.export(self._engines)
-        if self._sharding is None or self._sharding.world_size == 1:
-            return data
-        shards: list[Any] = [None] * self._sharding.world_size
-        torch.distributed.all_gather_object(shards, data, group=self._sharding.config.process_group)
-        return {
-            "delay": data["delay"],
-            "blocks": [b for shard in shards for b in shard["blocks"]],
-            "pending": [r for shard in shards for r in shard["pending"]],
-        }
+        return gathered_schedule(self._roots.export(self._engines), self._sharding)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
         """Load a :meth:`state_dict`. Parameters are matched by key (name or position), groups by
@@ -777,16 +608,8 @@ class Shampoo(torch.optim.Optimizer):
         saved_groups, saved = check_state_dict(state_dict, len(self.param_groups))
         keys = self._param_keys()
         shapes = [[tuple(p.shape) for p in g["params"]] for g in self.param_groups]
-        # entries not keyed by a saved group's parameter are copied as they are, as torch.optim does
-        param_keys = {k for sg in saved_groups for k in sg["params"]}
-        extra = {k: v for k, v in saved.items() if k not in param_keys}
-        saved = match_keys(saved_groups, {k: v for k, v in saved.items() if k in param_keys}, keys, shapes)
-        meta = state_dict.get("shampoo", {})
-        step = meta.get("global_step", 0) if isinstance(meta, dict) else None
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise StateDictError(f"state dict 'shampoo.global_step' must be an int >= 0, got {step!r}")
-        schedule = meta.get("root_schedule", {}) if isinstance(meta, dict) else {}
-        check_schedule_state(schedule, step)
+        saved, extra = split_saved(saved_groups, saved, keys, shapes)
+        step, schedule = saved_step(state_dict)
         # everything is checked before anything is loaded: a refused state dict changes nothing
         merged = [
             loaded_group(g, sg, gi)
@@ -807,16 +630,7 @@ class Shampoo(torch.optim.Optimizer):
                 eng = engines[gi] = self._new_engine(gi, opts)
             elif eng.structure != opts.structure():
                 self._engine(gi, opts)  # raises: the structure is fixed once there is state
-            for st in eng.states:
-                if st.key in saved:
-                    try:
-                        plans.append(plan_restore(st, saved[st.key]))
-                    except StateDictError:
-                        raise
-                    except (KeyError, IndexError, TypeError, RuntimeError) as exc:  # malformed entries
-                        raise StateDictError(
-                            f"parameter {st.key!r}: malformed saved state ({exc!r})"
-                        ) from exc
+            plans.extend(restore_plans(eng, saved))
         for g, (m, _) in zip(self.param_groups, merged, strict=True):
             g.update(m)
         for plan in plans:
@@ -838,4 +652,4 @@ class Shampoo(torch.optim.Optimizer):
             post_hook(self)
 
 
-__all__ = ["Shampoo", "StepTiming"]
+__all__ = ["Shampoo"]

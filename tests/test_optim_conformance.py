@@ -302,8 +302,8 @@ def test_hyperparameters_have_one_definition() -> None:
     import dataclasses
     import inspect
 
+    from shampoo.arguments import IMPL_FLAGS
     from shampoo.config import GroupOptions
-    from shampoo.optim_compat import IMPL_FLAGS
 
     sig = inspect.signature(shampoo.Shampoo.__init__)
     optimizer_wide = {"diagnostics", "implementation", "distributed", "root_schedule", "max_root_delay"}

@@ -1,53 +1,21 @@
-"""torch.optim conformance helpers of :class:`shampoo.Shampoo`: the implementation flags it accepts or
-refuses, and the matching of saved state-dict keys (names, ``_orig_mod.`` prefixes, positions) to the
-optimizer's parameters. Checked by tests/test_optim_conformance.py against ``torch.optim.AdamW``.
+"""The state dict of :class:`shampoo.Shampoo`, the torch.optim way: its parameters' state and groups
+packed for saving, and on loading the checks of its structure, the matching of saved keys (names,
+``_orig_mod.`` prefixes, positions) to the optimizer's parameters, the saved hyperparameters
+validated as the constructor validates them, and the restore plans, all before anything is loaded.
+Checked by tests/test_optim_conformance.py against ``torch.optim.AdamW``.
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
-import inspect
-from collections.abc import Callable
 from typing import Any
 
-from .config import CONFIG_KEYS, GroupOptions
-from .errors import StateDictError, UnknownOptionError
+import torch
 
-#: torch.optim implementation flags and the values Shampoo accepts (see :class:`Shampoo`).
-IMPL_FLAGS = ("foreach", "fused", "capturable", "differentiable")
-
-
-def unknown_option_error(name: str, init: Callable[..., Any]) -> UnknownOptionError:
-    """The error for a keyword ``name`` that ``init`` does not take, with the closest option."""
-    options = [
-        p.name
-        for p in inspect.signature(init).parameters.values()
-        if p.kind is p.KEYWORD_ONLY
-        or (p.kind is p.POSITIONAL_OR_KEYWORD and p.name not in ("self", "params"))
-    ]
-    close = difflib.get_close_matches(name, options, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return UnknownOptionError(
-        f"Shampoo got an unknown option {name!r}{hint}; the options are {', '.join(options)}"
-    )
-
-
-def check_impl_flags(
-    *, foreach: Any = None, fused: Any = None, capturable: Any = False, differentiable: Any = False
-) -> None:
-    if foreach is not None and foreach is not True:
-        raise ValueError(
-            f"foreach={foreach!r}: Shampoo always uses the torch._foreach_* kernels; pass None or True"
-        )
-    why = {
-        "fused": "there is no fused Shampoo kernel",
-        "capturable": "CUDA-graph capture is not supported (the root failure policy syncs with the host)",
-        "differentiable": "the step runs under torch.no_grad and the root solvers are not traced",
-    }
-    for name, value in (("fused", fused), ("capturable", capturable), ("differentiable", differentiable)):
-        if value not in (None, False):
-            raise ValueError(f"{name}={value!r} is not supported by Shampoo: {why[name]}; pass False")
+from .config import CONFIG_KEYS, GroupOptions, config_to_dict
+from .errors import StateDictError
+from .root_pipeline import check_schedule_state
+from .state import flatten, plan_restore
 
 
 def _strip_compile_prefix(key: Any) -> Any:
@@ -134,11 +102,97 @@ def check_state_dict(state_dict: Any, n_groups: int) -> tuple[list[dict[str, Any
     return list(groups), state
 
 
+def param_state(param_groups: list[dict[str, Any]], engines: list[Any], state: Any) -> dict[Any, Any]:
+    """The flattened state of every parameter that has stepped or loaded (as ``opt.state`` says),
+    by its key."""
+    out: dict[Any, Any] = {}
+    for g, eng in zip(param_groups, engines, strict=True):
+        if eng is not None:
+            for p, st in zip(g["params"], eng.states, strict=True):
+                if state.get(p) is st:
+                    out[st.key] = flatten(st)
+    return out
+
+
+def pack_groups(param_groups: list[dict[str, Any]], keys: list[list[str | int]]) -> list[dict[str, Any]]:
+    """The param groups as saved: config objects as plain dicts, ``params`` as their keys."""
+    groups = []
+    for g, ks in zip(param_groups, keys, strict=True):
+        # not "params" (replaced by their keys): a deepcopy of every parameter, and of a sharded
+        # one's gradient whose storage FSDP2 may have freed (RuntimeError: invalid python storage)
+        packed = {
+            k: (config_to_dict(v) if k in CONFIG_KEYS else copy.deepcopy(v))
+            for k, v in g.items()
+            if k != "params"
+        }
+        packed["params"] = list(ks)  # param_names stay, as torch.optim keeps them
+        groups.append(packed)
+    return groups
+
+
+def gathered_schedule(data: dict[str, Any], sharding: Any) -> dict[str, Any]:
+    """The root schedule's export (:meth:`shampoo.root_pipeline.RootPipeline.export`), every rank's
+    under ``distributed=DDPConfig`` (``sharding``: its :class:`shampoo.distributed.BlockSharding`;
+    collective)."""
+    if sharding is None or sharding.world_size == 1:
+        return data
+    shards: list[Any] = [None] * sharding.world_size
+    torch.distributed.all_gather_object(shards, data, group=sharding.config.process_group)
+    return {
+        "delay": data["delay"],
+        "blocks": [b for shard in shards for b in shard["blocks"]],
+        "pending": [r for shard in shards for r in shard["pending"]],
+    }
+
+
+def split_saved(
+    saved_groups: list[dict[str, Any]],
+    saved: dict[Any, Any],
+    keys: list[list[str | int]],
+    shapes: list[list[tuple[int, ...]]],
+) -> tuple[dict[Any, Any], dict[Any, Any]]:
+    """(the saved parameters' state re-keyed by this optimizer's keys (:func:`match_keys`), the
+    entries not keyed by a saved group's parameter, copied as they are, as torch.optim does)."""
+    param_keys = {k for sg in saved_groups for k in sg["params"]}
+    extra = {k: v for k, v in saved.items() if k not in param_keys}
+    ours = match_keys(saved_groups, {k: v for k, v in saved.items() if k in param_keys}, keys, shapes)
+    return ours, extra
+
+
+def saved_step(state_dict: dict[str, Any]) -> tuple[int, Any]:
+    """The saved global step and root schedule (``state_dict["shampoo"]``), checked."""
+    meta = state_dict.get("shampoo", {})
+    step = meta.get("global_step", 0) if isinstance(meta, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise StateDictError(f"state dict 'shampoo.global_step' must be an int >= 0, got {step!r}")
+    schedule = meta.get("root_schedule", {}) if isinstance(meta, dict) else {}
+    check_schedule_state(schedule, step)
+    return step, schedule
+
+
+def restore_plans(eng: Any, saved: dict[Any, Any]) -> list[Any]:
+    """The restore plan (:func:`shampoo.state.plan_restore`) of each of the engine's parameters with
+    saved state; malformed entries are a StateDictError."""
+    plans = []
+    for st in eng.states:
+        if st.key in saved:
+            try:
+                plans.append(plan_restore(st, saved[st.key]))
+            except StateDictError:
+                raise
+            except (KeyError, IndexError, TypeError, RuntimeError) as exc:  # malformed entries
+                raise StateDictError(f"parameter {st.key!r}: malformed saved state ({exc!r})") from exc
+    return plans
+
+
 __all__ = [
-    "IMPL_FLAGS",
-    "check_impl_flags",
     "check_state_dict",
+    "gathered_schedule",
     "loaded_group",
     "match_keys",
-    "unknown_option_error",
+    "pack_groups",
+    "param_state",
+    "restore_plans",
+    "saved_step",
+    "split_saved",
 ]
