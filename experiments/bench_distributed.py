@@ -123,7 +123,7 @@ def _rank_main(rank: int, ws: int, port: int, args: argparse.Namespace, outdir: 
         root_solver=args.root_solver,
         distributed=cfg if ws > 1 else None,
     )
-    sharding = sd.sharding_of(opt)
+    sharding = opt.sharding
     fsdp = opt._fsdp
     # every optimizer collective: DDP's direction all-gather; FSDP's agreement, status word,
     # gradient rows ("owner") and direction all-gathers ("owner", share_roots)

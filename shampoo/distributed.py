@@ -430,11 +430,6 @@ class BlockSharding:
         return merged
 
 
-def sharding_of(optimizer: Any) -> BlockSharding | None:
-    """The :class:`BlockSharding` of a distributed Shampoo optimizer (None for anything else)."""
-    return getattr(optimizer, "_sharding", None)
-
-
 def state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes of optimizer state held by this process, split into ``blocks`` (factor statistics, roots,
     first moments, grafting and diagonal state, transform state of the owned blocks) and ``replicated`` (per-parameter
@@ -476,6 +471,5 @@ __all__ = [
     "block_key",
     "layout_groups",
     "lpt_assign",
-    "sharding_of",
     "state_bytes",
 ]

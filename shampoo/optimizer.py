@@ -441,6 +441,12 @@ class Shampoo(torch.optim.Optimizer):
         return finite if self._fsdp is None else self._fsdp.agree(idx, finite, count, what)
 
     @property
+    def sharding(self) -> BlockSharding | None:
+        """The block sharding of ``distributed=DDPConfig(...)`` (its assignment and communication
+        counters, :class:`shampoo.distributed.BlockSharding`); None otherwise."""
+        return self._sharding
+
+    @property
     def implementation(self) -> ShampooImplementation:
         """The fast paths this optimizer's step takes (``implementation=``; frozen)."""
         return self._impl

@@ -23,7 +23,7 @@ from _dist import run_ranks
 from torch import nn
 
 import shampoo
-from shampoo.distributed import sharding_of, state_bytes
+from shampoo.distributed import state_bytes
 
 STEPS = 6
 BATCH = 24  # divisible by 2 and 3
@@ -96,8 +96,8 @@ def _run(rank: int, ws: int, mode: str, solver: str, comm: str) -> dict:
     return {
         "params": {k: v.detach().clone() for k, v in model.named_parameters()},
         "bytes": state_bytes(opt),
-        "comm_calls": sharding_of(opt).comm.calls,
-        "owned": len(sharding_of(opt).assignment.owned_by(rank)),
+        "comm_calls": opt.sharding.comm.calls,
+        "owned": len(opt.sharding.assignment.owned_by(rank)),
     }
 
 

@@ -24,6 +24,7 @@ from . import arguments, precision
 from .errors import InvalidArgumentError
 from .psd import check_policy
 from .regularize import EPS_MODES  # the eps modes every solver accepts (docs/design.md §3)
+from .result import RootResult
 
 
 def check_warm_start(warm_start: object, shape: tuple[int, ...] | None = None) -> None:
@@ -32,10 +33,8 @@ def check_warm_start(warm_start: object, shape: tuple[int, ...] | None = None) -
     if warm_start is None:
         return
     root = warm_start
-    if not isinstance(warm_start, torch.Tensor | np.ndarray) and isinstance(
-        getattr(warm_start, "root", None), torch.Tensor
-    ):
-        root = warm_start.root  # a RootResult (duck-typed: matroots.core.result imports nothing from here)
+    if isinstance(warm_start, RootResult) and isinstance(warm_start.root, torch.Tensor):
+        root = warm_start.root
     ok = isinstance(root, torch.Tensor) or (isinstance(root, np.ndarray) and root.dtype.kind == "f")
     if not ok:
         raise InvalidArgumentError(

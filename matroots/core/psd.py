@@ -199,7 +199,7 @@ def apply(prob: Any, policy: str, *, on_eigenvalues: bool = False) -> None:
         info["psd_eigvalsh_calls"] = 1
         shift = meta_shift(lmin)
     if bool((shift > 0).any()):
-        if getattr(prob, "private", False):  # a buffer of this solve: shift it in place (same values)
+        if prob.private:  # a buffer of this solve: shift it in place (same values)
             torch.diagonal(A, dim1=-2, dim2=-1).add_(shift.to(device=A.device, dtype=A.dtype).unsqueeze(-1))
         else:
             prob.A = add_to_diagonal(A, shift.to(A.device))

@@ -480,6 +480,9 @@ class _Step:
         self, run: _Run, idx: torch.Tensor, A: torch.Tensor, Q: torch.Tensor, delta: torch.Tensor | None
     ):
         self.run, self.idx, self.Q = run, idx, Q
+        # per element of idx: its cluster sizes and their columns (filled by _clusters)
+        self.sizes: dict[int, list[int]] = {}
+        self.cluster_cols: dict[int, list[torch.Tensor]] = {}
         # two n x n buffers serve the four products and sums (each fresh one costs page faults)
         AQ = A @ Q
         B = Q.mT @ AQ
@@ -630,8 +633,6 @@ class _Step:
         clustered = E.abs() >= self.run.cfg.max_angle
         has = clustered.flatten(1).any(-1).cpu()
         self.has_cluster = torch.zeros(self.d.shape[0], dtype=torch.bool)
-        self.sizes: dict[int, list[int]] = getattr(self, "sizes", {})
-        self.cluster_cols: dict[int, list[torch.Tensor]] = getattr(self, "cluster_cols", {})
         for j in rest.tolist():
             self.sizes[j], self.cluster_cols[j] = [], []
         if bool(has.any()):

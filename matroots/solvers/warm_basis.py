@@ -18,6 +18,7 @@ import torch
 from ..core import precision
 from ..core.errors import InvalidArgumentError
 from ..core.inputs import all_finite
+from ..core.result import RootResult
 
 _PROBES = 8  # random vectors of the orthogonality estimate
 _MAX_DEFECT = 1e-2  # a warm basis further from orthonormal than this is refused (fallback)
@@ -48,12 +49,12 @@ def warm_basis(ws: object, A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
         return None
     b, n = A.shape[0], A.shape[-1]
     defect = None
-    if hasattr(ws, "root") and hasattr(ws, "info"):  # a RootResult
+    if isinstance(ws, RootResult):
         info = ws.info if isinstance(ws.info, dict) else {}
         Q = info.get("eigenvectors")
         if Q is None:
             raise InvalidArgumentError(
-                f"warm_start is a result of method {getattr(ws, 'method', '?')!r} without "
+                f"warm_start is a result of method {ws.method!r} without "
                 "info['eigenvectors']; eigh_warm starts from an eigenbasis: pass a previous eigh_warm "
                 "result or an eigenvector tensor of shape (..., n, n)"
             )
