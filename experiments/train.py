@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import shampoo
 import shampoo.distributed
+from matroots.core.options import EPS_MODES
 from matroots.study import atomic
 
 log = logging.getLogger("train")
@@ -143,7 +144,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--root-solver", default="eigh")
     p.add_argument("--eps", type=float, default=1e-12)
-    p.add_argument("--eps-mode", choices=["absolute", "relative"], default="absolute")
+    p.add_argument("--eps-mode", choices=EPS_MODES, default="absolute")
     p.add_argument(
         "--psd",
         choices=["shift", "meta", "none", "config"],
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> float:
                 args.save, {"model": model.state_dict(), "optim": optim_state, "step": start + args.steps}
             )
             log.info("saved %s", args.save)
-    sharding = shampoo.distributed.sharding_of(opt)
+    sharding = opt.sharding if isinstance(opt, shampoo.Shampoo) else None
     if sharding is not None:
         log.info(
             "rank %d: %d all-gathers, %.3fs communication, optimizer state %.2f MB", rank,

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
+from .core.options import EPS_MODES
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -190,7 +192,7 @@ def _add_solve(sub: argparse._SubParsersAction) -> None:
         help=f"working precision: one of {', '.join(DTYPE_CHOICES)} (default: the input's own)",
     )
     so.add_argument("--eps", type=float, default=0.0, help="regularisation eps")
-    so.add_argument("--eps-mode", default="absolute", choices=["absolute", "relative"])
+    so.add_argument("--eps-mode", default="absolute", choices=EPS_MODES)
     so.add_argument("--forward", action="store_true", help="compute A^(1/p) instead of A^(-1/p)")
     so.add_argument(
         "--option",

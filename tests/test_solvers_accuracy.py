@@ -33,6 +33,7 @@ from _refs import (
 )
 
 import matroots
+from matroots.core.options import EPS_MODES
 
 N = 16
 KAPPAS = (1e1, 1e4, 1e8, 1e12)
@@ -128,7 +129,7 @@ def _diag_ref(lam: np.ndarray, p: float) -> np.ndarray:
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("eps_mode", ("absolute", "relative"))
+@pytest.mark.parametrize("eps_mode", EPS_MODES)
 def test_eps_closed_form_on_diagonal(method, eps_mode):
     """(A + eps_abs I)^{-1/p} on a diagonal A, with eps_abs = eps or eps * lambda_max (closed form)."""
     lam = np.array([1e-6, 1e-3, 0.1, 0.5, 2.0, 8.0])  # clear top gap: power iteration is exact here

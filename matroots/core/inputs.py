@@ -26,7 +26,7 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedExponentError,
 )
-from .options import EPS_MODES, SolveOptions, check_warm_start
+from .options import SolveOptions, check_warm_start
 
 
 def parse_exponent(p: object, *, integer: bool = False, method: str = "") -> Fraction:
@@ -634,7 +634,6 @@ def rescale_root(root: torch.Tensor, dtype: torch.dtype, log2_factor: Fraction |
 
 
 __all__ = [
-    "EPS_MODES",
     "Problem",
     "all_finite",
     "check_finite",

@@ -51,10 +51,10 @@ from typing import Any
 
 from ..core import precision
 from ..core.errors import InvalidArgumentError, MatrootsError
+from ..core.options import EPS_MODES
 from ..solvers import registry
 
 REFERENCE_BACKENDS = ("auto", "flint", "mpmath")
-EPS_MODES = ("absolute", "relative")
 
 
 class ConfigError(InvalidArgumentError):
@@ -134,7 +134,7 @@ class EpsSpec:
     def __post_init__(self) -> None:
         if self.mode not in EPS_MODES:
             raise ConfigError(
-                f"eps mode {self.mode!r}{_suggest(self.mode, EPS_MODES)} is unknown; use 'absolute' or 'relative'"
+                f"eps mode {self.mode!r}{_suggest(self.mode, EPS_MODES)} is unknown; use {' or '.join(map(repr, EPS_MODES))}"
             )
         if not isinstance(self.value, int | float) or isinstance(self.value, bool) or not self.value >= 0:
             raise ConfigError(f"eps value {self.value!r} must be a number >= 0, e.g. {{ value = 1e-12 }}")

@@ -57,6 +57,7 @@ import torch
 from .. import solvers
 from ..core import precision
 from ..core.errors import MatrootsInputError, MatrootsNumericalError
+from ..core.options import EPS_MODES
 from ..core.result import info_per_element
 
 OUTCOMES = ("refused_input", "refused_numerical", "flagged", "correct", "silent_wrong", "crash", "mutated")
@@ -218,7 +219,7 @@ def random_case(rng: np.random.Generator) -> Case:
     """A random case for the fixed-seed fuzz run of ``experiments/robustness.py``."""
     kind = str(rng.choice(KINDS))
     dtype = str(rng.choice(DTYPES))
-    mode = str(rng.choice(["none", "absolute", "relative", "absolute_raw"]))
+    mode = str(rng.choice(["none", *EPS_MODES, "absolute_raw"]))
     log10_scale = float(rng.choice([0.0, rng.uniform(-300, 300), rng.uniform(-40, 40)]))
     eps, eps_mode = _draw_eps(mode, log10_scale, rng.uniform(-16, 1), rng.uniform(-4, 0))
     p: int | Fraction = int(rng.choice([1, 2, 3, 4, 5, 8]))
