@@ -1,4 +1,4 @@
-"""The robustness harness's own yardstick (matroots.study.robustness.reference_root) on defective input.
+"""The robustness harness's own yardstick (matroots.study.robustness_reference.reference_root) on defective input.
 
 A non-symmetric matrix without a usable eigenbasis (a Jordan block, exactly representable in every
 format, or a 16-bit rounding that makes two eigenvectors parallel) used to break the eigen-route
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from matroots.study import robustness
+from matroots.study import robustness_reference
 
 
 def _jordan(lam: float, n: int) -> np.ndarray:
@@ -50,7 +50,7 @@ def test_reference_of_a_jordan_block_is_the_closed_form(n, e):
     mpmath; step 1e-5: truncation ~1e-10, rounding ~1e-16/1e-5)."""
     lam = 0.5
     J = _jordan(lam, n)
-    ref = robustness.reference_root(J, 0, 0.0, e, symmetric=False, u=2.0**-11)
+    ref = robustness_reference.reference_root(J, 0, 0.0, e, symmetric=False, u=2.0**-11)
     assert ref["exists"]
     want = _jordan_function(lam, n, e)
     err = np.abs(_mp_to_np(ref["X"]) - want).max() / np.abs(want).max()
@@ -73,9 +73,9 @@ def test_defective_reference_is_scaled_exactly():
     f scales by 2^(-600 e) exactly, cond is scale invariant."""
     e = Fraction(-1, 2)
     J = _jordan(0.5, 3)
-    one = robustness.reference_root(J, 0, 0.0, e, symmetric=False)
-    tiny = robustness.reference_root(J, 600, 0.0, e, symmetric=False)
-    with mpmath.workdps(robustness.REF_DPS):
+    one = robustness_reference.reference_root(J, 0, 0.0, e, symmetric=False)
+    tiny = robustness_reference.reference_root(J, 600, 0.0, e, symmetric=False)
+    with mpmath.workdps(robustness_reference.REF_DPS):
         scale = mpmath.power(2, 300)  # (2^-600)^(-1/2)
         for i in range(3):
             for j in range(3):
@@ -90,7 +90,7 @@ def test_diagonalisable_input_keeps_the_eigen_route():
     rng = np.random.default_rng(0)
     V = np.eye(4) + 0.3 * rng.standard_normal((4, 4))
     A = V @ np.diag([1.0, 0.5, 0.25, 0.125]) @ np.linalg.inv(V)
-    ref = robustness.reference_root(A, 0, 0.0, Fraction(1, 2), symmetric=False)
+    ref = robustness_reference.reference_root(A, 0, 0.0, Fraction(1, 2), symmetric=False)
     assert "defective" not in ref
     want = np.real(scipy.linalg.sqrtm(A))
     assert np.abs(_mp_to_np(ref["X"]) - want).max() <= 1e-12 * np.abs(want).max()
