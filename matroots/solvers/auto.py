@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core import arguments, precision
+from ..core import arguments
 from ..core.errors import InvalidArgumentError, MatrootsNumericalError
 from ..core.inputs import (
     all_finite,
