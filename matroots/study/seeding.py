@@ -32,6 +32,11 @@ What is written:
   commits, starts, units done / total and its unit CPU / wall totals, and one ``seedings`` entry per
   call (when, the command, units written / present / incomplete).
 
+The reading of a set (:func:`load_source`), the part writer with its provenance event
+(:func:`write_parts`) and the account line (:func:`describe`, which names the set's commits when they are
+not the running code's: a set is never refused for its commits) serve every seeder: the validation's is
+:mod:`matroots.study.validation.seed`.
+
 A later ``matroots ship RUN DEST`` (:func:`matroots.study.shipped.run_summary`) folds the event in: the
 source's commits, starts and creation date, and its unit CPU / wall totals in the share of its units
 whose seeded rows are still in RUN (all of them unless some were recomputed, e.g. a retried
@@ -43,6 +48,7 @@ float64 when rows computed later leave it empty somewhere (as it would in an uni
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,15 +72,22 @@ class SeedSourceError(shipped.ShippedResultsError):
 
 @dataclass(frozen=True)
 class SeedSource:
-    """A checked shipped sweep set: where it is, its provenance and its rows."""
+    """A checked shipped set: where it is, its provenance and its tables (a sweep's: ``rows``).
+    ``digest``: the table whose sha256 names the set in the seeded rows (``seeded_from``)."""
 
     path: Path
     provenance: dict[str, Any]
-    rows: pd.DataFrame
+    tables: dict[str, pd.DataFrame]
+    digest: str = "rows"
+
+    @property
+    def rows(self) -> pd.DataFrame:
+        return self.tables["rows"]
 
     @property
     def sha256(self) -> str:
-        return str((self.provenance.get("sha256") or {}).get("rows") or self.provenance.get("rows_sha256"))
+        recorded = self.provenance.get("sha256") or {"rows": self.provenance.get("rows_sha256")}
+        return str(recorded.get(self.digest))
 
 
 @dataclass(frozen=True)
@@ -88,30 +101,56 @@ class SeedStats:
     units_in_source: int
 
 
-def read_source(source: str | Path, spec: gridmod.GridSpec) -> SeedSource:
-    """The shipped set at ``source`` after the checks of the module docstring, for ``spec``'s grid.
+def load_source(
+    source: str | Path,
+    names: tuple[str, ...],
+    *,
+    kind: str,
+    want: str,
+    what: str,
+    config_hash: Callable[[Path], str],
+    reship: str,
+    optional: tuple[str, ...] = (),
+    digest: str = "rows",
+) -> SeedSource:
+    """The shipped set of ``kind`` at ``source`` whose config hash is ``want`` (that of the ``what``
+    being run): its tables ``names``, and those of ``optional`` its provenance records, each checked
+    against its recorded sha256 (:func:`matroots.study.shipped.load_set`). Shared by every seeder.
 
     Raises :class:`SeedSourceError` (one line, naming the fix)."""
     path = Path(source)
     try:
-        rows = shipped.load_set(
-            path, ("rows",), kind="sweep", config_hash=shipped.config_hash_of, repo_root=None,
-            reship="matroots ship RUN DEST --config CONFIG",
-        )["rows"]  # fmt: skip
+        recorded = shipped.read_provenance(path).get("sha256") or {}
+        names = (*names, *(n for n in optional if n in recorded))
+        tables = shipped.load_set(
+            path, names, kind=kind, config_hash=config_hash, repo_root=None, reship=reship
+        )  # fmt: skip
     except shipped.ShippedResultsError as exc:
         raise SeedSourceError(f"cannot seed from {path}: {exc}") from None
     prov = shipped.read_provenance(path)
-    want = spec.config_hash()
     if prov.get("config_hash") != want:
         raise SeedSourceError(
             f"cannot seed from {path}: it was shipped from config hash {prov.get('config_hash')} "
-            f"({prov.get('config')}), but the sweep's config hashes to {want}: seed only from a set of "
+            f"({prov.get('config')}), but the {what}'s config hashes to {want}: seed only from a set of "
             "the same grid"
         )
-    missing = [c for c in (*UNIT_FIELDS, "solver", "dtype") if c not in rows.columns]
+    return SeedSource(path=path, provenance=prov, tables=tables, digest=digest)
+
+
+def read_source(source: str | Path, spec: gridmod.GridSpec) -> SeedSource:
+    """The shipped sweep set at ``source`` after the checks of the module docstring, for ``spec``'s grid.
+
+    Raises :class:`SeedSourceError` (one line, naming the fix)."""
+    src = load_source(
+        source, ("rows",), kind="sweep", want=spec.config_hash(), what="sweep",
+        config_hash=shipped.config_hash_of, reship="matroots ship RUN DEST --config CONFIG",
+    )  # fmt: skip
+    missing = [c for c in (*UNIT_FIELDS, "solver", "dtype") if c not in src.rows.columns]
     if missing:
-        raise SeedSourceError(f"cannot seed from {path}: its rows lack the column(s) {', '.join(missing)}")
-    return SeedSource(path=path, provenance=prov, rows=rows)
+        raise SeedSourceError(
+            f"cannot seed from {src.path}: its rows lack the column(s) {', '.join(missing)}"
+        )
+    return src
 
 
 def _plain(df: pd.DataFrame) -> pd.DataFrame:
@@ -202,8 +241,25 @@ def seed(out_dir: str | Path, spec: gridmod.GridSpec, src: SeedSource) -> SeedSt
     """Write one part per seedable unit of ``src`` that ``out_dir`` does not hold yet, and record the
     source in its provenance (see the module docstring). ``out_dir`` must be opened first
     (:func:`matroots.study.runner.open_run`, as :func:`matroots.study.sweep.run_sweep` does)."""
-    out = Path(out_dir)
     by_unit, incomplete = unit_rows(src, spec)
+    return write_parts(out_dir, src, by_unit, incomplete, assign={"config_hash": spec.config_hash()})
+
+
+def write_parts(
+    out_dir: str | Path,
+    src: SeedSource,
+    by_unit: dict[str, pd.DataFrame],
+    incomplete: list[str],
+    *,
+    assign: dict[str, Any] | None = None,
+    what: str = "rows of the grid's full (solver, dtype) set",
+) -> SeedStats:
+    """The seeding of any run kind: write ``by_unit`` (rows by unit key) as the parts ``out_dir`` does
+    not hold yet, each with ``assign``'s columns and ``seeded_from``, atomically and never over a part
+    there (unreadable parts are quarantined first), and record the source and this call in the run's
+    provenance (``seeded``) before the first part. ``incomplete``: the source's units not seeded
+    (``what`` they lack), counted and logged."""
+    out = Path(out_dir)
     runner.clean_temp_files(out)
     runner.quarantine_corrupt_parts(out)  # a corrupt part is replaced by the seeded rows, not kept
     present = runner.done_units(out)
@@ -211,10 +267,9 @@ def seed(out_dir: str | Path, spec: gridmod.GridSpec, src: SeedSource) -> SeedSt
     started = provenance.now()
     in_rows = len(by_unit) + len(incomplete)
     _record(out, src, in_rows, None)  # before any part: no seeded row is ever without its source's record
-    want = spec.config_hash()
     n_rows = 0
     for key, part in todo.items():
-        part = part.assign(config_hash=want, **{SEEDED_FROM: src.sha256})
+        part = part.assign(**(assign or {}), **{SEEDED_FROM: src.sha256})
         runner.atomic_write_parquet(part.reset_index(drop=True), runner.part_path(out, key))
         n_rows += len(part)
     stats = SeedStats(
@@ -240,10 +295,10 @@ def seed(out_dir: str | Path, spec: gridmod.GridSpec, src: SeedSource) -> SeedSt
     )
     if incomplete:
         log.warning(
-            "%s: %d unit(s) whose rows are not the grid's full (solver, dtype) set were not seeded; "
-            "the resume computes them",
+            "%s: %d unit(s) whose %s were not seeded; the resume computes them",
             src.path,
             len(incomplete),
+            what,
         )
     log.info(
         "seeded %d units (%d rows) from %s; %d already in %s",
@@ -256,8 +311,23 @@ def seed(out_dir: str | Path, spec: gridmod.GridSpec, src: SeedSource) -> SeedSt
     return stats
 
 
+def commits_note(src: SeedSource) -> str:
+    """What the one-line account says when the set's units were computed at other commits than the
+    code now running (both are kept: the seeded event and a later ship record the set's commits), or
+    ``""``. Seeding never refuses a set for its commits: a set made over several sessions holds several
+    (results/validation: two), and the code that resumes it is always newer."""
+    theirs = [str(c) for c in src.provenance.get("commits", [])]
+    here = provenance.git().get("commit")
+    if not theirs or not here or set(theirs) == {here}:
+        return ""
+    return (
+        f"; its units were computed at commit(s) {', '.join(c[:12] for c in theirs)}, this code is at "
+        f"{here[:12]} (both recorded in the run's provenance)"
+    )
+
+
 def describe(stats: SeedStats, src: SeedSource, out: str | Path) -> str:
-    """One line for the command line: what a seeding wrote."""
+    """One line for the command line: what a seeding wrote, and from which commits."""
     skipped = (
         f"; {stats.units_incomplete} unit(s) with incomplete rows not seeded (the run computes them)"
         if stats.units_incomplete
@@ -265,5 +335,6 @@ def describe(stats: SeedStats, src: SeedSource, out: str | Path) -> str:
     )
     return (
         f"seeded {stats.units_written} units ({stats.rows_written} rows) from {src.path} "
-        f"(rows sha256 {src.sha256[:12]}) into {out}; {stats.units_present} already there{skipped}"
+        f"({src.digest} sha256 {src.sha256[:12]}) into {out}; {stats.units_present} already there"
+        f"{skipped}{commits_note(src)}"
     )

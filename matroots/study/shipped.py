@@ -159,6 +159,29 @@ def run_summary(
     return record
 
 
+def set_record(
+    kind: str, name: str, config: str | Path, config_hash: str, prov: dict[str, Any], summary: dict[str, Any]
+) -> dict[str, Any]:
+    """The provenance record of any shipped set: kind, name, the config (repository-relative) and its
+    hash, the run's creation date (a seeded run's: its earliest source's, when earlier), the ship's
+    date and :func:`run_summary`'s ``summary``."""
+    return {
+        "kind": kind,
+        "name": name,
+        "config": repo_relative(config),
+        "config_hash": config_hash,
+        "created": _earliest(prov.get("created"), summary.get("seeded", {}).get("created")),
+        "shipped": provenance.now(),
+        **summary,
+    }
+
+
+def _earliest(*dates: str | None) -> str | None:
+    """The earliest of some ISO dates (None where none is given)."""
+    given = [d for d in dates if d]
+    return min(given, key=pd.Timestamp) if given else None
+
+
 def write_set(dest: str | Path, tables: dict[str, pd.DataFrame], record: dict[str, Any]) -> dict[str, Any]:
     """Write each table as ``dest/<name>.parquet`` (zstd) and then ``dest/provenance.json``: ``record``
     with the sha256 of every file (each written atomically, :mod:`matroots.study.atomic`)."""
@@ -244,12 +267,6 @@ def _read_rows(run_dir: Path) -> pd.DataFrame:
     raise ShippedResultsError(f"{run_dir} holds no rows (no parts/*.parquet, no results.parquet)")
 
 
-def _earliest(*dates: str | None) -> str | None:
-    """The earliest of some ISO dates (None where none is given)."""
-    given = [d for d in dates if d]
-    return min(given, key=pd.Timestamp) if given else None
-
-
 def ship(
     run_dir: str | Path, dest: str | Path, *, config: str | Path, allow_partial: bool = False
 ) -> dict[str, Any]:
@@ -274,17 +291,8 @@ def ship(
     for c in _CATEGORICAL:
         if c in compact:
             compact[c] = compact[c].astype("category")
-    record = {
-        "kind": prov.get("kind", "sweep"),
-        "name": spec.name,
-        "config": repo_relative(config),
-        "config_hash": want,
-        "created": _earliest(prov.get("created"), summary.get("seeded", {}).get("created")),
-        "shipped": provenance.now(),
-        "columns": keep,
-        **summary,
-    }
-    return write_set(dest, {"rows": compact}, record)
+    record = set_record(prov.get("kind", "sweep"), spec.name, config, want, prov, summary)
+    return write_set(dest, {"rows": compact}, {**record, "columns": keep})
 
 
 def load(
