@@ -3,6 +3,8 @@
     matroots validate experiments/configs/validate_demo.toml --out runs/validate_demo
     matroots validate experiments/configs/validate_full.toml --dry-run
     matroots validate --report runs/validate_demo
+    matroots validate experiments/configs/validate_full.toml --out runs/validate_full --resume \
+        --seed-from results/validation
 
 Also ``python -m matroots.study.validation ...`` with the same arguments.
 """
@@ -26,6 +28,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: number of cores)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="dask.distributed scheduler address")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    p.add_argument(
+        "--seed-from",
+        type=Path,
+        default=None,
+        metavar="RESULTS",
+        help="first write the units of the shipped set RESULTS (results/validation, of this config) into "
+        "--out as finished parts, never over a part there; then run the rest (for a lost run folder)",
+    )
     p.add_argument(
         "--no-retry-crashed",
         action="store_true",
@@ -108,6 +118,12 @@ def run(args: argparse.Namespace) -> int:
         print(vrun.format_estimate(grid, est))
         return 0
     out = args.out or Path("runs") / grid.name
+    prepare = None
+    if args.seed_from is not None:
+        from .seed import seeder
+
+        # the account is printed before the units run: hours before the end
+        prepare = seeder(args.seed_from, grid, out, lambda line: print(line, flush=True))
     tables = vrun.run_validation(
         grid,
         out,
@@ -117,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         scheduler=args.scheduler,
         csv=args.csv,
         retry_crashed=not args.no_retry_crashed,
+        prepare=prepare,
     )
     print(
         f"{len(tables['runs'])} runs, {len(tables['curves'])} curve rows, {len(tables['roots'])} root rows in {out}"

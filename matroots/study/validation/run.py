@@ -19,6 +19,7 @@ with ``provenance.json`` (kind ``"validation"``, config, hash, one record per st
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,17 +113,22 @@ def run_validation(
     scheduler: Any = None,
     csv: bool = False,
     retry_crashed: bool = True,
+    prepare: Callable[[Path], None] | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Run (or resume) a validation grid into ``out_dir``; return its tables (see :func:`collect`).
 
     The whole config is checked first (:func:`matroots.study.validation.preflight.check`: every task builds,
     every optimizer config constructs and steps), so a mistake stops the run before any unit starts.
-    ``retry_crashed``: rerun units an earlier run recorded as ``WorkerCrashed`` (default)."""
+    ``retry_crashed``: rerun units an earlier run recorded as ``WorkerCrashed`` (default).
+    ``prepare(out)`` runs once the folder is opened, before any unit: the seeding of
+    ``--seed-from`` (:func:`matroots.study.validation.seed.seeder`)."""
     check(grid)
     runner.check_scheduler(scheduler)
     out = runner.open_run(
         out_dir, kind=KIND, config=grid.to_dict(), config_hash=grid.config_hash(), resume=resume
     )
+    if prepare is not None:
+        prepare(out)
     kw = {"workers": workers, "scheduler": scheduler, "progress": progress, "crash_rows": crash_rows}
     units = grid.units()
     if grid.protocol is None:

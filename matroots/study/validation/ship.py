@@ -9,6 +9,11 @@ writes into DEST (zstd parquet, only the needed columns):
 * ``runs.parquet``: one row per unit, tuning trials included (:data:`RUN_COLUMNS`: phase, trial, the
   hyperparameter point, final validation / held-out loss, failure);
 * ``protocol.parquet``: the per-task table of :func:`matroots.study.validation.protocol_report.protocol_summary`;
+* ``parts.parquet``: every curve and run row of every unit (tuning curves included, all columns; the
+  ``table`` tag says which), without the per-round root rows: what
+  ``matroots validate CONFIG --out RUN --resume --seed-from DEST`` (:mod:`matroots.study.validation.seed`)
+  writes back as RUN's parts on another machine. Sets shipped before it existed (results/validation at
+  11b2e82) seed from ``runs`` and ``curves`` instead;
 * ``provenance.json``: config name, path and hash, every commit and machine the run was started or
   resumed on, dates, units done / expected, CPU and wall time, and the sha256 of each file.
 
@@ -23,14 +28,15 @@ from typing import Any
 
 import pandas as pd
 
-from .. import provenance, runner
+from .. import runner
+from ..seed_record import SEEDED_FROM
 from ..shipped import (
     ShippedResultsError,
     check_run_config,
     load_set,
     read_provenance,
-    repo_relative,
     run_summary,
+    set_record,
     write_set,
 )
 from .config import load_config
@@ -42,6 +48,8 @@ RUN_COLUMNS = ("unit", "task", "config", "optimizer", "phase", "trial", "seed", 
                "final_test_metric", "metric_name", "train_cpu_s", "train_wall_s", "time_ratio_cpu",
                "unit_cpu_seconds", "unit_wall_seconds", "machine")  # fmt: skip
 FILES = ("curves", "runs", "protocol")
+#: what the seeder reads besides FILES (absent from sets shipped before it)
+PARTS = "parts"
 KIND = "validation"
 
 
@@ -70,17 +78,18 @@ def ship(
         "curves": curves[curves["phase"] == "final"][[c for c in CURVE_COLUMNS if c in curves]],
         "runs": tables["runs"][[c for c in RUN_COLUMNS if c in tables["runs"]]],
         "protocol": tables["protocol"],
+        PARTS: part_rows(run),
     }
-    record = {
-        "kind": KIND,
-        "name": grid.name,
-        "config": repo_relative(config),
-        "config_hash": grid.config_hash(),
-        "created": prov.get("created"),
-        "shipped": provenance.now(),
-        **summary,
-    }
+    record = set_record(KIND, grid.name, config, grid.config_hash(), prov, summary)
     return write_set(dest, compact, record)
+
+
+def part_rows(run: Path) -> pd.DataFrame:
+    """The curve and run rows of every part of ``run`` as they are there (the root rows left out, and
+    a seeded run's ``seeded_from`` marks: a seeding of this set marks its own)."""
+    rows = runner.read_parts(run)
+    rows = rows[rows["table"] != "root"].drop(columns=[SEEDED_FROM], errors="ignore")
+    return rows.dropna(axis=1, how="all").reset_index(drop=True)
 
 
 def _config_hash(path: Path) -> str:
