@@ -202,6 +202,7 @@ def test_validate_full_is_the_protocol_at_full_scale() -> None:
 
     grid = config.load_config(Path(__file__).resolve().parents[1] / "experiments/configs/validate_full.toml")
     assert grid.protocol is not None and grid.protocol.trials == 8 and len(grid.protocol.final_seeds) >= 3
+    assert grid.protocol.default_trial  # trial 0: each optimizer's own default point
     steps = {t.name: t.steps for t in grid.tasks}
     assert steps["w1"] >= 1000 and steps["bytes_lm"] >= 1000
     tune = Counter((u.task.name, u.optimizer.label) for u in grid.units() if u.phase == "tune")

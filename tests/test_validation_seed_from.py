@@ -136,7 +136,8 @@ def test_a_set_shipped_before_parts_parquet_seeds_to_the_same_ship(sets, grid) -
 
 def test_the_shipped_results_validation_still_loads_and_maps_onto_its_config() -> None:
     tables = ship.load(ROOT / "results" / "validation", repo_root=ROOT)
-    full = config.load_config(ROOT / "experiments" / "configs" / "validate_full.toml")
+    # the config it was shipped from (validate_full_8sobol.toml: the first protocol, kept for this set)
+    full = config.load_config(ROOT / ship.read_provenance(ROOT / "results" / "validation")["config"])
     src = seed.read_source(ROOT / "results" / "validation", full)
     by_unit, incomplete = seed.unit_rows(src, full)
     assert len(by_unit) == len(tables["runs"]) and not incomplete

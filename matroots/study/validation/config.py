@@ -150,12 +150,15 @@ class ProtocolEntry:
     fixed: dict[str, Any]
     tune: bool
     only: tuple[str, ...] = ()
+    #: its own default point (trial 0 under the protocol's default_trial): protocol.DEFAULT_POINTS of
+    #: its optimizer (a peer: of the peer) updated by the entry's ``default`` table
+    default: dict[str, Any] = field(default_factory=dict)
 
     def points(self, protocol: proto.Protocol) -> list[dict[str, Any]]:
         if not self.tune:
             return [{**{k: proto.DEFAULTS[k] for k in proto.OPTIMIZER_DIMS[self.spec.name]
                         if k in proto.DEFAULTS}, **self.fixed}]  # fmt: skip
-        return proto.trial_points(protocol, self.spec.name, self.space, self.fixed)
+        return proto.trial_points(protocol, self.spec.name, self.space, self.fixed, self.default or None)
 
     def trial_spec(self, hp: dict[str, Any]) -> OptimizerSpec:
         """The optimizer config of one point: beta2, weight decay, grafting and frequency as options."""
@@ -584,7 +587,7 @@ def _protocol_entries(raw: dict[str, Any], protocol: proto.Protocol) -> tuple[Pr
         oname = o.get("name")
         if oname not in proto.OPTIMIZER_DIMS:
             raise bad_config(f"{where}: name must be one of {sorted(proto.OPTIMIZER_DIMS)}, got {oname!r}")
-        allowed = {"name", "label", "options", "tasks", "space", "fixed", "tune"}
+        allowed = {"name", "label", "options", "tasks", "space", "fixed", "tune", "default"}
         allowed |= {"shampoo": {"root_solver", "root_dtype", "eps"}, "soap": {"basis_update", "eps"},
                     "peer": {"peer"}}.get(oname, set())  # fmt: skip
         bad = set(o) - allowed
@@ -637,7 +640,14 @@ def _protocol_entries(raw: dict[str, Any], protocol: proto.Protocol) -> tuple[Pr
             if k in proto.OPTIMIZER_DIMS[oname] or k in ("lr", "beta2", "weight_decay", "warmup_fraction"):
                 continue
             raise bad_config(f"{where}.fixed: {k} is not a hyperparameter of {oname}")
-        out.append(ProtocolEntry(spec=spec, space=space, fixed=fixed, tune=tune, only=only))
+        own = dict(proto.DEFAULT_POINTS.get(spec.root_solver if oname == "peer" else oname, {}))
+        given = o.get("default", {})
+        if not isinstance(given, dict) or set(given) - set(proto.DIMENSIONS):
+            raise bad_config(
+                f"{where}.default must be a table of hyperparameters ({list(proto.DIMENSIONS)}), got {given!r}"
+            )
+        own.update(given)
+        out.append(ProtocolEntry(spec=spec, space=space, fixed=fixed, tune=tune, only=only, default=own))
     if not any(e.spec.name == BASELINE and e.tune for e in out):
         raise bad_config("the protocol needs a tuned 'adamw' entry: every ratio is against it")
     labels = [e.spec.label for e in out]
