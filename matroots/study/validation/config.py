@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import InvalidArgumentError
+from ...core.options import EPS_MODES
 from . import protocol as proto
 from .tasks import TASKS
 
@@ -506,8 +507,10 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
             v = e.get("value", 0.0)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
                 raise bad_config(f"{where}: eps values must be finite numbers >= 0, got {v!r}")
-            if e.get("mode", "absolute") not in ("absolute", "relative"):
-                raise bad_config(f"{where}: eps mode must be 'absolute' or 'relative', got {e.get('mode')!r}")
+            if e.get("mode", "absolute") not in EPS_MODES:
+                raise bad_config(
+                    f"{where}: eps mode must be {' or '.join(map(repr, EPS_MODES))}, got {e.get('mode')!r}"
+                )
         freqs = [
             _int(f, f"{where}.precondition_frequency", 1)
             for f in _list(o.get("precondition_frequency", [10]))
@@ -548,8 +551,8 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
     bad |= set(diag) - {"root_error_samples", "reference_eps", "reference_eps_mode"}
     if bad:
         raise bad_config(f"unknown [timing]/[diagnostics] keys {sorted(bad)}")
-    if diag.get("reference_eps_mode", "relative") not in ("absolute", "relative"):
-        raise bad_config("diagnostics.reference_eps_mode must be 'absolute' or 'relative'")
+    if diag.get("reference_eps_mode", "relative") not in EPS_MODES:
+        raise bad_config(f"diagnostics.reference_eps_mode must be {' or '.join(map(repr, EPS_MODES))}")
     _int(timing.get("rounds", 3), "timing.rounds", 1)
     _int(timing.get("chunk_steps", 0), "timing.chunk_steps", 0)
     _int(diag.get("root_error_samples", 4), "diagnostics.root_error_samples", 0)
