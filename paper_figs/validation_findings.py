@@ -21,7 +21,7 @@ import importlib.util
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -64,10 +64,7 @@ class TaskCoverage:
     trials: dict[str, int]
     #: config label -> "absent" (its package is not installed) or "failed" (every trial failed): its
     #: tuning is done and chose nothing, so it has no final seeds to run (not counted in final_total)
-    unchosen: dict[str, str] = None
-
-    def __post_init__(self) -> None:
-        self.unchosen = dict(self.unchosen or {})
+    unchosen: dict[str, str] = field(default_factory=dict)
 
     @property
     def started(self) -> bool:
