@@ -7,7 +7,11 @@
   roots with ``epsilon=1e-12``.
 
 A peer whose package does not import raises :class:`PeerUnavailableError`; the unit records it as the
-failure ``"Unavailable"`` and the report lists the peer as absent (never dropped silently).
+failure ``"Unavailable"`` and the report lists the peer as absent (never dropped silently). A peer that
+gives up on the numbers mid-run raises its own exception type (Meta's ``PreconditionerValueError`` on a
+non-finite factor, what our Shampoo reports as ``RootComputationError``): :func:`gives_up` names those
+types, and the unit records them as its outcome (a failed trial), like a diverged loss. Anything else a
+peer raises is a bug of the harness or of the peer, and stops the run.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class Peer:
     cls: str
     install: str
     build: Callable[[Any, Any, torch.nn.Module, float, dict[str, Any], int], torch.optim.Optimizer]
+    # (module, class) of the exceptions with which the peer reports a numerical failure of its own
+    gives_up: tuple[tuple[str, str], ...] = ()
 
 
 def _heavyball_soap(
@@ -62,6 +68,7 @@ _META = Peer(
     "DistributedShampoo",
     "install facebookresearch/optimizers from its repository (not on PyPI)",
     _meta_shampoo,
+    gives_up=(("distributed_shampoo.shampoo_types", "PreconditionerValueError"),),
 )
 PEERS: dict[str, Peer] = {p.name: p for p in (_HEAVYBALL, _META)}
 
@@ -84,9 +91,18 @@ def available(name: str) -> bool:
     return True
 
 
+def gives_up(name: str, importer: Callable[[str], Any] = importlib.import_module) -> tuple[type, ...]:
+    """The exception types with which peer ``name`` reports a numerical failure (see the module
+    docstring); a type its installed version lacks is an error (the list would be silently stale)."""
+    try:
+        return tuple(getattr(importer(m), c) for m, c in PEERS[name].gives_up)
+    except (ImportError, AttributeError) as exc:
+        raise PeerUnavailableError(f"peer {name!r}: its failure type is missing ({exc})") from None
+
+
 def make_peer(name: str, model: torch.nn.Module, lr: float, options: dict[str, Any], frequency: int) -> Any:
     mod, cls = load(name)
     return PEERS[name].build(mod, cls, model, lr, dict(options), int(frequency))
 
 
-__all__ = ["PEERS", "Peer", "PeerUnavailableError", "available", "load", "make_peer"]
+__all__ = ["PEERS", "Peer", "PeerUnavailableError", "available", "gives_up", "load", "make_peer"]

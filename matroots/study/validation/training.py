@@ -3,7 +3,8 @@
 :func:`run_unit` is the runner's job function: it returns the unit's rows, each tagged with ``table``
 (``"curve"``, ``"run"`` or ``"root"``; :mod:`matroots.study.validation.run` splits them into
 ``curves.parquet``, ``runs.parquet`` and ``roots.parquet``). It never raises for a training failure:
-divergence (a non-finite loss) and Shampoo's ``RootComputationError`` end the run early and are
+divergence (a non-finite loss), Shampoo's ``RootComputationError`` and a peer's own numerical
+failure (``peers.gives_up``, e.g. Meta's ``PreconditionerValueError``) end the run early and are
 recorded in the ``failure`` column, as is a solver that rejects the configuration outright (a
 ``MatrootsError`` such as ``UnsupportedExponentError`` for a Newton iteration in a format too narrow
 for the factor size).
@@ -369,6 +370,11 @@ def run_unit(unit: Unit) -> list[dict[str, Any]]:
         return [{**ident, "table": "run", "steps": unit.task.steps, "steps_done": 0, "failure": "Unavailable",
                  "failure_message": str(exc)[:300], "metric_name": task.metric,
                  "versions": provenance.versions_string(), "machine": provenance.machine_string()}]  # fmt: skip
+    outcomes: tuple[type, ...] = (RootComputationError, MatrootsError)
+    if unit.optimizer.name == "peer":
+        from .peers import gives_up
+
+        outcomes += gives_up(unit.optimizer.root_solver)
     curves: list[dict[str, Any]] = []
     roots: list[dict[str, Any]] = []
     wall = cpu = 0.0
@@ -411,9 +417,10 @@ def run_unit(unit: Unit) -> list[dict[str, Any]]:
             w0, c0 = time.perf_counter(), time.process_time()
             try:
                 lv, _ = _one_step(task, model, opt, batch)
-            except (RootComputationError, MatrootsError) as exc:
-                # Shampoo gave up (N consecutive failures), or the solver rejected the config's input
-                # (e.g. a Newton iteration in a format too narrow for the factor size): an outcome.
+            except outcomes as exc:
+                # Shampoo gave up (N consecutive failures), the solver rejected the config's input
+                # (e.g. a Newton iteration in a format too narrow for the factor size), or a peer
+                # reported a numerical failure of its own (peers.gives_up): an outcome.
                 failure, message = type(exc).__name__, str(exc)[:300]
                 break
             wall += time.perf_counter() - w0
