@@ -28,6 +28,7 @@ training thread's time preparing and installing rounds (``fg``) and waiting for 
 Each cell prints the load average (``os.getloadavg``) before and after it.
 
     python experiments/bench_async_roots.py --cells w1:128:10 bytes:-:100 --blocks 2
+    python experiments/bench_async_roots.py --preconditioner soap --cells w1:256:10 --settings a
 """
 
 from __future__ import annotations
@@ -95,14 +96,16 @@ def _workload(model: str, size: str) -> Workload:
     return Workload(label, lambda: task.build_model(0), [next(it) for _ in range(8)], task.loss)
 
 
-def _build(cfg: Config, work: Workload, common: bm.Common) -> None:
+def _build(cfg: Config, work: Workload, common: bm.Common, preconditioner: str | None = None) -> None:
     cfg.model = work.build()
     if cfg.options is None:
         cfg.opt = bm.adamw_spec(common).build(cfg.model)
     else:
         opts = dict(cfg.options)
         settings = bm._shampoo_settings(common, opts.pop("frequency"), "eigh")
-        cfg.opt = shampoo.Shampoo(cfg.model.named_parameters(), **{**settings, **opts})
+        cfg.opt = shampoo.Shampoo(
+            cfg.model.named_parameters(), **{**settings, **opts}, preconditioner=preconditioner
+        )
 
 
 def _drain(opt: Any) -> float:
@@ -150,7 +153,7 @@ def run_cell(args: argparse.Namespace, model: str, size: str, f: int) -> None:
     batches, loss = work.batches, work.loss
     load0 = _load()
     for cfg in cfgs:
-        _build(cfg, work, common)
+        _build(cfg, work, common, args.preconditioner)
         torch.set_num_threads(cfg.train_threads)
         for i in range(args.warmup):
             cfg.opt.zero_grad()
@@ -234,6 +237,13 @@ def main(argv: list[str] | None = None) -> None:
         "--warmup", type=int, default=2, help="untimed steps first (the first round is at step 1)"
     )
     ap.add_argument("--settings", nargs="+", default=["a", "b"], choices=["a", "b"])
+    ap.add_argument(
+        "--preconditioner",
+        choices=["soap"],
+        default=None,
+        help="every Shampoo configuration with this per-block preconditioner (soap: its eigenbasis "
+        "refreshes are the rounds; default: Kronecker roots)",
+    )
     args = ap.parse_args(argv)
     for cell in args.cells:
         model, size, freq = cell.split(":")

@@ -89,23 +89,8 @@ def check_group_params(params: list[torch.Tensor]) -> None:
             )
 
 
-def check_async_preconditioner(group_index: int, preconditioner: Any, delay: int) -> None:
-    """Under ``root_schedule="async"`` with a delay, a group's preconditioner must be the Kronecker
-    roots' (None)."""
-    if delay > 0 and preconditioner is not None:
-        raise InvalidShampooArgumentError(
-            f"param group {group_index}'s preconditioner",
-            preconditioner,
-            f"None under root_schedule='async' with max_root_delay={delay}, which computes "
-            "Kronecker roots in the background (a preconditioner that refreshes inside its own update, "
-            "as SOAP, is not scheduled yet: use max_root_delay=0, the synchronous computation, or "
-            "root_schedule='sync')",
-        )
-
-
 __all__ = [
     "IMPL_FLAGS",
-    "check_async_preconditioner",
     "check_diagnostics",
     "check_distributed",
     "check_group_params",

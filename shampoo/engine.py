@@ -22,7 +22,7 @@ from .config import DiagnosticsConfig, GroupOptions
 from .errors import FactorResetWarning
 from .implementation import DEFAULT_IMPLEMENTATION, ShampooImplementation
 from .preconditioner import BlockBucket, block_norms
-from .refresh import RootJob, warn
+from .refresh import RootJob, synchronous, warn
 from .root_pipeline import GroupRounds, merge_reports
 from .roots import compute_roots
 from .state import BlockState, ParamState
@@ -423,7 +423,8 @@ class GroupEngine:
                 if new:
                     blocks.extend(self.block_key(bi, j) for j in pos)
         if rounds is None:
-            report = compute_roots(jobs, opts, diag, self.impl) if jobs else None
+            now = synchronous(jobs)
+            report = compute_roots(now, opts, diag, self.impl) if now else None
         else:
             report = merge_reports(installed, rounds.submit(jobs, blocks, opts, diag, self.impl))
         out = []

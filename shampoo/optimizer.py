@@ -42,7 +42,6 @@ import torch
 from . import update
 from .arguments import (
     IMPL_FLAGS,
-    check_async_preconditioner,
     check_diagnostics,
     check_distributed,
     check_group_params,
@@ -281,8 +280,6 @@ class Shampoo(torch.optim.Optimizer):
         check_group_params(group["params"])
         device = group["params"][0].device if group["params"] else None
         normalise_group(group, device)
-        if self._roots is not None:
-            check_async_preconditioner(len(self._engines), group["preconditioner"], self._roots.delay)
         self._engines.append(None)
 
     def _param_keys(self) -> list[list[str | int]]:

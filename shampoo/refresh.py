@@ -69,6 +69,24 @@ class RootJob:
     # each due row's count of statistics updates, the t of its bias correction 1 - beta2^t (None: its
     # step; differs under statistics_frequency > 1, see shampoo.transforms.kronecker)
     updates: list[int] | None = None
+    # how these rows are refreshed, built from the group's options (None: their inverse roots,
+    # shampoo.roots.KroneckerRoots); SOAP's eigenbases bring their own (shampoo.transforms.soap)
+    refresher: Callable[[Any], Refresher] | None = None
+    # where the owner computes a synchronous round itself, later (SOAP: at the block's next update,
+    # the paper's order): called instead of computing the rows in the step that made the job
+    defer: Callable[[], None] | None = None
+
+
+def synchronous(jobs: list[RootJob]) -> list[RootJob]:
+    """The jobs a synchronous round computes now: a job its owner computes later (``defer``) is handed
+    back to it; the others are returned. A background round (``root_schedule="async"``) takes them all."""
+    now = []
+    for job in jobs:
+        if job.defer is None:
+            now.append(job)
+        else:
+            job.defer()
+    return now
 
 
 @dataclass
@@ -424,5 +442,6 @@ __all__ = [
     "compute",
     "finite_rows",
     "record",
+    "synchronous",
     "warn",
 ]

@@ -30,7 +30,7 @@ from .async_roots import RootExecutor, RootSchedule, RoundTicket
 from .config import DiagnosticsConfig, GroupOptions
 from .errors import InvalidShampooArgumentError, StateDictError
 from .implementation import DEFAULT_IMPLEMENTATION, ShampooImplementation
-from .refresh import Result, RootJob, Round, RoundReport, Snapshot, compute
+from .refresh import Result, RootJob, Round, RoundReport, Snapshot, compute, synchronous
 from .roots import KroneckerRoots, compute_roots, round_chunks
 
 BlockKey = tuple[int, Any, int]  # (group index, parameter key, block index)
@@ -40,10 +40,15 @@ SCHEDULES = ("sync", "async")
 
 @dataclass
 class PreparedRound:
-    """A round's refresh-engine :class:`~shampoo.refresh.Round` and its snapshots, one per chunk."""
+    """A round's parts, one per refresher: its refresh-engine :class:`~shampoo.refresh.Round` and
+    snapshots, one per chunk (the Kronecker roots: :func:`~shampoo.roots.round_chunks`; a job that
+    brings its own refresher, as SOAP's eigenbases: one per job)."""
 
-    round: Round
-    snaps: list[Snapshot]
+    parts: list[tuple[Round, list[Snapshot]]]
+
+    @property
+    def snaps(self) -> list[Snapshot]:
+        return [s for _, snaps in self.parts for s in snaps]
 
 
 def prepare_round(
@@ -53,18 +58,31 @@ def prepare_round(
     impl: ShampooImplementation = DEFAULT_IMPLEMENTATION,
     saved: dict[int, tuple[torch.Tensor, bool]] | None = None,
 ) -> PreparedRound:
-    """The training-thread half before the solve: the chunks of the synchronous round
-    (:func:`~shampoo.roots.round_chunks`), each snapshotted with ``copy=True`` (nothing aliases live
-    state). ``saved``: the inputs of a checkpointed round, per factor record (``id``): (input, reset)."""
-    rnd = Round(KroneckerRoots(opts, diag, impl))
-    chunks = round_chunks(jobs, opts, impl)
-    snaps = [rnd.snapshot(c, copy=True) if saved is None else _saved_snapshot(rnd, c, saved) for c in chunks]
-    return PreparedRound(rnd, snaps)
+    """The training-thread half before the solve: the chunks of the synchronous round, each
+    snapshotted with ``copy=True`` (nothing aliases live state). ``saved``: the inputs of a
+    checkpointed round, per factor record (``id``): (input, reset)."""
+    parts = []
+    kron = [j for j in jobs if j.refresher is None]
+    if kron:
+        rnd = Round(KroneckerRoots(opts, diag, impl))
+        parts.append((rnd, [_snapshot(rnd, c, saved) for c in round_chunks(kron, opts, impl)]))
+    own: dict[int, tuple[Round, list[Snapshot]]] = {}
+    for job in jobs:
+        if job.refresher is not None:  # one Round per refresher (one warning, limits after it)
+            rnd, snaps = own.setdefault(id(job.refresher), (Round(job.refresher(opts)), []))
+            snaps.append(_snapshot(rnd, [job], saved))
+    return PreparedRound(parts + list(own.values()))
+
+
+def _snapshot(
+    rnd: Round, jobs: list[RootJob], saved: dict[int, tuple[torch.Tensor, bool]] | None
+) -> Snapshot:
+    return rnd.snapshot(jobs, copy=True) if saved is None else _saved_snapshot(rnd, jobs, saved)
 
 
 def _saved_snapshot(rnd: Round, jobs: list[RootJob], saved: dict[int, tuple[torch.Tensor, bool]]) -> Snapshot:
     """A snapshot of ``jobs`` whose inputs are the saved ones (the warm starts are read as
-    :meth:`shampoo.refresh.Round.snapshot` reads them: the roots in use)."""
+    :meth:`shampoo.refresh.Round.snapshot` reads them: the roots, or bases, in use)."""
     r = rnd.refresher
     records = [job.records[i] for job in jobs for i in job.positions]
     rows = [saved[id(f)] for f in records]
@@ -77,18 +95,21 @@ def _saved_snapshot(rnd: Round, jobs: list[RootJob], saved: dict[int, tuple[torc
     return snap
 
 
-def solve_round(prep: PreparedRound) -> list[Result]:
-    """The solves of a prepared round (:func:`shampoo.refresh.compute`): reads only the snapshots,
-    writes only the results; runs on the background thread."""
-    return [compute(snap) for snap in prep.snaps]
+def solve_round(prep: PreparedRound) -> list[list[Result]]:
+    """The solves of a prepared round (:func:`shampoo.refresh.compute`), per part: reads only the
+    snapshots, writes only the results; runs on the background thread."""
+    return [[compute(snap) for snap in snaps] for _, snaps in prep.parts]
 
 
-def install_round(prep: PreparedRound, results: list[Result]) -> RoundReport:
-    """The training-thread half after the solve: each chunk installed, then the round's warning and
-    limits (:meth:`shampoo.refresh.Round.install`, :meth:`~shampoo.refresh.Round.finish`)."""
-    for res in results:
-        prep.round.install(res)
-    return prep.round.finish()
+def install_round(prep: PreparedRound, results: list[list[Result]]) -> RoundReport | None:
+    """The training-thread half after the solve, per part: each chunk installed, then the part's
+    warning and limits (:meth:`shampoo.refresh.Round.install`, :meth:`~shampoo.refresh.Round.finish`)."""
+    report = None
+    for (rnd, _), part in zip(prep.parts, results, strict=True):
+        for res in part:
+            rnd.install(res)
+        report = merge_reports(report, rnd.finish())
+    return report
 
 
 @dataclass
@@ -222,7 +243,8 @@ class RootPipeline:
         t0 = time.perf_counter()
         if self.delay == 0:
             try:
-                return compute_roots(jobs, opts, diag, impl)
+                now = synchronous(jobs)
+                return compute_roots(now, opts, diag, impl) if now else None
             finally:
                 self.foreground_seconds += time.perf_counter() - t0
                 for key in keys:

@@ -10,6 +10,7 @@ schedule itself (generation, snapshot step, round in flight per block) is compar
 
 from __future__ import annotations
 
+import pytest
 import torch
 from _dist import run_ranks
 from torch import nn
@@ -24,11 +25,13 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(9, 8), nn.Tanh(), nn.Linear(8, 4))
 
 
-def _opt(model: nn.Module, distributed) -> shampoo.Shampoo:
+def _opt(model: nn.Module, distributed, preconditioner: str | None = None) -> shampoo.Shampoo:
+    """``preconditioner="soap"``: SOAP's eigenbasis refreshes are the rounds in the background."""
     return shampoo.Shampoo(
         model.named_parameters(), lr=3e-2, betas=(0.9, 0.99), eps=1e-4, momentum=0.5,
         max_preconditioner_dim=5, precondition_frequency=3, start_preconditioning_step=3,
         root_solver="coupled_newton", root_schedule="async", max_root_delay=2, distributed=distributed,
+        preconditioner=preconditioner,
     )  # fmt: skip
 
 
@@ -51,19 +54,20 @@ def _params(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-def _ranked(rank: int, ws: int) -> dict:
+def _ranked(rank: int, ws: int, preconditioner: str | None) -> dict:
     model = _model()
-    opt = _opt(model, shampoo.DDPConfig(timeout=60))
+    opt = _opt(model, shampoo.DDPConfig(timeout=60), preconditioner)
     seen = _steps(model, opt, 0, K1)
     ckpt = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "optim": opt.state_dict()}
     seen += _steps(model, opt, K1, K1 + K2)
     return {"seen": seen, "params": _params(model), "ckpt": ckpt}
 
 
-def test_two_ranks_async_equal_one_process_async_and_resume_across_world_sizes() -> None:
-    r0, r1 = run_ranks(_ranked, 2)
+@pytest.mark.parametrize("preconditioner", [None, "soap"])
+def test_two_ranks_async_equal_one_process_async_and_resume_across_world_sizes(preconditioner) -> None:
+    r0, r1 = run_ranks(_ranked, 2, preconditioner)
     model = _model()
-    opt = _opt(model, None)
+    opt = _opt(model, None, preconditioner)
     single = _steps(model, opt, 0, K1 + K2)
     # the ranks own disjoint blocks; together they follow the single process's schedule exactly
     for t, (a, b, s) in enumerate(zip(r0["seen"], r1["seen"], single, strict=True)):
@@ -76,7 +80,7 @@ def test_two_ranks_async_equal_one_process_async_and_resume_across_world_sizes()
     # saved inputs, installs it at the saved step and continues as the uninterrupted run
     model2 = _model()
     model2.load_state_dict(r0["ckpt"]["model"])
-    opt2 = _opt(model2, None)
+    opt2 = _opt(model2, None, preconditioner)
     opt2.load_state_dict(r0["ckpt"]["optim"])
     assert _steps(model2, opt2, K1, K1 + K2) == single[K1:]
     for k, v in _params(model).items():

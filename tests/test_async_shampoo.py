@@ -387,13 +387,6 @@ def test_schedule_arguments_are_checked(kw: dict, match: str) -> None:
         shampoo.Shampoo([torch.nn.Parameter(torch.randn(3, 3))], **kw)
 
 
-def test_soap_in_the_background_is_refused_until_scheduled() -> None:
-    w = torch.nn.Parameter(torch.randn(3, 3))
-    with pytest.raises(InvalidArgumentError, match="refreshes inside its own update"):
-        shampoo.Shampoo([w], preconditioner="soap", root_schedule="async", max_root_delay=1)
-    shampoo.Shampoo([w], preconditioner="soap", root_schedule="async", max_root_delay=0)  # inline: sync
-
-
 # -- state dicts, copies --------------------------------------------------------------------------------
 
 

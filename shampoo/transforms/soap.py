@@ -250,15 +250,33 @@ class SOAP:
     def refresh(
         self, state: SOAPState, positions: list[int], steps: list[int], label: Callable[[int, int], str]
     ) -> list[RootJob]:
-        """Record the due refreshes; the bases are computed from these statistics at the start of the
-        block's next update (the paper's order, module docstring). No root jobs."""
-        if state.stats is None:
+        """The due refreshes as one job per factor slot, with SOAP's own refresher. A synchronous
+        round hands them back (``defer``): they are recorded and the bases computed from these
+        statistics at the start of the block's next update (the paper's order, module docstring). A
+        background round (``root_schedule="async"``) solves the same snapshot (the statistics after
+        this step's update, the bases in use) while training goes on, and installs it at the start of
+        the step ``max_root_delay`` steps later: with delay 1, where the synchronous round installs."""
+        st = state.stats
+        if st is None:
             return []
-        for j, t in zip(positions, steps, strict=True):
-            state.pending[j] = t
-            for d in state.stats.dims:
+        for j in positions:
+            for d in st.dims:
                 state.labels[(j, d)] = label(j, d)
-        return []
+
+        def defer() -> None:
+            for j, t in zip(positions, steps, strict=True):
+                state.pending[j] = t
+
+        refresher = _RefresherFor(self, state)
+        return [
+            RootJob(
+                factors=st.factors[k], roots=st.roots[k], records=st.records[k], p=st.ps[k],
+                positions=list(positions), steps=list(steps),
+                label=lambda j, d=d: state.labels.get((j, d), f"position {j}"),
+                refresher=refresher, defer=defer if k == 0 else _nothing,
+            )
+            for k, d in enumerate(st.dims)
+        ]  # fmt: skip
 
     def accumulators(self, state: SOAPState) -> list[torch.Tensor]:
         return [state.v]  # statistics are checked (and reset) at each refresh
@@ -299,6 +317,21 @@ class SOAP:
             )  # fmt: skip
         rnd.finish()
         state.pending.index_fill_(0, rows, 0)
+
+
+def _nothing() -> None:
+    """A slot's job whose block is deferred by its first slot's job (one record per block)."""
+
+
+@dataclass(frozen=True, eq=False)
+class _RefresherFor:
+    """Builds SOAP's refresher of one bucket's state from the group's options (RootJob.refresher)."""
+
+    soap: SOAP
+    state: SOAPState
+
+    def __call__(self, opts: Any) -> _BasisRefresh:
+        return _BasisRefresh(self.soap, self.state, opts)
 
 
 @dataclass(frozen=True)
