@@ -96,6 +96,7 @@ per element, and per stage in the sign form), ``stage_iterations`` (sign form), 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -118,6 +119,7 @@ from .newton_schulz_sign import (
 from .registry import register
 from .spd_start import (
     SpdIterationConfig,
+    SpdStart,
     flag_undetermined,
     not_positive_definite,
     require_positive_root,
@@ -258,6 +260,39 @@ def _run_factored(
     return out, torch.tensor(matmuls, dtype=torch.float64), torch.tensor(n_split)
 
 
+@dataclass
+class _Setup:
+    """What each form's iteration reads (:meth:`PolarExpressConfig._setup`)."""
+
+    p: int
+    cdt: torch.dtype
+    sixteen: bool  # a 16-bit compute format
+    form: str  # "coupled", "factored" or "sign"
+    stages: int  # the sign form's square-root stages (p = 2^stages); 0 for the other forms
+    st: SpdStart
+    info: dict
+    safety: float
+    tol: float
+    max_iter: int
+    accept: float  # the stagnation acceptance level
+    c: torch.Tensor  # the scale, c >= lambda_max
+    ratio: list[float]  # per matrix, (lambda_min_est / (4 c)) clamped: the start interval's lower end^p
+
+
+@dataclass
+class _Iterated:
+    """The outcome of a form's iteration: the unscaled root X of A/c and how it stopped."""
+
+    X: torch.Tensor
+    converged: torch.Tensor
+    iterations: torch.Tensor
+    reason: list[str]
+    history: Any
+    residual: torch.Tensor
+    matmuls: torch.Tensor
+    l0: list[float]
+
+
 @register
 @dataclass(frozen=True, kw_only=True)
 class PolarExpressConfig(SpdIterationConfig):
@@ -302,9 +337,32 @@ class PolarExpressConfig(SpdIterationConfig):
             )
 
     def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
-        p = int(prob.p)
-        cdt = prob.compute_dtype
-        sixteen = cdt not in (torch.float32, torch.float64)
+        """The phases: form and start (:meth:`_setup`), the iteration of the form (one stage,
+        :meth:`_one_stage`, or the sign form's square-root stages, :meth:`_sign_stages`), and the checks
+        and unscaling of the result (:meth:`_result`)."""
+        s = self._setup(prob, inverse)
+        if s.form == "sign" and s.stages == 0 and not inverse:  # A^{1/1}: the shifted matrix itself
+            root = s.st.A.to(torch.float32 if s.sixteen else s.cdt).clone()
+            root.diagonal(dim1=-2, dim2=-1).add_(s.st.shift.to(root.dtype)[:, None])
+            b = prob.A.shape[0]
+            s.info["stop_reason"] = ["identity_root"] * b
+            zeros = torch.zeros(b, dtype=torch.int64)
+            return RawResult(
+                root, torch.ones(b, dtype=torch.bool), zeros, zeros.double(), s.st.matmuls, info=s.info
+            )
+        wdt = torch.float32 if s.sixteen and s.form == "factored" else s.cdt  # the iterates' format
+        M0 = _start_matrix(s.st.A, s.c, s.st.shift, wdt)
+        I = torch.eye(prob.n, dtype=wdt).expand(prob.A.shape[0], prob.n, prob.n).clone()
+        it = (
+            self._sign_stages(prob, s, M0, I, inverse)
+            if s.form == "sign"
+            else self._one_stage(prob, s, M0, I)
+        )
+        return self._result(prob, s, it, inverse)
+
+    def _form(self, p: int, sixteen: bool, inverse: bool) -> tuple[str, int]:
+        """(form, square-root stages of the sign form, 0 otherwise): ``form="auto"`` resolved, and the
+        refusals of a form that cannot compute the root asked for."""
         two_k = p & (p - 1) == 0 and p.bit_length() - 1 <= MAX_STAGES
         form = self.form
         if form == "auto":
@@ -321,137 +379,147 @@ class PolarExpressConfig(SpdIterationConfig):
                 f"{self.name}: the coupled form takes integer 1 <= p <= {MAX_P}, got p = {p}; "
                 "use form='sign' for p = 2^k, or method='coupled_newton'"
             )
+        stages = 0
         if form == "sign" or not inverse:
             stages = power_of_two_stages(p, self.name)  # the sign form: p = 2^k (refused otherwise)
             if not inverse and form == "coupled":
                 raise UnsupportedExponentError(
                     f"{self.name}: forward roots A^(1/p) need form='sign' (p = 2^k); got form='coupled'"
                 )
-        n, b = prob.n, prob.A.shape[0]
-        d = self.degree
+        return form, stages
+
+    def _setup(self, prob: Problem, inverse: bool) -> _Setup:
+        """The form, the SPD start (shift, lambda bounds, c >= lambda_max) and the stopping numbers."""
+        p = int(prob.p)
+        cdt = prob.compute_dtype
+        sixteen = cdt not in (torch.float32, torch.float64)
+        form, stages = self._form(p, sixteen, inverse)
         # the residual's rounding floor: propagated through P^p in the coupled form (coupled_newton's
         # rule with p); one product M = Z Y of two rounded operands in the sign and factored forms
-        check_resolvable(p if form == "coupled" else 2, cdt, n, self.name)
+        check_resolvable(p if form == "coupled" else 2, cdt, prob.n, self.name)
         st = spd_start(prob, self.name, self.lanczos_steps, self.symmetry_tol)
         info = dict(st.info)
         safety = self.safety if self.safety is not None else (1.01 if sixteen else 1.001)
         q = 2 if form == "sign" else p  # the root each iteration computes
-        tol = prob.tol if prob.tol is not None else default_tol(cdt, n, q)
+        tol = prob.tol if prob.tol is not None else default_tol(cdt, prob.n, q)
         max_iter = prob.max_iter if prob.max_iter is not None else 100
-        accept = self.stagnation_accept * tol
         c = st.lmax
         if form == "factored" and sixteen:  # a power of two: A / c is as exact as A in the 16-bit format
             c = torch.exp2(torch.ceil(torch.log2(c)))
         ratio = (st.lmin / (4.0 * c)).clamp(min=MIN_L0**p, max=1.0).tolist()
-        info.update(form=form, degree=d, safety=safety, c=c / prob.prescale, tol=tol)
-        if form == "sign" and stages == 0 and not inverse:  # A^{1/1}: the shifted matrix itself
-            root = st.A.to(torch.float32 if sixteen else cdt).clone()
-            root.diagonal(dim1=-2, dim2=-1).add_(st.shift.to(root.dtype)[:, None])
-            info["stop_reason"] = ["identity_root"] * b
-            zeros = torch.zeros(b, dtype=torch.int64)
-            return RawResult(
-                root, torch.ones(b, dtype=torch.bool), zeros, zeros.double(), st.matmuls, info=info
-            )
-        wdt = torch.float32 if sixteen and form == "factored" else cdt  # the iterates' format
-        M0 = _start_matrix(st.A, c, st.shift, wdt)
-        I = torch.eye(n, dtype=wdt).expand(b, n, n).clone()
-        if form in ("factored", "coupled"):  # one stage: the p-th root's schedule on the start's ratio
-            l0 = [max(grid_floor(r ** (1.0 / p)), MIN_L0) for r in ratio]
-            scheds = [schedule(lo, p, d, safety) for lo in l0]
-        if form == "factored":
+        info.update(form=form, degree=self.degree, safety=safety, c=c / prob.prescale, tol=tol)
+        return _Setup(
+            p,
+            cdt,
+            sixteen,
+            form,
+            stages,
+            st,
+            info,
+            safety,
+            tol,
+            max_iter,
+            self.stagnation_accept * tol,
+            c,
+            ratio,
+        )
+
+    def _one_stage(self, prob: Problem, s: _Setup, M0: torch.Tensor, I: torch.Tensor) -> _Iterated:
+        """The factored and coupled forms: one stage, the p-th root's schedule on the start's ratio."""
+        p, d = s.p, self.degree
+        l0 = [max(grid_floor(r ** (1.0 / p)), MIN_L0) for r in s.ratio]
+        scheds = [schedule(lo, p, d, s.safety) for lo in l0]
+        if s.form == "factored":
             split_below = self.split_below
             if split_below is None:
-                split_below = SPLIT_BELOW if sixteen else 0.0
+                split_below = SPLIT_BELOW if s.sixteen else 0.0
             out, matmuls, n_split = _run_factored(
-                M0, I, scheds, p, d, low=cdt if sixteen else None, split_below=split_below, tol=tol,
-                max_iter=max_iter, accept=accept, record_history=prob.record_history,
+                M0, I, scheds, p, d, low=s.cdt if s.sixteen else None, split_below=split_below, tol=s.tol,
+                max_iter=s.max_iter, accept=s.accept, record_history=prob.record_history,
             )  # fmt: skip
-            info.update(split_below=split_below, split_steps=n_split)
-        elif form == "coupled":
+            s.info.update(split_below=split_below, split_steps=n_split)
+        else:
 
             def step(k: int, rows: torch.Tensor, state, M: torch.Tensor):
                 P = _polynomial(M, _coefficients(scheds, k, rows))
                 return (state[0] @ P,), matrix_power(P, p) @ M
 
             out = run_coupled(
-                (I,), M0, step, tol=tol, max_iter=max_iter, accept=accept,
+                (I,), M0, step, tol=s.tol, max_iter=s.max_iter, accept=s.accept,
                 per_iter=d + 1 + matmul_count_power(p), record_history=prob.record_history,
-                stagnation_from=[len(s) - 1 for s in scheds],
+                stagnation_from=[len(sc) - 1 for sc in scheds],
             )  # fmt: skip
             matmuls = out.matmuls_each
+        s.info["schedule_steps"] = torch.tensor([len(sc) - 1 for sc in scheds])
+        return _Iterated(out.state[0], out.converged, out.iterations, out.reason, out.history, out.residual,
+                         matmuls, l0)  # fmt: skip
+
+    def _sign_stages(
+        self, prob: Problem, s: _Setup, M0: torch.Tensor, I: torch.Tensor, inverse: bool
+    ) -> _Iterated:
+        """The sign form: stage j takes the square root of (A/c)^{1/2^j}; its singular-value variable
+        is x = (lambda/c)^{1/2^(j+1)}, whose lower end is the start's ratio to that power."""
+        d, b = self.degree, prob.A.shape[0]
+        l0 = [max(grid_floor(r**0.5), MIN_L0) for r in s.ratio]
+        stage_scheds: dict[int, list] = {}
+
+        def stage(j: int, B: torch.Tensor):
+            sch = [schedule(max(grid_floor(r ** (0.5 ** (j + 1))), MIN_L0), 2, d, s.safety) for r in s.ratio]
+            stage_scheds[j] = sch
+
+            def step(k: int, rows: torch.Tensor, state, M: torch.Tensor):
+                Y, Z = state
+                P = _polynomial(M, _coefficients(sch, k, rows))
+                Y_new, Z_new = Y @ P, P @ Z
+                return (Y_new, Z_new), Z_new @ Y_new
+
+            return run_coupled(
+                (B, I), B, step, tol=s.tol, max_iter=s.max_iter, accept=s.accept, per_iter=d + 2,
+                record_history=prob.record_history, floor_scale=product_floor,
+                stagnation_from=[len(sc) - 1 for sc in sch],
+            )  # fmt: skip
+
+        comp = compose_stages(M0, max(s.stages, 1), stage)
+        Y, Z = comp.out.state
+        matmuls = comp.matmuls
+        if s.stages == 0:  # p = 1, inverse: A^{-1} = (A^{-1/2})^2
+            X, matmuls = Z @ Z, matmuls + 1
         else:
-            # stage j takes the square root of (A/c)^{1/2^j}: its singular-value variable is
-            # x = (lambda/c)^{1/2^(j+1)}, whose lower end is the start's ratio to that power
-            l0 = [max(grid_floor(r**0.5), MIN_L0) for r in ratio]
+            X = Z if inverse else Y
+        s.info["stage_iterations"] = comp.stage_iterations
+        s.info["schedule_steps"] = torch.tensor(
+            [[len(sc[i]) - 1 for sc in stage_scheds.values()] for i in range(b)]
+        )
+        return _Iterated(X, comp.converged, comp.iterations, comp.reason, comp.history, comp.out.residual,
+                         matmuls, l0)  # fmt: skip
 
-            def stage(j: int, B: torch.Tensor):
-                sch = [schedule(max(grid_floor(r ** (0.5 ** (j + 1))), MIN_L0), 2, d, safety) for r in ratio]
-                stage_scheds[j] = sch
-
-                def step(k: int, rows: torch.Tensor, state, M: torch.Tensor):
-                    Y, Z = state
-                    P = _polynomial(M, _coefficients(sch, k, rows))
-                    Y_new, Z_new = Y @ P, P @ Z
-                    return (Y_new, Z_new), Z_new @ Y_new
-
-                return run_coupled(
-                    (B, I), B, step, tol=tol, max_iter=max_iter, accept=accept, per_iter=d + 2,
-                    record_history=prob.record_history, floor_scale=product_floor,
-                    stagnation_from=[len(s) - 1 for s in sch],
-                )  # fmt: skip
-
-            stage_scheds: dict[int, list] = {}
-            comp = compose_stages(M0, max(stages, 1), stage)
-            Y, Z = comp.out.state
-            conv, iters, reason, history, matmuls = (
-                comp.converged,
-                comp.iterations,
-                comp.reason,
-                comp.history,
-                comp.matmuls,
-            )
-            out = comp.out
-            if stages == 0:  # p = 1, inverse: A^{-1} = (A^{-1/2})^2
-                X, matmuls = Z @ Z, matmuls + 1
-            else:
-                X = Z if inverse else Y
-            info["stage_iterations"] = comp.stage_iterations
-            info["schedule_steps"] = torch.tensor(
-                [[len(s[i]) - 1 for s in stage_scheds.values()] for i in range(b)]
-            )
-        if form in ("factored", "coupled"):
-            X, conv, iters, reason, history = (
-                out.state[0],
-                out.converged,
-                out.iterations,
-                out.reason,
-                out.history,
-            )
-            info["schedule_steps"] = torch.tensor([len(s) - 1 for s in scheds])
-        info["l0"] = torch.tensor(l0, dtype=torch.float64)
-        if "divergence" in reason:
+    def _result(self, prob: Problem, s: _Setup, it: _Iterated, inverse: bool) -> RawResult:
+        """Refuse a diverged or non-positive result, flag what the precision cannot determine, unscale."""
+        info, st = s.info, s.st
+        info["l0"] = torch.tensor(it.l0, dtype=torch.float64)
+        if "divergence" in it.reason:
             not_positive_definite(self.name, prob, st.A, st.shift)
-        require_positive_root(self.name, prob, X, conv, p)
+        require_positive_root(self.name, prob, it.X, it.converged, s.p)
         if inverse:
-            flag_undetermined(st.undetermined, conv, reason, info, prob, st.lmax)
-        root = symmetrise(unscale(X, scalar_powers(c, (-1.0 if inverse else 1.0) / p)))
-        info["stop_reason"] = reason
-        if sixteen and form == "factored":
+            flag_undetermined(st.undetermined, it.converged, it.reason, info, prob, st.lmax)
+        root = symmetrise(unscale(it.X, scalar_powers(s.c, (-1.0 if inverse else 1.0) / s.p)))
+        info["stop_reason"] = it.reason
+        if s.sixteen and s.form == "factored":
             info["compute_dtype_note"] = (
-                f"GEMM operands in {precision.info(cdt).name} with fp32 accumulation and result (split "
+                f"GEMM operands in {precision.info(s.cdt).name} with fp32 accumulation and result (split "
                 "hi + lo operands, 3 GEMMs, while l_k^p < split_below); iterates, polynomial sums, residual "
                 "norms and the final scaling in fp32"
             )
-        elif sixteen:
+        elif s.sixteen:
             info["compute_dtype_note"] = (
-                f"products in {precision.info(cdt).name}; residual norms and the final scaling in fp32"
+                f"products in {precision.info(s.cdt).name}; residual norms and the final scaling in fp32"
             )
         return RawResult(
             root=root,
-            converged=conv,
-            iterations=iters,
-            residual=out.residual,
-            matmuls=st.matmuls + float(matmuls.mean()),
-            history=history,
+            converged=it.converged,
+            iterations=it.iterations,
+            residual=it.residual,
+            matmuls=st.matmuls + float(it.matmuls.mean()),
+            history=it.history,
             info=info,
         )
