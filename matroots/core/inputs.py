@@ -87,7 +87,7 @@ def to_tensor(A: object) -> torch.Tensor:
                 "A is a meta-device tensor, which has a shape but no values; pass a tensor on the CPU "
                 "(or a GPU), e.g. torch.empty_like(A, device='cpu') filled with the matrix"
             )
-        t = A.detach()
+        t = A.detach() if A.requires_grad else A  # a tensor outside autograd is used as it is
     elif isinstance(A, np.ndarray):
         kind = A.dtype.kind
         if kind in _NUMPY_KINDS_REFUSED or A.dtype == np.longdouble:
@@ -135,9 +135,9 @@ def all_finite(t: torch.Tensor) -> bool:
     infinite); only a non-finite sum, from a bad entry or from overflow of the sum itself, pays for the
     entrywise test.
     """
-    t = t.detach()
+    t = t.detach() if t.requires_grad else t
     work = t if t.dtype in (torch.float32, torch.float64) else t.float()
-    if math.isfinite(float(work.sum())):
+    if math.isfinite(work.sum().tolist()):  # tolist: a Python float without a dispatched read
         return True
     return bool(torch.isfinite(t).all())
 
@@ -240,6 +240,12 @@ def symmetry_defect(t: torch.Tensor) -> torch.Tensor:
     return symmetric_part(t)[1]
 
 
+def _exactly_symmetric(work: torch.Tensor) -> bool:
+    """True when a small ``work`` (n < 512) is exactly symmetric (one strided pass); False for a larger
+    one, whose defect pass (:func:`symmetric_part`) costs about as much and tells the same."""
+    return work.shape[-1] < 512 and torch.equal(work, work.mT)
+
+
 def symmetric_part(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(A + A^T)/2 and the relative symmetry defect per batch element (float64).
 
@@ -251,7 +257,7 @@ def symmetric_part(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     inf/inf = NaN, and below ~1e-154 they give 0, either of which would let a non-symmetric matrix pass.
     """
     work = _defect_dtype(t)
-    if work.shape[-1] < 512 and torch.equal(work, work.mT):  # exactly symmetric, small: one strided pass
+    if _exactly_symmetric(work):
         return work, torch.zeros(work.shape[:-2], dtype=torch.float64)
     D = _transposed(work).sub_(work).neg_()  # A - A^T in a fresh n x n buffer
     defect = _norm_ratio(D, work)
@@ -308,16 +314,22 @@ def require_symmetric(
         )
 
 
-def symmetric_input(prob: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+def symmetric_input(prob: Problem, *, zero_defect: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`symmetric_part` of ``prob.A``, or ``(prob.A, zero defects)`` without looking at it when
     the caller declared the input exactly symmetric (``SolveOptions.trusted``).
 
     For exactly symmetric input both are the same tensor and defects: :func:`symmetric_part` returns
     the matrix itself and a zero defect, so a trusted solve is bitwise the validated one.
+    ``zero_defect=False``: the defect is None where it is zero by construction (trusted, or exactly
+    symmetric input), for a caller that reads it only to judge a defect that may be nonzero.
     """
     if prob.options.trusted:
         A = _defect_dtype(prob.A)
-        return A, torch.zeros(A.shape[:-2], dtype=torch.float64)
+        return A, torch.zeros(A.shape[:-2], dtype=torch.float64) if zero_defect else None
+    if not zero_defect:
+        work = _defect_dtype(prob.A)
+        if _exactly_symmetric(work):
+            return work, None
     return symmetric_part(prob.A)
 
 
@@ -534,7 +546,7 @@ def prepare(
         else:
             work = _ldexp(flat.double(), torch.tensor(k)).to(wdtype)
     else:
-        work = flat.to(wdtype)
+        work = flat if flat.dtype == wdtype else flat.to(wdtype)
     if (work.dtype != flat.dtype or k != 0) and not exact_scaling:  # rounding can overflow
         check_finite(work, what=f"input rounded to {precision.info(wdtype).name}", error=FormatRangeError)
     work = work.contiguous()  # a transposed or strided view is copied (solvers then never see the caller's)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -25,9 +26,11 @@ class RawResult:
     """What a method returns on the flattened batch (b, n, n); finalised by :class:`SolverConfig`."""
 
     root: torch.Tensor
-    converged: torch.Tensor  # (b,) bool
-    iterations: torch.Tensor  # (b,) int64
-    residual: torch.Tensor  # (b,) float64
+    converged: torch.Tensor | None  # (b,) bool; None: every element converged (a direct method)
+    # None for a direct method (eigh): 0 iterations and no residual (NaN), built by _finalise only for
+    # a batched result (a single matrix's are Python numbers: no tensor to build and read back)
+    iterations: torch.Tensor | None  # (b,) int64
+    residual: torch.Tensor | None  # (b,) float64
     matmuls: float
     history: list[torch.Tensor] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
@@ -154,7 +157,8 @@ class SolverConfig:
                 root = root.index_copy(0, rows, fixed)  # not in place: raw.root need not be owned
         elif root.dtype != prob.dtype:
             check_root_range(root, prob.dtype)
-        root = root.to(prob.dtype)
+        if root.dtype != prob.dtype:  # a no-op conversion is skipped (each call costs its dispatch)
+            root = root.to(prob.dtype)
         amax = None
         every_finite = False  # known without another look: every root finite
         finite: torch.Tensor | None = None  # (b,) bool, where not every root is known finite
@@ -168,7 +172,12 @@ class SolverConfig:
         else:  # max|X| per matrix: the finiteness test (NaN and inf propagate) and the range check
             amax = root.detach().abs().flatten(1).amax(-1).double().cpu()
             finite = torch.isfinite(amax)
-        converged = raw.converged if every_finite else raw.converged & finite
+        b, bs = root.shape[0], prob.batch_shape
+        converged = raw.converged
+        if converged is None and (bs or not every_finite):  # a tensor is returned, or read with finite
+            converged = torch.ones(b, dtype=torch.bool)
+        if not every_finite:
+            converged = converged & finite
         info = {**prob.info, **raw.info}
         psd_policy.report(info, root.shape[0])
         if amax is not None:
@@ -176,21 +185,28 @@ class SolverConfig:
             _check_zero_roots(self.name, prob, amax, info, inverse=inverse)
         if not every_finite and not bool(finite.all()):
             info["non_finite_root"] = int((~finite).sum())
-        flags = converged.tolist()  # one read serves the count and a single matrix's flag
+        # one read serves the count and a single matrix's flag (None: every element converged)
+        flags = [True] * b if converged is None else converged.tolist()
         n_bad = flags.count(False)
         if n_bad:
             reasons = info.get("stop_reason")
             msg = (
-                f"{self.name}: {n_bad} of {converged.numel()} matrices did not converge "
+                f"{self.name}: {n_bad} of {b} matrices did not converge "
                 f"(stop reasons: {reasons}; non-finite roots: {info.get('non_finite_root', 0)}); "
                 "the returned root may be inaccurate. Check res.converged and res.info."
             )
-        bs = prob.batch_shape
+        its, res = raw.iterations, raw.residual
+        if bs:  # per-element tensors (a direct method's built here)
+            its = (torch.zeros(b, dtype=torch.int64) if its is None else its).reshape(bs)
+            res = (torch.full((b,), math.nan, dtype=torch.float64) if res is None else res).reshape(bs)
+        else:  # a single matrix: Python numbers, one read each
+            its = 0 if its is None else int(its.tolist()[0])
+            res = math.nan if res is None else float(res.tolist()[0])
         out = RootResult(
             root=root.reshape(*bs, prob.n, prob.n),
             converged=converged.reshape(bs) if bs else bool(flags[0]),  # one read each
-            iterations=raw.iterations.reshape(bs) if bs else int(raw.iterations.tolist()[0]),
-            residual=raw.residual.reshape(bs) if bs else float(raw.residual.tolist()[0]),
+            iterations=its,
+            residual=res,
             history=[h.reshape(bs) if bs else float(h[0]) for h in raw.history],
             matmuls=float(raw.matmuls),
             seconds=seconds,

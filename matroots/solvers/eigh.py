@@ -69,8 +69,9 @@ class EighConfig(SolverConfig):
 
     def _working_matrix(self, prob: Problem) -> tuple[torch.Tensor, dict]:
         """The validated symmetric part of the input in the LAPACK compute format, and the info notes."""
-        A_sym, defect = symmetric_input(prob)  # trusted input (SolveOptions.trusted) is used as given
-        if A_sym is not prob.A:  # prob.A itself comes back only with a zero defect: nothing to read
+        # trusted input (SolveOptions.trusted) is used as given; defect None: zero by construction
+        A_sym, defect = symmetric_input(prob, zero_defect=False)
+        if defect is not None and A_sym is not prob.A:  # prob.A itself comes back only with a zero defect
             require_symmetric(prob.A, self.name, prob.symmetry_tol(self.symmetry_tol), defect=defect)
         info: dict = {}
         cdtype = precision.lapack_dtype(prob.compute_dtype)
@@ -80,7 +81,7 @@ class EighConfig(SolverConfig):
                 f"eigh ran in {precision.info(cdtype).name} on the input rounded to "
                 f"{precision.info(prob.dtype).name}"
             )
-        A = A_sym.to(cdtype)
+        A = A_sym if A_sym.dtype == cdtype else A_sym.to(cdtype)
         return A, info
 
     @staticmethod
@@ -122,7 +123,7 @@ class EighConfig(SolverConfig):
                 f"matrices ({precision.info(cdtype).name}) and the eigensolver reported no error"
             )
         ends = _ends(w)  # (b, 2) float64: exact copies of w[..., 0] and w[..., -1]
-        lmin, lmax = ends[..., 0], ends[..., 1]
+        lmin, lmax = ends.unbind(-1)  # two views, one dispatched operation
         psd_shift = psd_policy.eigenvalue_shift(prob, w)
         shifted = psd_shift is not None or prob.eps > 0
         if psd_shift is not None:
@@ -197,8 +198,9 @@ class EighConfig(SolverConfig):
         checked = Q.dtype == torch.float32 and "eigh_retry_fp64" not in info
         sp = self._root_spectrum(prob, w, info, inverse=inverse, w_finite=checked)
         wr, f, e, psd_shift = sp.wr, sp.f, sp.e, sp.psd_shift
-        converged = torch.ones(prob.A.shape[0], dtype=torch.bool)
+        converged = None  # every element converged (RawResult), unless flag_singular says otherwise
         if inverse and self.rank_policy == "perturb" and near_singular(prob, A.dtype, sp.solved_ends):
+            converged = torch.ones(prob.A.shape[0], dtype=torch.bool)
             shift = info["eps_abs"].to(torch.float64) * prob.prescale  # prescaled units (2^k: exact)
             if psd_shift is not None:
                 shift = shift + psd_shift.reshape(-1).to(torch.float64)
@@ -237,8 +239,8 @@ class EighConfig(SolverConfig):
             in_caller_units=folded,
             finite=certified,
             converged=converged,
-            iterations=torch.zeros(b, dtype=torch.int64),
-            residual=torch.full((b,), float("nan"), dtype=torch.float64),
+            iterations=None,  # a direct method: 0 iterations, no residual (NaN)
+            residual=None,
             matmuls=1.0,
             info=info,
         )
@@ -336,7 +338,7 @@ def eigh_checked(A: torch.Tensor, info: dict) -> tuple[torch.Tensor, torch.Tenso
         return w.float(), Q.float()
     if cdtype != torch.float32:
         return w, Q
-    if math.isfinite((w.sum() + Q.sum()).tolist()):  # finite exactly where w and Q are (or it overflowed)
+    if math.isfinite(w.sum().tolist()) and math.isfinite(Q.sum().tolist()):  # finite sums: finite entries
         return w, Q
     bad = ~(torch.isfinite(w).all(-1) & torch.isfinite(Q.sum(dim=(-2, -1))))
     if bool(bad.any()):
@@ -444,14 +446,17 @@ def _check_root_spectrum(
     X = Q diag(f) Q^T has |X_ij| <= max f, so max f decides the range (:func:`_log2_top`): an
     overflowing f reads inf, and an underflowing one 0, which where the eigenvalue was ``powered``
     (not zeroed by the rank policy) is an underflow: a zero root would otherwise be returned as
-    converged (before, (4 I)^(-1/0.01) came back as 0, converged). The b logs are read to Python
-    floats once: when their sum is finite every row's max is positive and finite (the fast path of
-    :func:`_log2_top`, the same values), else :func:`_log2_top` reads the rows entrywise.
+    converged (before, (4 I)^(-1/0.01) came back as 0, converged). The b maxima are read to Python
+    floats once: when their sum is finite and the least is positive, every row's max is positive and
+    finite and its log2 is taken in Python (float64, as :func:`_log2_top`'s fast path); else
+    :func:`_log2_top` reads the rows entrywise.
     """
     fmt = precision.info(cdtype)
     g = f.detach() if f.requires_grad else f
-    tops = g.amax(dim=-1).double().log2().tolist()  # NaN, inf and 0 maxima: non-finite logs
-    if not math.isfinite(sum(tops)):
+    maxima = g.amax(dim=-1).tolist()  # Python floats (float64: exact copies of the maxima)
+    if math.isfinite(sum(maxima)) and min(maxima) > 0:  # every row's max positive and finite
+        tops = [math.log2(m) for m in maxima]
+    else:  # NaN, inf and 0 maxima
         tops = _log2_top(f, powered).tolist()
     hi = max(tops)
     if hi > math.log2(fmt.max):
