@@ -315,7 +315,7 @@ def test_no_thread_left_after_del_and_the_training_thread_budget_is_kept() -> No
 
 
 _SCRIPT = """
-import threading, _thread, time, torch, shampoo
+import signal, sys, threading, time, torch, shampoo
 from matroots.solvers import EighConfig, SolverConfig
 
 class Slow(SolverConfig):
@@ -346,22 +346,50 @@ def test_exception_in_the_training_loop_exits_without_hanging() -> None:
 
 
 def test_keyboard_interrupt_while_waiting_then_clean_shutdown() -> None:
+    # SIGINT first gets Python's default handler: a child of a non-interactive shell's background job
+    # (`cmd &`, CI runners) inherits SIGINT as SIG_IGN, and the interrupt then does nothing (the flake).
+    # No fixed sleep: the round blocks on a gate, and the interrupt comes once the worker is inside the
+    # round and the main thread waits for it in RootExecutor.result (seen in its stack), however slow
+    # the first step is under load. The interrupt is a real SIGINT to the main thread, as Ctrl-C is:
+    # _thread.interrupt_main() only sets Python's flag, which a thread blocked in a lock does not see
+    # until the wait ends (here: until the gate's 60 s timeout).
     body = """
-step()  # submits a round that takes 2 s
-threading.Timer(0.3, _thread.interrupt_main).start()
+signal.signal(signal.SIGINT, signal.default_int_handler)
+gate, inside = threading.Event(), threading.Event()
+def _gated(self, A, p, **kw):
+    inside.set()
+    gate.wait(60)
+    return EighConfig().solve(A, p, **kw)
+Slow.solve = _gated
+main = threading.main_thread().ident
+def _interrupt_when_waiting():
+    inside.wait(60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        f = sys._current_frames().get(main)
+        while f is not None and f.f_code.co_name != "result":
+            f = f.f_back
+        if f is not None and "async_roots" in f.f_code.co_filename:
+            print("waiting", flush=True)
+            break
+        time.sleep(0.01)
+    signal.pthread_kill(main, signal.SIGINT)  # a real signal (Ctrl-C) wakes the blocked wait
+step()  # submits a round that runs until the gate opens
+threading.Thread(target=_interrupt_when_waiting, daemon=True).start()
 try:
     step()  # waits for it at install
 except KeyboardInterrupt:
     print("interrupted")
+gate.set()
 worker = opt._roots._executor._thread
 del opt
 import gc; gc.collect()
 worker.join(30)
 print("alive" if worker.is_alive() else "stopped")
 """
-    p = _script(body, sleep=2.0)
+    p = _script(body)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.split() == ["interrupted", "stopped"]
+    assert p.stdout.split() == ["waiting", "interrupted", "stopped"]
 
 
 def test_interpreter_exit_with_a_round_in_flight() -> None:
