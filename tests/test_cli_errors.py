@@ -7,6 +7,7 @@ config mistake: the run folder is not even created.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -118,21 +119,31 @@ def test_missing_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "does not exist" in line and "nope.toml" in line
 
 
-def test_reused_out_without_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture(scope="module")
+def _tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One finished TINY sweep (its mpmath references are the cost), copied by the tests that reuse it."""
     from matroots.study import grid, sweep
 
+    tmp = tmp_path_factory.mktemp("tiny_run")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MATROOTS_CACHE_DIR", str(tmp / "cache"))
+        sweep.run_sweep(grid.load_config(_config(tmp, TINY)), tmp / "run", workers=1, progress=False)
+    return tmp / "run"
+
+
+def test_reused_out_without_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], _tiny_run: Path
+) -> None:
     cfg = _config(tmp_path, TINY)
     out = tmp_path / "run"
-    sweep.run_sweep(grid.load_config(cfg), out, workers=1, progress=False)
+    shutil.copytree(_tiny_run, out)
     line = _fail(capsys, "sweep", str(cfg), "--out", str(out), "--no-progress")
     assert "--resume" in line and "another --out" in line
 
 
-def test_out_holds_other_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from matroots.study import grid, sweep
-
+def test_out_holds_other_config(tmp_path: Path, capsys: pytest.CaptureFixture[str], _tiny_run: Path) -> None:
     out = tmp_path / "run"
-    sweep.run_sweep(grid.load_config(_config(tmp_path, TINY)), out, workers=1, progress=False)
+    shutil.copytree(_tiny_run, out)
     other = tmp_path / "other.toml"
     other.write_text(TINY.replace("kappa = [1e2, 1e8]", "kappa = [1e3]"))
     line = _fail(capsys, "sweep", str(other), "--out", str(out), "--resume", "--no-progress")
