@@ -100,3 +100,18 @@ def test_fewer_iterations_than_coupled_newton() -> None:
     cn = matroots.inverse_root(A, 4, method="coupled_newton")
     assert ha.converged and cn.converged
     assert ha.iterations < cn.iterations and ha.matmuls < cn.matmuls
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_iterate_is_a_typed_failure_not_a_lapack_crash(bad: float) -> None:
+    """An iterate that overflowed (seen in a Shampoo fp32 run under a different kernel path): LU of a
+    NaN matrix gives invalid pivots and MKL's getrs raised RuntimeError ('Pivots given to lu_solve must
+    all be greater or equal to 1'), which no failure policy catches. It is masked as failed instead."""
+    from matroots.solvers.halley import halley_factor
+
+    M = torch.eye(4, dtype=torch.float32).repeat(3, 1, 1)
+    M[1, 2, 1] = bad
+    P, failed = halley_factor(M, 2)
+    assert failed.tolist() == [False, True, False]
+    torch.testing.assert_close(P[0], torch.eye(4), rtol=0, atol=1e-6)  # M = I: P = I, the fixed point
+    assert bool(torch.isfinite(P).all())

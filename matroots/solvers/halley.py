@@ -76,17 +76,23 @@ def halley_factor(M: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor]:
     """P = ((p-1) I + (p+1) M)^{-1} ((p+1) I + (p-1) M) (the two commute), solved in fp32/fp64.
 
     Returns P and a (b,) bool mask of the elements whose denominator has an exactly zero LU pivot
-    (``torch.linalg.solve_ex`` info > 0; their P is not used). For M positive definite the denominator is
-    too (its eigenvalues are (p-1) + (p+1) m > 0); at p = 1 it is 2 M, singular to working precision when
-    lambda_min(M) is below rounding of lambda_max(M).
+    (``torch.linalg.solve_ex`` info > 0) or is not finite (an iterate that overflowed: LAPACK's LU of a
+    NaN matrix returns invalid pivots, and MKL's getrs then raises a RuntimeError instead of reporting
+    it; such an element is solved as the identity); their P is not used. For M positive definite the
+    denominator is too (its eigenvalues are (p-1) + (p+1) m > 0); at p = 1 it is 2 M, singular to
+    working precision when lambda_min(M) is below rounding of lambda_max(M).
     """
     I = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
     W = M if M.dtype in (torch.float32, torch.float64) else M.float()
     Iw = I.to(W.dtype)
     D = torch.add(Iw * (p - 1), W, alpha=p + 1)
     N = torch.add(Iw * (p + 1), W, alpha=p - 1)
+    bad = ~torch.isfinite(D.sum(dim=(-2, -1)))  # an inf or NaN entry makes the sum non-finite
+    if bool(bad.any()):
+        D = torch.where(bad.view(-1, 1, 1), Iw, D)
+        N = torch.where(bad.view(-1, 1, 1), Iw, N)
     P, info = torch.linalg.solve_ex(D, N)
-    return P.to(M.dtype), info > 0
+    return P.to(M.dtype), (info > 0) | bad
 
 
 @register
@@ -133,7 +139,8 @@ class HalleyConfig(SpdIterationConfig):
             if bool(singular.any()):
                 raise NotPositiveDefiniteError(
                     f"{self.name}: the Halley denominator (p - 1) I + (p + 1) M_k is singular in "
-                    f"{precision.info(cdt).name} (a zero LU pivot at step {k}, p = {p}): the matrix solved "
+                    f"{precision.info(cdt).name} (a zero LU pivot, or an iterate that overflowed, at step {k}, "
+                    f"p = {p}): the matrix solved "
                     "(rounded, plus eps) is singular or indefinite to working precision (lambda_min below "
                     "rounding of lambda_max); increase eps (eps_mode='relative', eps >= n u), use a wider "
                     "dtype, or method='eigh' with rank_policy='clamp' or 'pseudo_inverse'"
