@@ -6,6 +6,7 @@ held to its kappa estimate and a few checks."""
 from __future__ import annotations
 
 import collections
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -14,8 +15,12 @@ from _opcount import OpCount as _Count
 from _opcount import count_options_built
 
 import matroots
-from matroots.solvers.auto_candidates import candidate
+from matroots.solvers.auto import AutoConfig
+from matroots.solvers.auto_candidates import candidate, default_safe
+from matroots.solvers.auto_first import SOURCE, SOURCE_ELSEWHERE
+from matroots.solvers.auto_plan import plan_for
 from matroots.solvers.auto_table import load_table
+from matroots.solvers.auto_targets import default_target
 from matroots.solvers.kappa_estimate import EXACT_MAX_WORK, estimate_kappa
 from matroots.study import matrices
 
@@ -41,7 +46,9 @@ def _ops(fn) -> collections.Counter[str]:
 def test_auto_adds_only_its_kappa_estimate_and_a_few_checks(n: int, dtype: torch.dtype) -> None:
     """auto = the chosen solver's operations + one kappa estimate + at most OWN_OPS: before, it added a
     second symmetry defect in float64 (~10 operations), an entrywise finiteness scan and a dozen small
-    operations around the eigenvalues (36 extra at n = 16, 175 at n = 128)."""
+    operations around the eigenvalues (36 extra at n = 16, 175 at n = 128). Where it decomposes first
+    (matroots.solvers.auto_first) the estimate is that eigh's eigenvalues: none at all when that eigh
+    is the choice, that eigh's operations in place of the estimate's when another solve is."""
     A = _spd(n, dtype)
     res = matroots.inverse_root(A, 2, method="auto")
     cfg, sopts = candidate(load_table(), res.info["auto"]["chosen"][0])
@@ -50,8 +57,20 @@ def test_auto_adds_only_its_kappa_estimate_and_a_few_checks(n: int, dtype: torch
     estimate = _ops(lambda: estimate_kappa(A.reshape(1, n, n)))
     assert not chosen - auto  # the chosen solve runs as a direct call would
     extra = auto - chosen
-    assert sum(extra.values()) <= sum(estimate.values()) + OWN_OPS, extra.most_common()
-    assert extra["aten._linalg_eigh.default"] == (1 if n**3 <= EXACT_MAX_WORK else 0)
+    source = res.info["auto"]["kappa_source"]
+    if source == SOURCE:  # decomposed first, and that eigh was the choice: no estimate at all
+        assert sum(extra.values()) <= OWN_OPS, extra.most_common()
+        assert extra["aten._linalg_eigh.default"] == 0
+    elif source == SOURCE_ELSEWHERE:  # decomposed first, another solve chosen: that eigh, not the estimate
+        first = plan_for(
+            AutoConfig(), None, default_safe(True), "cpu", dtype, n, Fraction(2), default_target(dtype), True
+        ).decision(1.0)
+        eigh = _ops(lambda: first.config.solve(A, 2, **first.solve_options))
+        assert sum(extra.values()) <= sum(eigh.values()) + OWN_OPS, extra.most_common()
+        assert extra["aten._linalg_eigh.default"] == 1
+    else:
+        assert sum(extra.values()) <= sum(estimate.values()) + OWN_OPS, extra.most_common()
+        assert extra["aten._linalg_eigh.default"] == (1 if n**3 <= EXACT_MAX_WORK else 0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

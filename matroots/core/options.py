@@ -183,6 +183,17 @@ class SolveOptions:
             object.__setattr__(new, "psd", check_policy(psd))
         return new
 
+    def trusting(self) -> SolveOptions:
+        """This object with ``trusted=True``, the other fields not validated again (as
+        :meth:`with_warm_start`): for a caller that has itself proved the input finite and exactly
+        symmetric (``method="auto"``), so that the solver does not repeat that test."""
+        if self.trusted:
+            return self
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        object.__setattr__(new, "trusted", True)
+        return new
+
     def changed(self) -> dict[str, Any]:
         """The fields that differ from their defaults, as keywords (for a call that takes keywords)."""
         out = {}

@@ -8,6 +8,9 @@ err low), look up the cell (device kind, working dtype, n band, kappa band, p) o
 at the loosest tuned target that is <= ``target`` (:class:`matroots.solvers.auto_table.SelectionTable`), and
 solve the elements that chose the same configuration together, as one batch. The table's answers
 are memoised per question on the table object, so a repeated call costs the estimate and the solve.
+Where the table's lowest kappa band names an eigendecomposition (and the estimate would be an exact
+``eigvalsh``), that eigh runs first and kappa is read off its eigenvalues: one decomposition instead
+of two when the band they prove decides the same solve (:mod:`matroots.solvers.auto_first`).
 
 * ``status="chosen"``: the cell's cheapest configuration that met the target on every tuning case.
 * ``status="unattainable"``: no candidate met the target in that cell; the cell's ``best_effort``,
@@ -41,7 +44,8 @@ can deliver for moderately conditioned input (kappa <~ 1e4).
 This module holds the configuration, its fields and the solve; the parts it runs are beside it:
 :mod:`~matroots.solvers.auto_plan` (the table lookup: decisions, the per-problem plan, grouping),
 :mod:`~matroots.solvers.auto_candidates` (table rows and labels to configs, the safe default),
-:mod:`~matroots.solvers.auto_targets` (targets, the error to expect, :class:`TargetWarning`) and
+:mod:`~matroots.solvers.auto_targets` (targets, the error to expect, :class:`TargetWarning`),
+:mod:`~matroots.solvers.auto_first` (decomposing first) and
 :mod:`~matroots.solvers.auto_result` (merging the groups, ``info["auto"]``).
 """
 
@@ -61,7 +65,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core import arguments
+from ..core import arguments, precision
 from ..core.errors import InvalidArgumentError, MatrootsNumericalError
 from ..core.inputs import (
     all_finite,
@@ -76,6 +80,7 @@ from ..core.psd import check_policy, floor_level
 from ..core.result import RootResult
 from . import auto_table, kappa_estimate, registry
 from .auto_candidates import SOLVE_OPTIONS, default_safe
+from .auto_first import SOURCE_ELSEWHERE, first_decision, same_solve, spectrum_estimate
 from .auto_plan import Decision, Plan, decide, group_decisions, plan_for
 from .auto_result import Estimate, merge, question, report, spectrum_kappa
 from .auto_targets import TargetWarning, default_target_of, expected_error, target_message
@@ -163,6 +168,7 @@ class _Call:
     target: float
     target_src: str
     sym: bool
+    exact_sym: bool  # exactly symmetric (or trusted): every solver reads the input as it is
     hint: list[float] | None
 
 
@@ -241,11 +247,17 @@ class AutoConfig(SolverConfig):
         """
         call = self._call(A, p, opts)
         plan = self._plan(call)
-        est = Estimate([math.nan] * call.b, "none (non-symmetric input)", 0.0, False)
+        est: Estimate | None = Estimate([math.nan] * call.b, "none (non-symmetric input)", 0.0, False)
         if call.sym and call.hint is None and plan.kappa_free:
             return self._solve_kappa_free(A, call, plan, opts, t0)
         if call.sym and (call.hint is not None or all_finite(call.det)):
-            est = self._estimate(call, opts)
+            est = None
+            first = None if call.hint is not None else self._first_decision(call, plan, opts)
+            if first is not None:  # the lowest band decomposes: eigh first, kappa from its eigenvalues
+                done, est = self._decompose_first(first, A, call, plan, opts, t0)
+                if done is not None:
+                    return done
+            est = est or self._estimate(call, opts)
         est_seconds = time.perf_counter() - t0
         # the estimate errs low unless it is exact (eigenvalues): the lookup uses kappa * kappa_safety
         safety = 1.0 if est.exact else self.kappa_safety
@@ -258,6 +270,64 @@ class AutoConfig(SolverConfig):
                 d, failed, call.sym, kap, call.det, idx, call.frac, opts.inverse, call.wdtype
             )
             groups.append((d, idx, res, used, note, cells, expected, source))
+        return self._finish(call, plan, est, est_seconds, safety, groups, t0)
+
+    def _first_decision(self, call: _Call, plan: Plan, opts: SolveOptions) -> Decision | None:
+        """The lowest band's eigh decision when auto can decompose first
+        (:func:`matroots.solvers.auto_first.first_decision`), else None."""
+        psd = opts.psd if opts.psd is not None else self.psd
+        rounded = call.wdtype != call.t.dtype
+        return first_decision(plan, call.b, call.n, psd, call.exact_sym, rounded)
+
+    def _decompose_first(
+        self, first: Decision, A: object, call: _Call, plan: Plan, opts: SolveOptions, t0: float
+    ) -> tuple[RootResult | None, Estimate | None]:
+        """The eigh of the lowest band on the whole batch, run before kappa is known
+        (:mod:`matroots.solvers.auto_first`): (the result, its kappa) when every element's certain band
+        decides that same solve, finalised as that solve's own template would; else (None, kappa
+        from the eigenvalues, or None where some band is uncertain or the eigh raised), for the usual
+        path to go on with."""
+        idx = list(range(call.b))
+        sub, pp, group = self._group_call(first, A, call, idx, opts)
+        # auto proved the input exactly symmetric (first_decision) and finite (_solve): the eigh
+        # does not repeat the symmetry test, and returns the same bits (SolveOptions.trusted)
+        group = group.trusting()
+        cfg = first.config
+        t1 = time.perf_counter()
+        try:  # cfg._solve's template, stopped before _finalise (which warns, or raises when strict)
+            prob = cfg._prepare(sub, pp, group)
+            raw = cfg._run(prob, inverse=group.inverse, warm_start=group.warm_start)
+        except MatrootsNumericalError:  # the usual path decides (and re-solves or raises) as before
+            return None, None
+        t_est = time.perf_counter()
+        est = spectrum_estimate(plan, raw.info, call.n, precision.lapack_dtype(prob.compute_dtype))
+        est_seconds = time.perf_counter() - t_est
+        if est is None:
+            return None, None
+        decided = group_decisions(plan, est.kappa)  # exact: no safety factor
+        if len(decided) != 1 or not same_solve(decided[0][0], first):
+            return None, Estimate(est.kappa, SOURCE_ELSEWHERE, 0.0, True)
+        d, _, cells = decided[0]
+        res = cfg._finalise(
+            prob, raw, inverse=group.inverse, seconds=time.perf_counter() - t1, quiet=group.quiet
+        )
+        expected, source = expected_error(
+            d, False, True, est.kappa, call.det, idx, call.frac, opts.inverse, call.wdtype
+        )
+        groups = [(d, idx, res, d.label, "", cells, expected, source)]
+        return self._finish(call, plan, est, est_seconds, 1.0, groups, t0), est
+
+    def _finish(
+        self,
+        call: _Call,
+        plan: Plan,
+        est: Estimate,
+        est_seconds: float,
+        safety: float,
+        groups: list,
+        t0: float,
+    ) -> RootResult:
+        """The groups' results merged into one, with the TargetWarning and ``info["auto"]``."""
         self._warn_missed(groups, call.target)
         out = merge(groups, call.t, call.b, call.n, est.matmuls)
         out.info["auto"] = self._report(call, plan, est, est_seconds, safety, groups)
@@ -288,13 +358,8 @@ class AutoConfig(SolverConfig):
             d, failed, call.sym, est.kappa, call.det, idx, call.frac, opts.inverse, call.wdtype
         )
         groups = [(d, idx, res, used, note, cells, expected, source)]
-        self._warn_missed(groups, call.target)
-        out = merge(groups, call.t, call.b, call.n, est.matmuls)
         safety = 1.0 if est.exact else self.kappa_safety
-        out.info["auto"] = self._report(call, plan, est, est_seconds, safety, groups)
-        out.seconds = time.perf_counter() - t0
-        out.method = "auto"
-        return out
+        return self._finish(call, plan, est, est_seconds, safety, groups, t0)
 
     def _call(self, A: object, p: object, opts: SolveOptions) -> _Call:
         """The problem as auto sees it: the exponent, the flattened batch, the working dtype, the
@@ -312,10 +377,10 @@ class AutoConfig(SolverConfig):
         else:
             target, target_src = default_target_of(wdtype)
         det = flat.detach()
-        sym = opts.trusted or self._symmetric(det, t.dtype)  # trusted: symmetric
+        sym, exact = (True, True) if opts.trusted else self._symmetric(det, t.dtype)  # trusted: symmetric
         return _Call(
             t=t, flat=flat, det=det, b=b, n=n, frac=frac, wdtype=wdtype, device=self.device or t.device.type,
-            target=target, target_src=target_src, sym=sym, hint=hint,
+            target=target, target_src=target_src, sym=sym, exact_sym=exact, hint=hint,
         )  # fmt: skip
 
     def _warn_missed(self, groups: list, target: float) -> None:
@@ -365,10 +430,11 @@ class AutoConfig(SolverConfig):
         return Estimate(ke.kappa, ke.source, ke.matmuls, ke.exact)
 
     @staticmethod
-    def _symmetric(flat: torch.Tensor, source: torch.dtype) -> bool:
+    def _symmetric(flat: torch.Tensor, source: torch.dtype) -> tuple[bool, bool]:
+        """(symmetric by the solvers' rule, exactly symmetric)."""
         if torch.equal(flat, flat.mT):  # exactly symmetric (the common case): one comparison
-            return True
-        return bool((symmetry_defect(flat) <= default_symmetry_tol(flat, source)).all())  # the solvers' rule
+            return True, True
+        return bool((symmetry_defect(flat) <= default_symmetry_tol(flat, source)).all()), False
 
     @staticmethod
     def _hint(kappa_hint: Any, b: int) -> list[float] | None:
@@ -402,12 +468,11 @@ class AutoConfig(SolverConfig):
             return Z.reshape(b, n, n)
         return None
 
-    def _solve_group(
+    def _group_call(
         self, d: Decision, whole: object, call: _Call, idx: list[int], opts: SolveOptions
-    ) -> tuple[RootResult, str, str, bool]:
-        """The group's solve by its configuration's template: (result, configuration used, note,
-        whether the chosen one failed and the safe choice solved it). The table's solve options (tol,
-        max_iter, compute_dtype) apply where the caller set none."""
+    ) -> tuple[object, Any, SolveOptions]:
+        """(input, p, options) of the group's solve by its configuration: the table's solve options
+        (tol, max_iter, compute_dtype) apply where the caller set none."""
         # One group for the whole batch: the chosen solver gets exactly the caller's input (shape,
         # layout, autograd); otherwise the group's elements as a (k, n, n) batch.
         everything = len(idx) == call.b
@@ -435,6 +500,14 @@ class AutoConfig(SolverConfig):
             group = opts.with_warm_start(given, psd=psd)  # the other fields are validated already
         else:
             group = opts
+        return sub, pp, group
+
+    def _solve_group(
+        self, d: Decision, whole: object, call: _Call, idx: list[int], opts: SolveOptions
+    ) -> tuple[RootResult, str, str, bool]:
+        """The group's solve by its configuration's template (:meth:`_group_call`): (result,
+        configuration used, note, whether the chosen one failed and the safe choice solved it)."""
+        sub, pp, group = self._group_call(d, whole, call, idx, opts)
         try:
             return d.config._solve(sub, pp, group, time.perf_counter()), d.label, "", False
         except MatrootsNumericalError as exc:

@@ -95,17 +95,19 @@ class Plan:
         """The decision is the same for every kappa (one cell-less answer: the safe choice)."""
         return bool(self.coverage) or self.table is None
 
+    def band(self, kappa: float) -> object:
+        """The key of kappa's band: kappas with the same key get the same decision."""
+        if self.coverage or not self.sym or self.table is None:
+            return "any"
+        # bisect_right on the edges as floats: numpy's searchsorted(side="right"), without its dispatch
+        if self.edge_list is None:
+            self.edge_list = [float(x) for x in self.edges]
+        return bisect.bisect_right(self.edge_list, kappa) if math.isfinite(kappa) else "inf"
+
     def decision(self, kappa: float) -> Decision:
         """The decision for an element whose (safety-scaled) kappa estimate is ``kappa``; it depends
         on kappa only through its band."""
-        if self.coverage or not self.sym or self.table is None:
-            key: object = "any"
-        else:
-            # bisect_right on the edges as floats: numpy's searchsorted(side="right"), without its
-            # dispatch
-            if self.edge_list is None:
-                self.edge_list = [float(x) for x in self.edges]
-            key = bisect.bisect_right(self.edge_list, kappa) if math.isfinite(kappa) else "inf"
+        key = self.band(kappa)
         hit = self.memo.get(key)
         if hit is None:
             hit = self.memo[key] = decide(

@@ -1,0 +1,89 @@
+"""``method="auto"`` decomposing first: where the selection table's lowest kappa band names an
+eigendecomposition, auto runs that eigh before it knows kappa and reads kappa off the eigenvalues
+eigh computed, instead of estimating kappa with a float64 ``eigvalsh`` and then decomposing again.
+
+When every element's kappa is certain to lie in a band whose decision is that same configuration,
+the eigh result is finalised and returned as it is: bitwise what that configuration's own solve
+returns for the input and options (the same template steps on the same input). Otherwise the
+eigenvalues still give the kappa of every element whose band they decide, and the usual path
+(decisions, group solves) runs on them; where some band is uncertain, or the eigh raised, the usual
+path estimates kappa as before.
+
+Applies only where the usual path's estimate is exact too (one float64 ``eigvalsh``:
+``b n^3 <= EXACT_MAX_WORK``), to exactly symmetric input solved in its own format with no psd
+policy: there both paths read the eigenvalues of the same matrix A + eps_abs I, so they choose the same
+band (the error bound below) and the same configuration.
+
+Error bound (the band test): the computed eigenvalues of a symmetric matrix are exact for a matrix
+within n u ||A||_2 of it (backward stability of LAPACK's eigensolver, Weyl's inequality; u: the
+format eigh ran in), the input's conversion to that format adds at most sqrt(n) u ||A||_2, and
+adding eps_abs (from the computed lambda_max when relative) a few u of the shifted eigenvalue. So each
+eigenvalue of A + eps_abs I is within delta = 2 (n + 2) u lambda_max of the computed one plus eps_abs
+(a factor 2 to spare), and kappa lies in [(hi - delta) / (lo + delta), (hi + delta) / (lo - delta)];
+a band is certain when both ends of that interval fall in it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..core import precision
+from .auto_plan import Decision, Plan
+from .auto_result import Estimate
+from .eigh import EighConfig
+from .kappa_estimate import EXACT_MAX_WORK
+
+SOURCE = "eigenvalues of the matrix solved (eigh, decomposed first: no separate estimate)"
+#: the source when the eigenvalues proved a band whose decision is another solve (then run as usual)
+SOURCE_ELSEWHERE = (
+    "eigenvalues of the lowest band's eigh (decomposed first; the band they prove chose another solve)"
+)
+
+
+def first_decision(
+    plan: Plan, b: int, n: int, psd: str, exact_symmetric: bool, rounded: bool
+) -> Decision | None:
+    """The decision of the lowest kappa band when auto can decompose first (module docstring), else
+    None. ``psd``: the rank-deficiency policy the solve would apply; ``rounded``: the input is rounded
+    to another working format."""
+    if not exact_symmetric or rounded or psd != "none" or b * n**3 > EXACT_MAX_WORK:
+        return None
+    if plan.kappa_free or not len(plan.edges):
+        return None
+    d = plan.decision(1.0)  # kappa >= 1: the lowest band
+    if type(d.config) is not EighConfig or d.config.psd != "none":
+        return None
+    return d
+
+
+def spectrum_estimate(plan: Plan, info: dict[str, Any], n: int, lapack: Any) -> Estimate | None:
+    """kappa(A + eps_abs I) per element from an eigh run's ``lambda_min``, ``lambda_max`` and
+    ``eps_abs`` (float64, user units), when each element's band is certain (the module docstring's
+    bound, ``lapack``: the format eigh ran in); None when some element's is not."""
+    u = precision.unit_roundoff(lapack)
+    lows, highs, shifts = (info[k].tolist() for k in ("lambda_min", "lambda_max", "eps_abs"))  # (b,) each
+    kappa = []
+    for lo_, hi_, s in zip(lows, highs, shifts, strict=True):
+        lo, hi = lo_ + s, hi_ + s  # float64, as the usual path's estimate forms them
+        delta = 2.0 * (n + 2) * u * abs(hi)
+        if not (math.isfinite(hi) and lo - delta > 0):
+            return None
+        k_lo = max(1.0, (hi - delta) / (lo + delta))
+        if plan.band(k_lo) != plan.band((hi + delta) / (lo - delta)):
+            return None
+        kappa.append(hi / lo)
+    return Estimate(kappa, SOURCE, 0.0, True)
+
+
+def same_solve(d: Decision, first: Decision) -> bool:
+    """Whether decision ``d`` solves as ``first`` does (configuration, its solve options, status)."""
+    return (
+        d.label == first.label
+        and d.status == first.status
+        and d.config == first.config
+        and d.solve_options == first.solve_options
+    )
+
+
+__all__ = ["SOURCE", "SOURCE_ELSEWHERE", "first_decision", "same_solve", "spectrum_estimate"]

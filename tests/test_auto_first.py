@@ -1,0 +1,196 @@
+"""method="auto" decomposing first (matroots.solvers.auto_first): where the table's lowest kappa band
+names eigh, that eigh runs first and kappa is read off its eigenvalues. The result is bitwise the
+chosen eigh's own solve when the band they prove decides it; otherwise the band's solver runs as
+before (on the eigenvalues' kappa, or on the float64 estimate where the band is uncertain), and a
+raising eigh leaves the usual path to decide."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from _opcount import OpCount
+
+import matroots
+from matroots.solvers.auto import AutoConfig
+from matroots.solvers.auto_candidates import candidate
+from matroots.solvers.auto_first import SOURCE, SOURCE_ELSEWHERE, spectrum_estimate
+from matroots.solvers.auto_plan import plan_for
+from matroots.solvers.auto_table import load_table
+from matroots.solvers.kappa_estimate import estimate_kappa
+from matroots.study import matrices
+from matroots.study.tuning.select import TABLE_COLUMNS
+
+ESTIMATED = "eigenvalues (float64 eigvalsh)"
+CN = "coupled_newton[scaling=frobenius]"
+
+
+def _entry(kappa_lo, kappa_hi, target, choice, method, options="{}"):
+    row = dict.fromkeys(TABLE_COLUMNS, np.nan)
+    row.update(
+        device="cpu", dtype="fp64", p=2, n_lo=8, n_hi=64, kappa_lo=kappa_lo, kappa_hi=kappa_hi, target=target,
+        choice=choice, method=method, options=options, worst_error=target / 10, median_gemm_equivalents=10.0,
+        failure_rate=0.0, cases=3, families="randsvd", runner_up="NA", best_effort="eigh",
+        best_effort_error=1e-3, reason=f"test entry {choice}",
+    )  # fmt: skip
+    return row
+
+
+@pytest.fixture
+def eigh_low(tmp_path: Path) -> str:
+    """fp64, p = 2, n in [8, 64): kappa < 1e2 -> eigh, 1e2 <= kappa < 1e6 -> coupled Newton."""
+    cn = '{"scaling": "frobenius"}'
+    rows = [_entry(1, 1e2, 1e-4, "eigh", "eigh"), _entry(1e2, 1e6, 1e-4, CN, "coupled_newton", cn)]
+    path = tmp_path / "eigh_low.csv"
+    pd.DataFrame(rows, columns=TABLE_COLUMNS).to_csv(path, index=False, na_rep="NA")
+    return str(path)
+
+
+def _spd(kappa: float, n: int = 16, seed: int = 5) -> torch.Tensor:
+    A = torch.from_numpy(matrices.generate("randsvd", n, kappa, np.random.default_rng(seed))[0])
+    return torch.maximum(A, A.mT)  # exactly symmetric (elementwise max commutes with the transpose)
+
+
+def _eighs(fn) -> int:
+    with OpCount() as c:
+        fn()
+    return c.ops["aten._linalg_eigh.default"]
+
+
+def test_the_lowest_band_is_one_eigh_bitwise_the_chosen_solve(eigh_low: str) -> None:
+    """kappa 10: one decomposition (before: a float64 eigvalsh, then the eigh), the root and every
+    info entry of the eigh solve exactly, and info["auto"] saying what was chosen and why."""
+    A = _spd(10.0)
+    auto = AutoConfig(table=eigh_low, target=1e-4)
+    res = auto.solve(A, 2)
+    direct = matroots.EighConfig().solve(A, 2)
+    assert torch.equal(res.root, direct.root) and res.converged == direct.converged
+    assert res.info.keys() - {"auto"} == direct.info.keys()
+    for k in ("lambda_min", "lambda_max", "eps_abs", "regularisation_abs"):
+        assert torch.equal(res.info[k], direct.info[k]), k
+    a = res.info["auto"]
+    assert a["chosen"] == ["eigh"] and a["kappa_source"] == SOURCE and a["estimate_matmuls"] == 0.0
+    g = a["groups"][0]
+    assert g["status"] == "chosen" and g["cells"][0]["reason"] == "test entry eigh" and g["note"] == ""
+    # the kappa the eigenvalues give is the float64 estimate's to its rounding (both exact)
+    assert a["kappa_estimate"][0] == pytest.approx(estimate_kappa(A.reshape(1, 16, 16)).kappa[0], rel=1e-12)
+    assert res.matmuls == direct.matmuls
+    assert _eighs(lambda: auto.solve(A, 2)) == 1
+    # eps (absolute and relative) is in the kappa the eigenvalues give, as in the estimate
+    for eps, mode in ((0.5, "absolute"), (0.05, "relative")):
+        r = auto.solve(A, 2, eps=eps, eps_mode=mode)
+        assert torch.equal(r.root, matroots.EighConfig().solve(A, 2, eps=eps, eps_mode=mode).root)
+        ke = estimate_kappa(A.reshape(1, 16, 16), eps=eps, eps_mode=mode).kappa[0]
+        assert r.info["auto"]["kappa_estimate"][0] == pytest.approx(ke, rel=1e-12)
+
+
+def test_a_band_that_chooses_another_solver_runs_it_on_the_eigenvalues_kappa(eigh_low: str) -> None:
+    """kappa 1e4: the eigenvalues prove the band of coupled Newton, which then solves as it would have
+    (bitwise its own solve), without the float64 estimate."""
+    A = _spd(1e4)
+    auto = AutoConfig(table=eigh_low, target=1e-4)
+    res = auto.solve(A, 2)
+    a = res.info["auto"]
+    assert a["chosen"] == [CN] and a["kappa_source"] == SOURCE_ELSEWHERE
+    assert a["kappa_estimate"][0] == pytest.approx(1e4, rel=1e-6)
+    cfg, sopts = candidate(load_table(eigh_low), CN)
+    assert torch.equal(res.root, cfg.solve(A, 2, **sopts).root)
+    assert _eighs(lambda: auto.solve(A, 2)) == 1  # the first decomposition; no float64 eigvalsh
+
+
+def test_an_uncertain_band_takes_the_float64_estimate(eigh_low: str) -> None:
+    """kappa at a band edge within the eigenvalues' error bound: the usual estimate decides."""
+    plan = plan_for(object(), eigh_low, matroots.EighConfig(), "cpu", torch.float64, 16, 2, 1e-4, True)
+    u, n = 2.0**-53, 16
+    delta = 2 * (n + 2) * u  # lambda_max = 1: the module's bound
+    info = lambda lo: {  # noqa: E731
+        "lambda_min": torch.tensor([lo], dtype=torch.float64),
+        "lambda_max": torch.tensor([1.0], dtype=torch.float64),
+        "eps_abs": torch.zeros(1, dtype=torch.float64),
+    }
+    assert spectrum_estimate(plan, info(1e-2 * (1 + 3 * delta * 100)), n, torch.float64) is not None
+    assert spectrum_estimate(plan, info(1e-2), n, torch.float64) is None  # kappa = 100, the edge
+    assert spectrum_estimate(plan, info(1e-2 * (1 + 0.5 * delta * 100)), n, torch.float64) is None
+    assert spectrum_estimate(plan, info(delta / 2), n, torch.float64) is None  # lambda_min within the bound
+    assert spectrum_estimate(plan, info(-1.0), n, torch.float64) is None
+    # a matrix whose computed kappa rounds to the edge: the float64 estimate, the same decision as before
+    w = torch.linspace(1.0, 100.0, 16, dtype=torch.float64)
+    Q, _ = torch.linalg.qr(
+        torch.randn(16, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    )
+    A = Q * w @ Q.T
+    A = torch.maximum(A, A.mT)
+    res = AutoConfig(table=eigh_low, target=1e-4).solve(A, 2)
+    assert res.info["auto"]["kappa_source"] == ESTIMATED
+
+
+def test_the_computed_kappa_interval_holds_the_float64_kappa() -> None:
+    """The bound the band test rests on: for fp32 factors over the kappa range of the first bands,
+    the float64 kappa lies inside [k_lo, k_hi] built from the fp32 eigh's eigenvalues."""
+    n, u = 128, 2.0**-24
+    for kappa in (1.0, 3.0, 50.0, 99.0, 1e3, 1e5):
+        for seed in range(3):
+            A = _spd(kappa, n=n, seed=seed).float()
+            w = torch.linalg.eigh(A)[0].double()
+            lo, hi = float(w[0]), float(w[-1])
+            delta = 2 * (n + 2) * u * hi
+            exact = estimate_kappa(A.reshape(1, n, n)).kappa[0]  # float64 eigvalsh of the same matrix
+            k_hi = (hi + delta) / (lo - delta) if lo > delta else math.inf  # unbounded: never certain
+            assert (hi - delta) / (lo + delta) <= exact <= k_hi, (kappa, seed)
+
+
+def test_a_mixed_batch_solves_each_group_as_before(eigh_low: str) -> None:
+    A = torch.stack([_spd(10.0, seed=1), _spd(1e4, seed=2), _spd(20.0, seed=3)])
+    res = AutoConfig(table=eigh_low, target=1e-4).solve(A, 2)
+    a = res.info["auto"]
+    assert a["chosen"] == ["eigh", CN, "eigh"] and a["kappa_source"] == SOURCE_ELSEWHERE
+    assert torch.equal(res.root[[0, 2]], matroots.EighConfig().solve(A[[0, 2]], 2).root)
+    cfg, sopts = candidate(load_table(eigh_low), CN)
+    assert torch.equal(res.root[1], cfg.solve(A[1:2], 2, **sopts).root[0])
+
+
+def test_an_eigh_that_raises_leaves_the_usual_path_to_decide(eigh_low: str) -> None:
+    """An indefinite matrix: the first eigh (rank_policy perturb) raises; the usual path estimates
+    kappa = inf (outside the table) and its safe choice decides, here the user's clamping eigh."""
+    A = _spd(10.0)
+    A[0, 0] = -1.0
+    with pytest.raises(matroots.NotPositiveDefiniteError):
+        AutoConfig(table=eigh_low, target=1e-4).solve(A, 2)
+    safe = matroots.EighConfig(rank_policy="clamp")
+    res = AutoConfig(table=eigh_low, target=1e-4, fallback=safe).solve(A, 2)
+    a = res.info["auto"]
+    assert a["kappa_source"] == ESTIMATED and a["kappa_estimate"] == [math.inf]
+    assert a["groups"][0]["status"] == "outside" and torch.equal(res.root, safe.solve(A, 2).root)
+
+
+@pytest.mark.parametrize("how", [{"psd": "shift"}, {"dtype": torch.float32}, {"kappa_hint": [10.0]}], ids=str)
+def test_where_the_estimate_is_not_the_eigenvalues_kappa_auto_estimates_first(eigh_low: str, how) -> None:
+    """A psd policy (its shift is in the eigenvalues, not in the estimate's kappa), input rounded to
+    another working format (the table keys on the unrounded matrix), a kappa hint (no estimate)."""
+    res = AutoConfig(table=eigh_low, target=1e-4).solve(_spd(10.0), 2, **how)
+    assert res.info["auto"]["kappa_source"] not in (SOURCE, SOURCE_ELSEWHERE)
+
+
+def test_a_non_exactly_symmetric_input_is_estimated_first(eigh_low: str) -> None:
+    A = _spd(10.0)
+    A[0, 1] += 1e-17  # within the symmetry tolerance, not exactly symmetric
+    res = AutoConfig(table=eigh_low, target=1e-4).solve(A, 2)
+    assert res.info["auto"]["kappa_source"] == ESTIMATED
+
+
+def test_the_shipped_table_at_n_128_fp32_is_one_eigh_bitwise_the_chosen_solve() -> None:
+    """The issue-29 case: a well-conditioned fp32 factor, p = 4: auto is the table's eigh exactly."""
+    g = torch.Generator().manual_seed(0)
+    G = torch.randn(128, 256, generator=g, dtype=torch.float64)
+    A = (G @ G.T / 256 + 1e-3 * torch.eye(128, dtype=torch.float64)).float()
+    A = torch.maximum(A, A.mT)
+    res = matroots.inverse_root(A, 4, method="auto")
+    label = res.info["auto"]["chosen"][0]
+    assert label.startswith("eigh") and res.info["auto"]["kappa_source"] == SOURCE
+    cfg, sopts = candidate(load_table(), label)
+    assert torch.equal(res.root, cfg.solve(A, 4, **sopts).root)
+    assert _eighs(lambda: matroots.inverse_root(A, 4, method="auto")) == 1
