@@ -18,7 +18,13 @@ from _opcount import OpCount
 import matroots
 from matroots.solvers.auto import AutoConfig
 from matroots.solvers.auto_candidates import candidate
-from matroots.solvers.auto_first import SOURCE, SOURCE_ELSEWHERE, spectrum_estimate
+from matroots.solvers.auto_first import (
+    SOURCE,
+    SOURCE_ELSEWHERE,
+    eigh_limit,
+    likely_certain,
+    spectrum_estimate,
+)
 from matroots.solvers.auto_plan import plan_for
 from matroots.solvers.auto_table import load_table
 from matroots.solvers.kappa_estimate import estimate_kappa
@@ -27,6 +33,7 @@ from matroots.study.tuning.select import TABLE_COLUMNS
 
 ESTIMATED = "eigenvalues (float64 eigvalsh)"
 CN = "coupled_newton[scaling=frobenius]"
+CLAMP = "eigh[rank_policy=clamp]"
 
 
 def _entry(kappa_lo, kappa_hi, target, choice, method, options="{}"):
@@ -88,9 +95,31 @@ def test_the_lowest_band_is_one_eigh_bitwise_the_chosen_solve(eigh_low: str) -> 
         assert r.info["auto"]["kappa_estimate"][0] == pytest.approx(ke, rel=1e-12)
 
 
-def test_a_band_that_chooses_another_solver_runs_it_on_the_eigenvalues_kappa(eigh_low: str) -> None:
-    """kappa 1e4: the eigenvalues prove the band of coupled Newton, which then solves as it would have
-    (bitwise its own solve), without the float64 estimate."""
+def test_a_band_that_chooses_another_solver_is_estimated_without_decomposing_first(eigh_low: str) -> None:
+    """kappa 1e4, above the lowest non-eigh edge (1e2): the Cholesky test before decomposing fails, so
+    auto estimates first as it would without a decomposing band (no eigh wasted), and coupled Newton
+    solves bitwise as its own solve."""
+    A = _spd(1e4)
+    plan = plan_for(object(), eigh_low, matroots.EighConfig(), "cpu", torch.float64, 16, 2, 1e-4, True)
+    first = plan.decision(1.0)
+    assert eigh_limit(plan, first) == 1e2
+    assert not likely_certain(A.reshape(1, 16, 16), 1e2, torch.float64)
+    assert likely_certain(_spd(10.0).reshape(1, 16, 16), 1e2, torch.float64)
+    auto = AutoConfig(table=eigh_low, target=1e-4)
+    res = auto.solve(A, 2)
+    a = res.info["auto"]
+    assert a["chosen"] == [CN] and a["kappa_source"] == ESTIMATED
+    cfg, sopts = candidate(load_table(eigh_low), CN)
+    assert torch.equal(res.root, cfg.solve(A, 2, **sopts).root)
+    assert _eighs(lambda: auto.solve(A, 2)) == 1  # the float64 eigvalsh alone: no first decomposition
+
+
+def test_a_band_proved_another_solve_after_decomposing_runs_it_on_the_eigenvalues_kappa(
+    eigh_low: str, monkeypatch
+) -> None:
+    """Where the Cholesky test passes but the eigenvalues prove a band whose solve cannot reuse the
+    decomposition (the test's own rounding), that solve runs as before on the eigenvalues' kappa."""
+    monkeypatch.setattr("matroots.solvers.auto.likely_certain", lambda *a: True)
     A = _spd(1e4)
     auto = AutoConfig(table=eigh_low, target=1e-4)
     res = auto.solve(A, 2)
@@ -100,6 +129,55 @@ def test_a_band_that_chooses_another_solver_runs_it_on_the_eigenvalues_kappa(eig
     cfg, sopts = candidate(load_table(eigh_low), CN)
     assert torch.equal(res.root, cfg.solve(A, 2, **sopts).root)
     assert _eighs(lambda: auto.solve(A, 2)) == 1  # the first decomposition; no float64 eigvalsh
+
+
+@pytest.fixture
+def clamp_low(tmp_path: Path) -> str:
+    """fp64, p = 2, n in [8, 64): kappa < 10 -> eigh[rank_policy=clamp], 10 <= kappa < 1e2 -> eigh
+    (perturb), 1e2 <= kappa < 1e6 -> coupled Newton: two eigh configurations of the same matrix."""
+    cn = '{"scaling": "frobenius"}'
+    rows = [
+        _entry(1, 10, 1e-4, CLAMP, "eigh", '{"rank_policy": "clamp"}'),
+        _entry(10, 1e2, 1e-4, "eigh", "eigh"),
+        _entry(1e2, 1e6, 1e-4, CN, "coupled_newton", cn),
+    ]
+    path = tmp_path / "clamp_low.csv"
+    pd.DataFrame(rows, columns=TABLE_COLUMNS).to_csv(path, index=False, na_rep="NA")
+    return str(path)
+
+
+@pytest.mark.parametrize(("eps", "mode"), [(0.0, "absolute"), (1e-3, "absolute"), (1e-6, "relative")])
+def test_another_rank_policy_of_the_same_eigh_reuses_the_decomposition(clamp_low: str, eps, mode) -> None:
+    """kappa 50: the lowest band's eigh[clamp] decomposes first, the eigenvalues prove the band of
+    eigh (perturb): that one solves from the same decomposition, bitwise its own solve, one eigh."""
+    A = _spd(50.0)
+    auto = AutoConfig(table=clamp_low, target=1e-4)
+    r = auto.solve(A, 2, eps=eps, eps_mode=mode)
+    a = r.info["auto"]
+    assert a["chosen"] == ["eigh"] and a["kappa_source"] == SOURCE
+    direct = matroots.EighConfig().solve(A, 2, eps=eps, eps_mode=mode)
+    assert torch.equal(r.root, direct.root) and r.converged == direct.converged
+    assert r.iterations == direct.iterations and r.matmuls == direct.matmuls
+    assert list(r.info)[:-1] == list(direct.info) and "clamped" not in r.info  # perturb's own notes
+    for k, v in direct.info.items():
+        assert torch.equal(r.info[k], v) if isinstance(v, torch.Tensor) else r.info[k] == v, k
+    assert _eighs(lambda: auto.solve(A, 2, eps=eps, eps_mode=mode)) == 1
+    # kappa 5: the clamping eigh itself, bitwise, one eigh
+    B = _spd(5.0)
+    r = auto.solve(B, 2)
+    assert r.info["auto"]["chosen"] == [CLAMP] and r.info["auto"]["kappa_source"] == SOURCE
+    direct = matroots.EighConfig(rank_policy="clamp").solve(B, 2)
+    assert torch.equal(r.root, direct.root) and torch.equal(r.info["clamped"], direct.info["clamped"])
+    assert _eighs(lambda: auto.solve(B, 2)) == 1
+
+
+def test_a_batch_of_two_rank_policies_solves_each_group_as_before(clamp_low: str) -> None:
+    A = torch.stack([_spd(5.0, seed=1), _spd(50.0, seed=2)])
+    res = AutoConfig(table=clamp_low, target=1e-4).solve(A, 2)
+    a = res.info["auto"]
+    assert a["chosen"] == [CLAMP, "eigh"] and a["kappa_source"] == SOURCE_ELSEWHERE
+    assert torch.equal(res.root[0], matroots.EighConfig(rank_policy="clamp").solve(A[:1], 2).root[0])
+    assert torch.equal(res.root[1], matroots.EighConfig().solve(A[1:], 2).root[0])
 
 
 def test_an_uncertain_band_takes_the_float64_estimate(eigh_low: str) -> None:
@@ -147,7 +225,8 @@ def test_a_mixed_batch_solves_each_group_as_before(eigh_low: str) -> None:
     A = torch.stack([_spd(10.0, seed=1), _spd(1e4, seed=2), _spd(20.0, seed=3)])
     res = AutoConfig(table=eigh_low, target=1e-4).solve(A, 2)
     a = res.info["auto"]
-    assert a["chosen"] == ["eigh", CN, "eigh"] and a["kappa_source"] == SOURCE_ELSEWHERE
+    # the kappa-1e4 element fails the Cholesky test: the batch is estimated first, as before
+    assert a["chosen"] == ["eigh", CN, "eigh"] and a["kappa_source"] == ESTIMATED
     assert torch.equal(res.root[[0, 2]], matroots.EighConfig().solve(A[[0, 2]], 2).root)
     cfg, sopts = candidate(load_table(eigh_low), CN)
     assert torch.equal(res.root[1], cfg.solve(A[1:2], 2, **sopts).root[0])
@@ -194,3 +273,23 @@ def test_the_shipped_table_at_n_128_fp32_is_one_eigh_bitwise_the_chosen_solve() 
     cfg, sopts = candidate(load_table(), label)
     assert torch.equal(res.root, cfg.solve(A, 4, **sopts).root)
     assert _eighs(lambda: matroots.inverse_root(A, 4, method="auto")) == 1
+
+
+@pytest.mark.parametrize(
+    ("dtype", "kappa", "first", "label"),
+    [(torch.float32, 1e5, False, "polar_express"), (torch.float64, 1e3, True, "eigh[rank_policy=perturb]")],
+    ids=["fp32-1e5", "fp64-1e3"],
+)
+def test_the_shipped_table_at_n_128_the_cases_that_regressed(dtype, kappa, first, label) -> None:
+    """fp32 kappa 1e5 (beyond the eigh bands, lambda_min within fp32's bound): no decomposition first,
+    the float64 estimate alone; fp64 kappa 1e3 (lowest band eigh[clamp], kappa's band eigh[perturb]):
+    one eigh, reused. Both bitwise the table's choice."""
+    A = _spd(kappa, n=128).to(dtype)
+    res = matroots.inverse_root(A, 4, method="auto")
+    a = res.info["auto"]
+    assert a["chosen"] == [label] and a["kappa_source"] == (SOURCE if first else ESTIMATED)
+    cfg, sopts = candidate(load_table(), label)
+    assert torch.equal(res.root, cfg.solve(A, 4, **sopts).root)
+    own = _eighs(lambda: cfg.solve(A, 4, **sopts))  # the chosen solve's own (1 for eigh)
+    # one decomposition in all (eigh), or the float64 eigvalsh estimate and the chosen solve's own
+    assert _eighs(lambda: matroots.inverse_root(A, 4, method="auto")) == (own if first else 1 + own)

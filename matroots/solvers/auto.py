@@ -80,7 +80,14 @@ from ..core.psd import check_policy, floor_level
 from ..core.result import RootResult
 from . import auto_table, kappa_estimate, registry
 from .auto_candidates import SOLVE_OPTIONS, default_safe
-from .auto_first import SOURCE_ELSEWHERE, first_decision, same_solve, spectrum_estimate
+from .auto_first import (
+    SOURCE_ELSEWHERE,
+    eigh_limit,
+    first_decision,
+    likely_certain,
+    reuses,
+    spectrum_estimate,
+)
 from .auto_plan import Decision, Plan, decide, group_decisions, plan_for
 from .auto_result import Estimate, merge, question, report, spectrum_kappa
 from .auto_targets import TargetWarning, default_target_of, expected_error, target_message
@@ -277,7 +284,11 @@ class AutoConfig(SolverConfig):
         (:func:`matroots.solvers.auto_first.first_decision`), else None."""
         psd = opts.psd if opts.psd is not None else self.psd
         rounded = call.wdtype != call.t.dtype
-        return first_decision(plan, call.b, call.n, psd, call.exact_sym, rounded)
+        first = first_decision(plan, call.b, call.n, psd, call.exact_sym, rounded)
+        if first is None:
+            return None
+        lapack = precision.lapack_dtype(call.wdtype)
+        return first if likely_certain(call.det, eigh_limit(plan, first), lapack) else None
 
     def _decompose_first(
         self, first: Decision, A: object, call: _Call, plan: Plan, opts: SolveOptions, t0: float
@@ -294,21 +305,30 @@ class AutoConfig(SolverConfig):
         group = group.trusting()
         cfg = first.config
         t1 = time.perf_counter()
-        try:  # cfg._solve's template, stopped before _finalise (which warns, or raises when strict)
+        try:  # cfg._solve's template up to the decomposition, and the spectrum it reads kappa off
             prob = cfg._prepare(sub, pp, group)
-            raw = cfg._run(prob, inverse=group.inverse, warm_start=group.warm_start)
+            dec = cfg._decompose(prob)
+            notes = dict(dec.info)  # the decomposition's notes, for another rank policy's spectrum
+            sp = cfg.spectrum_of(prob, dec, inverse=group.inverse)  # adds its notes to dec.info
         except MatrootsNumericalError:  # the usual path decides (and re-solves or raises) as before
             return None, None
         t_est = time.perf_counter()
-        est = spectrum_estimate(plan, raw.info, call.n, precision.lapack_dtype(prob.compute_dtype))
+        est = spectrum_estimate(plan, dec.info, call.n, precision.lapack_dtype(prob.compute_dtype))
         est_seconds = time.perf_counter() - t_est
         if est is None:
             return None, None
         decided = group_decisions(plan, est.kappa)  # exact: no safety factor
-        if len(decided) != 1 or not same_solve(decided[0][0], first):
+        if len(decided) != 1 or not reuses(decided[0][0], first):
             return None, Estimate(est.kappa, SOURCE_ELSEWHERE, 0.0, True)
         d, _, cells = decided[0]
-        res = cfg._finalise(
+        chosen = d.config  # first's, or an eigh differing in the rank policy only (reuses)
+        if chosen != cfg:  # its own spectrum, from the decomposition's notes alone
+            dec.info, sp = notes, None
+        try:  # chosen._run's second phase: what its own solve does after the same decomposition
+            raw = chosen._from_decomposition(prob, dec, inverse=group.inverse, spectrum=sp)
+        except MatrootsNumericalError:  # as above (its own solve raises the same: the usual path
+            return None, None  # re-solves it, then the safe choice)
+        res = chosen._finalise(
             prob, raw, inverse=group.inverse, seconds=time.perf_counter() - t1, quiet=group.quiet
         )
         expected, source = expected_error(

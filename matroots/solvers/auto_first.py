@@ -3,11 +3,21 @@ eigendecomposition, auto runs that eigh before it knows kappa and reads kappa of
 eigh computed, instead of estimating kappa with a float64 ``eigvalsh`` and then decomposing again.
 
 When every element's kappa is certain to lie in a band whose decision is that same configuration,
-the eigh result is finalised and returned as it is: bitwise what that configuration's own solve
-returns for the input and options (the same template steps on the same input). Otherwise the
+or an eigh differing from it in the rank policy alone (:func:`reuses`: the decomposition phase,
+:meth:`EighConfig._decompose`, reads none of it), the chosen configuration's second phase
+(:meth:`EighConfig._from_decomposition`) runs on that decomposition and the result is finalised and
+returned: bitwise what the chosen configuration's own solve returns for the input and options (the
+same template steps on the same input). Otherwise the
 eigenvalues still give the kappa of every element whose band they decide, and the usual path
 (decisions, group solves) runs on them; where some band is uncertain, or the eigh raised, the usual
 path estimates kappa as before.
+
+Before decomposing, one Cholesky of A - c I (:func:`likely_certain`, c from ||A||_F and the lowest
+band edge whose solve cannot reuse the decomposition, :func:`eigh_limit`) tells whether the
+eigenvalues are likely to prove such a band; where it fails (kappa likely at or above that edge, or
+lambda_min within the error bound) auto estimates kappa first, as it does without a decomposing band,
+and no decomposition is wasted. The test decides the cost only: either path returns what the solver
+it runs returns.
 
 Applies only where the usual path's estimate is exact too (one float64 ``eigvalsh``:
 ``b n^3 <= EXACT_MAX_WORK``), to exactly symmetric input solved in its own format with no psd
@@ -25,8 +35,13 @@ a band is certain when both ends of that interval fall in it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
+
+import numpy as np
+import torch
+from scipy.linalg import lapack as lapack_routines
 
 from ..core import precision
 from .auto_plan import Decision, Plan
@@ -76,6 +91,64 @@ def spectrum_estimate(plan: Plan, info: dict[str, Any], n: int, lapack: Any) -> 
     return Estimate(kappa, SOURCE, 0.0, True)
 
 
+def reuses(d: Decision, first: Decision) -> bool:
+    """Whether decision ``d`` solves from ``first``'s decomposition: an EighConfig equal to ``first``'s
+    but for the rank policy (``rank_policy``, ``atol``, ``rtol``: read only after the decomposition,
+    :meth:`matroots.solvers.eigh.EighConfig._decompose`), with the same solve options -- so the same
+    problem, working matrix and eigh as its own solve, bit for bit."""
+    a, f = d.config, first.config
+    if type(a) is not EighConfig or type(f) is not EighConfig or d.solve_options != first.solve_options:
+        return False
+    return a == f or all(
+        getattr(a, x.name) == getattr(f, x.name) for x in dataclasses.fields(a) if x.name not in _RANK_FIELDS
+    )
+
+
+_RANK_FIELDS = frozenset({"rank_policy", "atol", "rtol"})
+
+
+def eigh_limit(plan: Plan, first: Decision) -> float:
+    """The lowest kappa band edge from which the table decides a solve that cannot reuse ``first``'s
+    decomposition (:func:`reuses`); inf when none does. Memoised on the plan."""
+    hit = plan.limits.get(first.label)
+    if hit is None:
+        hit = math.inf
+        for edge in plan.edges.tolist():
+            if edge > 1.0 and not reuses(plan.decision(edge), first):  # kappa = edge: the band above it
+                hit = float(edge)
+                break
+        plan.limits[first.label] = hit
+    return hit
+
+
+def likely_certain(det: torch.Tensor, limit: float, lapack: torch.dtype) -> bool:
+    """The cheap test before decomposing first (performance only: either path returns what the
+    chosen solver returns): whether A - c I is positive definite for every element (one Cholesky),
+    c = ||A||_F (1 / limit + 4 (n + 2) u). Passing means (up to the Cholesky's own rounding)
+    lambda_min > lambda_max / limit + 2 delta (||A||_F >= lambda_max; delta: the band test's bound),
+    so the eigenvalues will likely prove a band below ``limit``, one whose solve reuses the
+    decomposition; failing, auto estimates kappa first as it does without a decomposing band."""
+    n = det.shape[-1]
+    det = det if det.dtype == lapack else det.to(lapack)  # fp16 / bf16: the format eigh runs in
+    scale = 1.0 / limit + 4.0 * (n + 2) * precision.unit_roundoff(lapack)
+    if det.device.type != "cpu" or det.dtype not in _POTRF:
+        c = torch.linalg.matrix_norm(det) * scale
+        M = det.clone()
+        M.diagonal(dim1=-2, dim2=-1).sub_(c.unsqueeze(-1))
+        return not bool(torch.linalg.cholesky_ex(M).info.any())
+    # on the CPU, LAPACK's potrf itself (a third of torch's cholesky_ex at n = 128 in fp32), per element
+    potrf = getattr(lapack_routines, _POTRF[det.dtype])
+    for a in det.numpy():
+        m = np.array(a.T, order="F")  # A^T = A (exactly symmetric): a plain copy, column-major
+        m.flat[:: n + 1] -= float(np.linalg.norm(a)) * scale
+        if potrf(m, lower=1, clean=0, overwrite_a=1)[1] != 0:
+            return False
+    return True
+
+
+_POTRF = {torch.float32: "spotrf", torch.float64: "dpotrf"}
+
+
 def same_solve(d: Decision, first: Decision) -> bool:
     """Whether decision ``d`` solves as ``first`` does (configuration, its solve options, status)."""
     return (
@@ -86,4 +159,13 @@ def same_solve(d: Decision, first: Decision) -> bool:
     )
 
 
-__all__ = ["SOURCE", "SOURCE_ELSEWHERE", "first_decision", "same_solve", "spectrum_estimate"]
+__all__ = [
+    "SOURCE",
+    "SOURCE_ELSEWHERE",
+    "eigh_limit",
+    "first_decision",
+    "likely_certain",
+    "reuses",
+    "same_solve",
+    "spectrum_estimate",
+]

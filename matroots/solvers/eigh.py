@@ -186,17 +186,39 @@ class EighConfig(SolverConfig):
         return _Spectrum(wr, f, e, psd_shift, active, solved_ends, top)
 
     def _run(self, prob: Problem, *, inverse: bool, warm_start: object) -> RawResult:
+        self._check_grad(prob)
+        return self._from_decomposition(prob, self._decompose(prob), inverse=inverse)
+
+    def _check_grad(self, prob: Problem) -> None:
         if prob.grad_source is not None and self.rank_policy != "perturb":
             raise InvalidArgumentError(
                 f"A requires grad, but rank_policy={self.rank_policy!r} is not differentiable at its "
                 "threshold; use rank_policy='perturb' (with eps) for gradients, or pass A.detach()"
             )
+
+    def spectrum_of(self, prob: Problem, dec: Decomposition, *, inverse: bool) -> _Spectrum:
+        """:meth:`_root_spectrum` of a decomposition, its notes (lambda_min/max, eps_abs, ...) added
+        to ``dec.info``, as ``_run`` takes it."""
+        return self._root_spectrum(prob, dec.w, dec.info, inverse=inverse, w_finite=dec.checked)
+
+    def _decompose(self, prob: Problem) -> Decomposition:
+        """``_run``'s first phase: the working matrix and its eigendecomposition (with the info notes
+        so far). It reads only ``symmetry_tol`` of this configuration: an EighConfig that differs in
+        the rank policy alone (``rank_policy``, ``atol``, ``rtol``) decomposes the same matrix the same
+        way, and ``method="auto"`` hands it to that one (:meth:`_from_decomposition`)."""
         A, info = self._working_matrix(prob)
         w, Q = self._eigh(A, info)
-        # eigh_checked tested every fp32 eigenvalue and eigenvector (their sum is finite) unless it
-        # retried in fp64
-        checked = Q.dtype == torch.float32 and "eigh_retry_fp64" not in info
-        sp = self._root_spectrum(prob, w, info, inverse=inverse, w_finite=checked)
+        return Decomposition(A, w, Q, info)
+
+    def _from_decomposition(
+        self, prob: Problem, dec: Decomposition, *, inverse: bool, spectrum: _Spectrum | None = None
+    ) -> RawResult:
+        """``_run``'s second phase on :meth:`_decompose`'s result (consumed: Q is scaled in place).
+        ``spectrum``: :meth:`spectrum_of` ``dec`` by this configuration, already taken (its notes in
+        ``dec.info``), else taken here."""
+        self._check_grad(prob)
+        A, Q, info, checked = dec.A, dec.Q, dec.info, dec.checked
+        sp = spectrum if spectrum is not None else self.spectrum_of(prob, dec, inverse=inverse)
         wr, f, e, psd_shift = sp.wr, sp.f, sp.e, sp.psd_shift
         converged = None  # every element converged (RawResult), unless flag_singular says otherwise
         if inverse and self.rank_policy == "perturb" and near_singular(prob, A.dtype, sp.solved_ends):
@@ -244,6 +266,23 @@ class EighConfig(SolverConfig):
             matmuls=1.0,
             info=info,
         )
+
+
+@dataclass(slots=True)
+class Decomposition:
+    """:meth:`EighConfig._decompose`'s result: the working matrix A, its ascending eigenvalues w and
+    eigenvectors Q, and the info notes so far."""
+
+    A: torch.Tensor
+    w: torch.Tensor
+    Q: torch.Tensor
+    info: dict
+
+    @property
+    def checked(self) -> bool:
+        """eigh_checked tested every fp32 eigenvalue and eigenvector (their sum is finite), unless it
+        retried in fp64."""
+        return self.Q.dtype == torch.float32 and "eigh_retry_fp64" not in self.info
 
 
 @dataclass(slots=True)
