@@ -17,7 +17,6 @@ factors and installed a fixed number of steps later (issue 24; docs/design.md §
 from __future__ import annotations
 
 import gc
-import math
 import subprocess
 import sys
 import threading
@@ -27,6 +26,14 @@ from typing import ClassVar
 
 import pytest
 import torch
+from _async_runs import (
+    assert_same,
+    grad_stream,
+    make_params,
+    model_run,
+    one_thread,  # noqa: F401  (an autouse fixture: imported to apply here)
+    submissions,
+)
 
 import shampoo
 from matroots import MatrootsNumericalError
@@ -37,31 +44,6 @@ from shampoo.errors import RootRoundTimeoutError
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 import golden_runs
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread for the training thread (the background thread's budget is root_threads=1):
-    the synchronous and background computations then run the same kernels on the same bits."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _equal(a: object, b: object) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, float) and math.isnan(a):
-        return isinstance(b, float) and math.isnan(b)
-    return a == b
-
-
-def _assert_same(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    bad = [k for k in a if not _equal(a[k], b[k])]
-    assert not bad, bad[:5]
-
 
 SYNC_CASES = [golden_runs.Case(f"solver_{s}", {"root_solver": s}) for s in registry.available()]
 SYNC_CASES += [
@@ -82,25 +64,10 @@ def test_delay_zero_is_sync_bitwise(case: golden_runs.Case) -> None:
         case.name, {**case.options, "root_schedule": "async", "max_root_delay": 0}, case.fast, case.ranks,
         case.overflow_step,
     )  # fmt: skip
-    _assert_same(golden_runs.run_case(delayed), sync)
+    assert_same(golden_runs.run_case(delayed), sync)
 
 
 # -- delay k: the documented snapshot ---------------------------------------------------------------
-
-
-def _params() -> list[tuple[str, torch.nn.Parameter]]:
-    torch.manual_seed(0)
-    return [
-        ("w", torch.nn.Parameter(torch.randn(6, 5))),
-        ("cube", torch.nn.Parameter(torch.randn(2, 3, 4))),
-        ("b", torch.nn.Parameter(torch.randn(5))),
-    ]
-
-
-def _grads(steps: int) -> list[list[torch.Tensor]]:
-    g = torch.Generator().manual_seed(1)
-    shapes = [p.shape for _, p in _params()]
-    return [[torch.randn(s, generator=g) for s in shapes] for _ in range(steps)]
 
 
 def _roots(opt: shampoo.Shampoo) -> dict[tuple, torch.Tensor]:
@@ -115,7 +82,7 @@ def _roots(opt: shampoo.Shampoo) -> dict[tuple, torch.Tensor]:
 
 def _run(steps: int, grads: list, **options) -> tuple[list[dict], shampoo.Shampoo]:
     """Step an optimizer on the fixed gradient stream; the roots in use after each step."""
-    params = _params()
+    params = make_params()
     opt = shampoo.Shampoo(params, lr=1e-2, betas=(0.9, 0.99), eps=1e-3, eps_mode="relative",
                           max_preconditioner_dim=4, exponent_override={3: 0.25}, **options)  # fmt: skip
     out = []
@@ -125,18 +92,6 @@ def _run(steps: int, grads: list, **options) -> tuple[list[dict], shampoo.Shampo
         opt.step()
         out.append(_roots(opt))
     return out, opt
-
-
-def _submissions(steps: int, start: int, freq: int, delay: int) -> list[int]:
-    """The documented schedule: the first submission is the first step falling due; the next is
-    max(first step falling due after it, its install step)."""
-    due = [t for t in range(1, steps + 1) if t >= start and (t - start) % freq == 0]
-    subs = [due[0]]
-    while True:
-        later = [t for t in due if t > subs[-1]]
-        if not later or max(later[0], subs[-1] + delay) > steps:
-            return subs
-        subs.append(max(later[0], subs[-1] + delay))
 
 
 DELAY_CASES = [
@@ -155,12 +110,12 @@ DELAY_CASES = [
 @pytest.mark.parametrize(("freq", "start", "delay", "solver", "warm"), DELAY_CASES)
 def test_delay_k_applies_the_roots_of_the_documented_step(freq, start, delay, solver, warm) -> None:
     steps = 16
-    grads = _grads(steps)
+    grads = grad_stream(steps)
     common = dict(precondition_frequency=freq, start_preconditioning_step=start, root_solver=solver,
                   warm_start=warm)  # fmt: skip
     sync, _ = _run(steps, grads, **common)
     got, opt = _run(steps, grads, **common, root_schedule="async", max_root_delay=delay, root_threads=1)
-    subs = _submissions(steps, start, freq, delay)
+    subs = submissions(steps, start, freq, delay)
     identity = _run(1, grads, **{**common, "start_preconditioning_step": 10**6})[0][0]
     for s in range(1, steps + 1):
         installed = [t for t in subs if t + delay <= s]
@@ -215,13 +170,13 @@ def _counters(opt: shampoo.Shampoo) -> list[tuple]:
 
 
 def test_worker_failure_goes_through_the_failure_policy_at_install() -> None:
-    grads = _grads(7)
+    grads = grad_stream(7)
     common = dict(precondition_frequency=2, start_preconditioning_step=2, root_solver=RaisesNumerical())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _, sync = _run(6, grads, **common)  # rounds at 2, 4, 6
     RaisesNumerical.threads.clear()
-    params = _params()
+    params = make_params()
     opt = shampoo.Shampoo(params, lr=1e-2, max_preconditioner_dim=4, exponent_override={3: 0.25},
                           root_schedule="async", max_root_delay=1, **common)  # fmt: skip
     for t in range(7):  # rounds submitted at 2, 4, 6, installed at 3, 5, 7
@@ -238,8 +193,8 @@ def test_worker_failure_goes_through_the_failure_policy_at_install() -> None:
 
 
 def test_non_numerical_error_in_the_worker_is_raised_at_install() -> None:
-    grads = _grads(4)
-    params = _params()
+    grads = grad_stream(4)
+    params = make_params()
     opt = shampoo.Shampoo(params, lr=1e-2, max_preconditioner_dim=4, exponent_override={3: 0.25},
                           precondition_frequency=2, start_preconditioning_step=2,
                           root_solver=RaisesInputError(), root_schedule="async", max_root_delay=2)  # fmt: skip
@@ -266,8 +221,8 @@ class Hangs(SolverConfig):
 
 def test_hung_round_times_out_then_installs_when_it_finishes() -> None:
     Hangs.release.clear()
-    grads = _grads(5)
-    params = _params()
+    grads = grad_stream(5)
+    params = make_params()
     opt = shampoo.Shampoo(params, lr=1e-2, max_preconditioner_dim=4, exponent_override={3: 0.25},
                           precondition_frequency=2, start_preconditioning_step=2, root_solver=Hangs(),
                           root_schedule="async", max_root_delay=1, root_timeout=0.2)  # fmt: skip
@@ -299,7 +254,7 @@ def test_no_thread_left_after_del_and_the_training_thread_budget_is_kept() -> No
     for t in _workers():
         t.join(10)
     before = len(_workers())
-    grads = _grads(4)
+    grads = grad_stream(4)
     threads = []
     for _ in range(3):
         _, opt = _run(4, grads, precondition_frequency=2, start_preconditioning_step=2,
@@ -418,21 +373,6 @@ def test_schedule_arguments_are_checked(kw: dict, match: str) -> None:
 # -- state dicts, copies --------------------------------------------------------------------------------
 
 
-def _model_run(opt_kw: dict, steps: range, model=None, opt=None):
-    """A small model on fixed data: (model, optimizer) after ``steps`` (the step numbers, from 1)."""
-    if model is None:
-        torch.manual_seed(0)
-        model = golden_runs.Tiny()
-        opt = shampoo.Shampoo(model.named_parameters(), **{**golden_runs.BASE, **opt_kw})
-    g = torch.Generator().manual_seed(1)
-    X, Y = torch.randn(20, 8, 8, generator=g), torch.randn(20, 8, 3, generator=g)
-    for t in steps:
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(X[t - 1]), Y[t - 1]).backward()
-        opt.step()
-    return model, opt
-
-
 def _result(model, opt) -> dict:
     return golden_runs.flatten_result(model, opt.state_dict())
 
@@ -443,8 +383,8 @@ ASYNC = {"root_schedule": "async", "precondition_frequency": 3, "start_precondit
 @pytest.mark.parametrize("delay", [0, 2, 4])
 def test_resume_with_rounds_in_flight_is_bitwise(delay: int, tmp_path) -> None:
     kw = {**ASYNC, "max_root_delay": delay}
-    whole = _result(*_model_run(kw, range(1, 15)))
-    model, opt = _model_run(kw, range(1, 8))  # delay 2: the round of step 6 is in flight (installs at 8)
+    whole = _result(*model_run(kw, range(1, 15)))
+    model, opt = model_run(kw, range(1, 8))  # delay 2: the round of step 6 is in flight (installs at 8)
     if delay:
         assert any(r.pending for r in opt.root_status())
     torch.save(opt.state_dict(), tmp_path / "opt.pt")
@@ -456,11 +396,11 @@ def test_resume_with_rounds_in_flight_is_bitwise(delay: int, tmp_path) -> None:
     opt2 = shampoo.Shampoo(model2.named_parameters(), **{**golden_runs.BASE, **kw})
     opt2.load_state_dict(torch.load(tmp_path / "opt.pt", weights_only=True))
     assert [r.pending for r in opt2.root_status()] == [r.pending for r in model_status(kw, 7)]
-    _assert_same(_result(*_model_run(kw, range(8, 15), model2, opt2)), whole)
+    assert_same(_result(*model_run(kw, range(8, 15), model2, opt2)), whole)
 
 
 def model_status(kw: dict, steps: int) -> list:
-    return _model_run(kw, range(1, steps + 1))[1].root_status()
+    return model_run(kw, range(1, steps + 1))[1].root_status()
 
 
 @pytest.mark.parametrize("how", ["deepcopy", "pickle", "state_dict"])
@@ -469,8 +409,8 @@ def test_copies_and_state_dicts_do_not_disturb_the_schedule(how: str) -> None:
     import pickle
 
     kw = {**ASYNC, "max_root_delay": 2}
-    whole = _result(*_model_run(kw, range(1, 15)))
-    model, opt = _model_run(kw, range(1, 8))
+    whole = _result(*model_run(kw, range(1, 15)))
+    model, opt = model_run(kw, range(1, 8))
     if how == "state_dict":
         opt.state_dict()  # the saving run goes on as if nothing happened
         twin_model, twin = model, opt
@@ -479,19 +419,19 @@ def test_copies_and_state_dicts_do_not_disturb_the_schedule(how: str) -> None:
             copy.deepcopy((model, opt)) if how == "deepcopy" else pickle.loads(pickle.dumps((model, opt)))
         )
         twin_model, twin = copied
-        _assert_same(_result(*_model_run(kw, range(8, 15), model, opt)), whole)  # the original
-    _assert_same(_result(*_model_run(kw, range(8, 15), twin_model, twin)), whole)
+        assert_same(_result(*model_run(kw, range(8, 15), model, opt)), whole)  # the original
+    assert_same(_result(*model_run(kw, range(8, 15), twin_model, twin)), whole)
 
 
 def test_a_malformed_saved_schedule_is_refused_before_loading() -> None:
     kw = {**ASYNC, "max_root_delay": 2}
-    model, opt = _model_run(kw, range(1, 8))
+    model, opt = model_run(kw, range(1, 8))
     sd = opt.state_dict()
     sd["shampoo"]["root_schedule"]["pending"][0]["install_at"] = 7  # installs at the saved step: not pending
     before = _result(model, opt)
     with pytest.raises(shampoo.StateDictError, match="installed after the saved step 7"):
         opt.load_state_dict(sd)
-    _assert_same(_result(model, opt), before)
+    assert_same(_result(model, opt), before)
 
 
 # -- stress: the schedule replayed over many steps ------------------------------------------------------
@@ -528,7 +468,7 @@ def _stress(steps: int, freq: int, delay: int) -> None:
             want.append(roots(sync))
         _STRESS_SYNC[(steps, freq)] = want
     params, opt = run(root_schedule="async", max_root_delay=delay)
-    subs = _submissions(steps, freq, freq, delay)
+    subs = submissions(steps, freq, freq, delay)
     tickets = {}
     for t in range(steps):
         for p, gr in zip(params, grads[t], strict=True):

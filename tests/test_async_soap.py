@@ -19,7 +19,6 @@ it rotates), so:
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 import warnings
@@ -27,6 +26,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from _async_runs import (
+    assert_same,
+    grad_stream,
+    make_params,
+    model_run,
+    one_thread,  # noqa: F401  (an autouse fixture: imported to apply here)
+    submissions,
+)
 
 import shampoo
 import shampoo.transforms.soap as soap_mod
@@ -34,29 +41,6 @@ import shampoo.transforms.soap as soap_mod
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 import golden_runs
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread in the training thread; the background thread's budget is root_threads=1."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _equal(a: object, b: object) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, float) and math.isnan(a):
-        return isinstance(b, float) and math.isnan(b)
-    return a == b
-
-
-def _assert_same(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    bad = [k for k in a if not _equal(a[k], b[k])]
-    assert not bad, bad[:5]
 
 
 def _async(case: golden_runs.Case, delay: int) -> golden_runs.Case:
@@ -85,28 +69,13 @@ def test_delay_one_is_the_synchronous_soap_bitwise(case: golden_runs.Case) -> No
     pending = [k for k in want if k.endswith("basis_pending")]
     assert pending and all(int(got[k]) == 0 for k in pending)
     assert {int(want[k]) for k in pending} <= {0, golden_runs.STEPS}
-    _assert_same(
+    assert_same(
         {k: v for k, v in got.items() if k not in pending},
         {k: v for k, v in want.items() if k not in pending},
     )
 
 
 # -- delay k: the documented snapshot -----------------------------------------------------------------
-
-
-def _params() -> list[tuple[str, torch.nn.Parameter]]:
-    torch.manual_seed(0)
-    return [
-        ("w", torch.nn.Parameter(torch.randn(6, 5))),
-        ("cube", torch.nn.Parameter(torch.randn(2, 3, 4))),
-        ("b", torch.nn.Parameter(torch.randn(5))),
-    ]
-
-
-def _grads(steps: int) -> list[list[torch.Tensor]]:
-    g = torch.Generator().manual_seed(1)
-    shapes = [p.shape for _, p in _params()]
-    return [[torch.randn(s, generator=g) for s in shapes] for _ in range(steps)]
 
 
 def _bases(opt: shampoo.Shampoo) -> dict[tuple, torch.Tensor]:
@@ -120,7 +89,7 @@ def _run(
     steps: int, grads: list, *, basis_update: str = "eigh", **options
 ) -> tuple[list[dict], shampoo.Shampoo]:
     """SOAP on the fixed gradient stream; the bases in use after each step."""
-    params = _params()
+    params = make_params()
     opt = shampoo.Shampoo(params, lr=1e-2, betas=(0.9, 0.99), max_preconditioner_dim=4,
                           preconditioner=shampoo.SOAP(basis_update=basis_update), **options)  # fmt: skip
     out = []
@@ -132,27 +101,15 @@ def _run(
     return out, opt
 
 
-def _submissions(steps: int, start: int, freq: int, delay: int) -> list[int]:
-    """The documented schedule: the first submission is the first step falling due; the next is
-    max(first step falling due after it, its install step)."""
-    due = [t for t in range(1, steps + 1) if t >= start and (t - start) % freq == 0]
-    subs = [due[0]]
-    while True:
-        later = [t for t in due if t > subs[-1]]
-        if not later or max(later[0], subs[-1] + delay) > steps:
-            return subs
-        subs.append(max(later[0], subs[-1] + delay))
-
-
 @pytest.mark.parametrize(("freq", "start", "delay"), [(1, 1, 2), (3, 3, 2), (2, 2, 3), (3, 3, 1)])
 def test_delay_k_installs_the_bases_of_the_documented_step(freq: int, start: int, delay: int) -> None:
     steps = 14
-    grads = _grads(steps)
+    grads = grad_stream(steps)
     every, _ = _run(steps, grads, precondition_frequency=1, start_preconditioning_step=1)
     got, opt = _run(steps, grads, precondition_frequency=freq, start_preconditioning_step=start,
                     root_schedule="async", max_root_delay=delay)  # fmt: skip
     identity = _run(1, grads, precondition_frequency=1, start_preconditioning_step=10**6)[0][0]
-    subs = _submissions(steps, start, freq, delay)
+    subs = submissions(steps, start, freq, delay)
     for s in range(1, steps + 1):
         installed = [t for t in subs if t + delay <= s]
         want = every[installed[-1]] if installed else identity  # every[T]: after step T + 1
@@ -179,10 +136,10 @@ def test_worker_failure_falls_back_as_in_sync_and_warns_at_install(monkeypatch) 
         return "MatrootsNumericalError: no warm basis today"
 
     monkeypatch.setattr(soap_mod, "_eigh_warm", fails)
-    grads = _grads(7)
+    grads = grad_stream(7)
 
     def run(**kw) -> tuple[shampoo.Shampoo, list[int]]:
-        params = _params()
+        params = make_params()
         opt = shampoo.Shampoo(params, lr=1e-2, betas=(0.9, 0.99), max_preconditioner_dim=4,
                               preconditioner=shampoo.SOAP(basis_update="eigh_warm"), precondition_frequency=2,
                               start_preconditioning_step=2, **kw)  # fmt: skip
@@ -222,8 +179,8 @@ def test_non_numerical_error_in_the_worker_is_raised_at_install(monkeypatch) -> 
         raise RuntimeError("the basis solver broke")
 
     monkeypatch.setattr(soap_mod, "_eigh", breaks)
-    grads = _grads(4)
-    params = _params()
+    grads = grad_stream(4)
+    params = make_params()
     opt = shampoo.Shampoo(params, lr=1e-2, max_preconditioner_dim=4, precondition_frequency=2,
                           start_preconditioning_step=2, preconditioner=shampoo.SOAP(basis_update="eigh"),
                           root_schedule="async", max_root_delay=2)  # fmt: skip
@@ -242,25 +199,11 @@ def test_non_numerical_error_in_the_worker_is_raised_at_install(monkeypatch) -> 
 # -- checkpoints ----------------------------------------------------------------------------------------
 
 
-def _model_run(kw: dict, steps: range, model=None, opt=None):
-    if model is None:
-        torch.manual_seed(0)
-        model = golden_runs.Tiny()
-        opt = shampoo.Shampoo(model.named_parameters(), **{**golden_runs.BASE, **kw})
-    g = torch.Generator().manual_seed(1)
-    X, Y = torch.randn(20, 8, 8, generator=g), torch.randn(20, 8, 3, generator=g)
-    for t in steps:
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(X[t - 1]), Y[t - 1]).backward()
-        opt.step()
-    return model, opt
-
-
 def test_resume_with_a_basis_round_in_flight_is_bitwise(tmp_path) -> None:
     kw = {"preconditioner": "soap", "root_schedule": "async", "max_root_delay": 2,
           "precondition_frequency": 3, "start_preconditioning_step": 3}  # fmt: skip
-    whole = golden_runs.flatten_result(*(lambda m, o: (m, o.state_dict()))(*_model_run(kw, range(1, 15))))
-    model, opt = _model_run(kw, range(1, 8))  # the refresh due at 6 installs at 8
+    whole = golden_runs.flatten_result(*(lambda m, o: (m, o.state_dict()))(*model_run(kw, range(1, 15))))
+    model, opt = model_run(kw, range(1, 8))  # the refresh due at 6 installs at 8
     assert {r.pending for r in opt.root_status()} == {(6, 8)}
     torch.save(opt.state_dict(), tmp_path / "opt.pt")
     torch.save(model.state_dict(), tmp_path / "model.pt")
@@ -271,5 +214,5 @@ def test_resume_with_a_basis_round_in_flight_is_bitwise(tmp_path) -> None:
     opt2 = shampoo.Shampoo(model2.named_parameters(), **{**golden_runs.BASE, **kw})
     opt2.load_state_dict(torch.load(tmp_path / "opt.pt", weights_only=True))
     assert {r.pending for r in opt2.root_status()} == {(6, 8)}
-    model2, opt2 = _model_run(kw, range(8, 15), model2, opt2)
-    _assert_same(golden_runs.flatten_result(model2, opt2.state_dict()), whole)
+    model2, opt2 = model_run(kw, range(8, 15), model2, opt2)
+    assert_same(golden_runs.flatten_result(model2, opt2.state_dict()), whole)

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from _auto_table import table_entry
 
 import matroots
 from matroots.solvers import auto_table as table
@@ -26,30 +27,20 @@ from matroots.truth.metrics import relative_forward_error
 from shampoo.state import mirror_upper_
 
 
-def _entry(kappa_lo, kappa_hi, target, choice, method, options="{}", **kw):
-    row = dict.fromkeys(TABLE_COLUMNS, np.nan)
-    row.update(
-        device="cpu", dtype="fp64", p=2, n_lo=8, n_hi=64, kappa_lo=kappa_lo, kappa_hi=kappa_hi, target=target,
-        choice=choice, method=method, options=options, worst_error=target / 10, median_gemm_equivalents=10.0,
-        failure_rate=0.0, cases=3, families="randsvd", runner_up="NA", best_effort="eigh",
-        best_effort_error=1e-3, reason=f"test entry {choice}",
-    )  # fmt: skip
-    row.update(kw)
-    return row
-
-
 @pytest.fixture
 def toy_table(tmp_path: Path) -> str:
     """fp64, p = 2, n in [8, 64): kappa < 1e2 -> coupled Newton (Frobenius), 1e2 <= kappa < 1e8 -> eigh,
     targets 1e-4 and 1e-10; at kappa in [1e6, 1e8) no candidate meets 1e-10."""
     cn = '{"scaling": "frobenius"}'
     rows = [
-        _entry(1, 1e2, 1e-4, "coupled_newton[scaling=frobenius]", "coupled_newton", cn),
-        _entry(1, 1e2, 1e-10, "coupled_newton[scaling=frobenius]", "coupled_newton", cn),
-        _entry(1e2, 1e6, 1e-4, "eigh", "eigh"),
-        _entry(1e2, 1e6, 1e-10, "eigh", "eigh"),
-        _entry(1e6, 1e8, 1e-4, "eigh", "eigh"),
-        _entry(1e6, 1e8, 1e-10, "NA", "NA", "", reason="no candidate meets 1e-10 here; best is eigh at 1e-9"),
+        table_entry(1, 1e2, 1e-4, "coupled_newton[scaling=frobenius]", "coupled_newton", cn),
+        table_entry(1, 1e2, 1e-10, "coupled_newton[scaling=frobenius]", "coupled_newton", cn),
+        table_entry(1e2, 1e6, 1e-4, "eigh", "eigh"),
+        table_entry(1e2, 1e6, 1e-10, "eigh", "eigh"),
+        table_entry(1e6, 1e8, 1e-4, "eigh", "eigh"),
+        table_entry(
+            1e6, 1e8, 1e-10, "NA", "NA", "", reason="no candidate meets 1e-10 here; best is eigh at 1e-9"
+        ),
     ]
     path = tmp_path / "toy.csv"
     pd.DataFrame(rows, columns=TABLE_COLUMNS).to_csv(path, index=False, na_rep="NA")

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from _auto_table import table_entry
 from _opcount import OpCount
 
 import matroots
@@ -36,22 +37,11 @@ CN = "coupled_newton[scaling=frobenius]"
 CLAMP = "eigh[rank_policy=clamp]"
 
 
-def _entry(kappa_lo, kappa_hi, target, choice, method, options="{}"):
-    row = dict.fromkeys(TABLE_COLUMNS, np.nan)
-    row.update(
-        device="cpu", dtype="fp64", p=2, n_lo=8, n_hi=64, kappa_lo=kappa_lo, kappa_hi=kappa_hi, target=target,
-        choice=choice, method=method, options=options, worst_error=target / 10, median_gemm_equivalents=10.0,
-        failure_rate=0.0, cases=3, families="randsvd", runner_up="NA", best_effort="eigh",
-        best_effort_error=1e-3, reason=f"test entry {choice}",
-    )  # fmt: skip
-    return row
-
-
 @pytest.fixture
 def eigh_low(tmp_path: Path) -> str:
     """fp64, p = 2, n in [8, 64): kappa < 1e2 -> eigh, 1e2 <= kappa < 1e6 -> coupled Newton."""
     cn = '{"scaling": "frobenius"}'
-    rows = [_entry(1, 1e2, 1e-4, "eigh", "eigh"), _entry(1e2, 1e6, 1e-4, CN, "coupled_newton", cn)]
+    rows = [table_entry(1, 1e2, 1e-4, "eigh", "eigh"), table_entry(1e2, 1e6, 1e-4, CN, "coupled_newton", cn)]
     path = tmp_path / "eigh_low.csv"
     pd.DataFrame(rows, columns=TABLE_COLUMNS).to_csv(path, index=False, na_rep="NA")
     return str(path)
@@ -137,9 +127,9 @@ def clamp_low(tmp_path: Path) -> str:
     (perturb), 1e2 <= kappa < 1e6 -> coupled Newton: two eigh configurations of the same matrix."""
     cn = '{"scaling": "frobenius"}'
     rows = [
-        _entry(1, 10, 1e-4, CLAMP, "eigh", '{"rank_policy": "clamp"}'),
-        _entry(10, 1e2, 1e-4, "eigh", "eigh"),
-        _entry(1e2, 1e6, 1e-4, CN, "coupled_newton", cn),
+        table_entry(1, 10, 1e-4, CLAMP, "eigh", '{"rank_policy": "clamp"}'),
+        table_entry(10, 1e2, 1e-4, "eigh", "eigh"),
+        table_entry(1e2, 1e6, 1e-4, CN, "coupled_newton", cn),
     ]
     path = tmp_path / "clamp_low.csv"
     pd.DataFrame(rows, columns=TABLE_COLUMNS).to_csv(path, index=False, na_rep="NA")
