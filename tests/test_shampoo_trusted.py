@@ -115,13 +115,18 @@ def _strip_timing(state: dict) -> dict:
 
 @pytest.fixture
 def symmetry_tests(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the input symmetry tests of the solvers (``symmetric_part``, schur_newton's and auto's)."""
+    """Counts the input symmetry tests of the solvers (``symmetric_part``, the exact-symmetry pass that
+    ``symmetric_input(zero_defect=False)`` makes on its own, schur_newton's and auto's)."""
     import matroots.core.inputs as inputs_mod
     from matroots.solvers import auto as auto_mod
     from matroots.solvers import schur_newton as schur_mod
 
     calls: list[int] = []
-    for owner, name in ((inputs_mod, "symmetric_part"), (schur_mod, "is_symmetric")):
+    for owner, name in (
+        (inputs_mod, "symmetric_part"),
+        (inputs_mod, "_exactly_symmetric"),
+        (schur_mod, "is_symmetric"),
+    ):
         orig = getattr(owner, name)
         monkeypatch.setattr(owner, name, lambda *a, _o=orig, **k: (calls.append(1), _o(*a, **k))[1])
     orig_auto = auto_mod.AutoConfig._symmetric
