@@ -27,6 +27,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -693,10 +694,30 @@ FINDINGS: dict[str, tuple[str | None, Callable]] = {
 }
 
 
+#: the block of the three headline findings (paper_figs/findings_abstract.py), built from both studies
+ABSTRACT = "abstract"
+
+
+def _abstract_module():
+    """paper_figs/findings_abstract.py, loaded by path (paper_figs is a folder of scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "paper_findings_abstract", Path(__file__).with_name("findings_abstract.py")
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def blocks(results: Path = RESULTS) -> dict[str, str]:
-    """Every finding's generated markdown, by block name."""
+    """Every finding's generated markdown, by block name (the abstract first)."""
     cache: dict[str, tuple[pd.DataFrame, dict]] = {}
-    out = {}
+    for study in (PRECISION_STUDY, EPS_STUDY):
+        cache[study] = load(study, results)
+    helpers = SimpleNamespace(**globals())  # this page's helpers, however this file was loaded
+    text = _abstract_module().abstract(helpers, cache[PRECISION_STUDY], cache[EPS_STUDY])
+    out = {ABSTRACT: text + f"\n\n_Command: `{COMMAND}` (block `{ABSTRACT}`)._"}
     for name, (study, fn) in FINDINGS.items():
         if study is None:
             out[name] = selection()
