@@ -27,8 +27,13 @@ demo: $(STAMP)
 	$(VENV)/bin/matroots plot $(DEMO_RUN)
 	@echo "table: $(DEMO_RUN)/report.txt and $(DEMO_RUN)/best_solver.csv; rows: $(DEMO_RUN)/results.parquet; figures: $(DEMO_RUN)/figures/"
 
+# The suite runs its files on TEST_JOBS processes (pytest-xdist; one file per process at a time, so a
+# module's fixtures are built once): one per core, at most 4. `make test TEST_JOBS=0` runs it in one
+# process. tests/conftest.py gives each process its share of the cores as torch threads.
+TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
 
 bench: $(STAMP)
 	$(PY) experiments/bench_solvers.py --quick

@@ -3,12 +3,28 @@
 Matrix builders and the independent mpmath reference live in ``tests/_refs.py``.
 """
 
+import os
 import sys
 from pathlib import Path
 
 _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
+
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist (``make test`` runs the files on one process per core), each worker gets its
+    share of the cores as torch's intra-op threads, so N workers do not each start a thread per core
+    (N x cores threads on cores cores). Every result the suite asserts holds at any thread count: the
+    tests that depend on it set the count themselves (tests/_dist.py, test_distributed_equivalence)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
+_share_the_cores()
 
 # The numerics-sensitive files: solvers, psd policies, eigh, Newton, batching and Shampoo's root rounds,
 # whose assertions compare floating-point results (bounds, bitwise-by-construction equalities).
