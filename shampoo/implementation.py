@@ -16,6 +16,9 @@ from .errors import InvalidShampooArgumentError
 #: The default round chunk: 8 MiB per (c, n, n) batch (docs/design.md §6, "Root computation").
 DEFAULT_ROUND_CHUNK_BYTES = 8 * 2**20
 
+#: Where a background root round is solved (``root_device``; docs/design.md §6, "Asynchronous roots").
+ROOT_DEVICES = ("auto", "same", "host")
+
 
 @dataclass(frozen=True, kw_only=True)
 class ShampooImplementation:
@@ -36,12 +39,21 @@ class ShampooImplementation:
         round_chunk_bytes: a root round solves the due factors of one (n, p) in consecutive
             batches of at most this many bytes (at least one factor each; CPU only); None: one
             batch per (n, p).
+        root_device: where a background root round (``root_schedule="async"``, ``max_root_delay``
+            >= 1) is solved: ``"host"`` copies a CUDA round's factors to pinned host memory on a
+            side stream, solves on the CPU and copies the roots back on a side stream that the
+            training stream waits for (Anil et al. 2020 §4: roots on otherwise idle host CPUs;
+            :mod:`shampoo.root_transfer`); ``"same"`` solves where the factors live (on CUDA: the
+            background thread launches the solver's kernels); ``"auto"`` is ``"host"`` for CUDA
+            parameters. CPU parameters solve on the CPU under every value, bitwise as before;
+            ``max_root_delay = 0`` and ``root_schedule="sync"`` solve in the step and ignore it.
     """
 
     fused_adam: bool = True
     apply_from_buckets: bool = True
     trust_factors: bool = True
     round_chunk_bytes: int | None = DEFAULT_ROUND_CHUNK_BYTES
+    root_device: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("fused_adam", "apply_from_buckets", "trust_factors"):
@@ -53,6 +65,12 @@ class ShampooImplementation:
             raise InvalidShampooArgumentError(
                 "round_chunk_bytes", c, "None (one batch per (n, p)) or an int >= 1 (bytes per batch)"
             )
+        if not isinstance(self.root_device, str) or self.root_device not in ROOT_DEVICES:
+            raise InvalidShampooArgumentError(
+                "root_device", self.root_device,
+                f"one of {ROOT_DEVICES} (background rounds of CUDA parameters solved on the host CPU, "
+                "where the factors live, or 'auto': the host for CUDA)",
+            )  # fmt: skip
 
     def chunk_rows(self, matrix_bytes: int) -> int | None:
         """Factors per batch of a round whose matrices have ``matrix_bytes`` each (None: all)."""
@@ -78,6 +96,7 @@ def resolve_implementation(value: ShampooImplementation | None) -> ShampooImplem
 __all__ = [
     "DEFAULT_IMPLEMENTATION",
     "DEFAULT_ROUND_CHUNK_BYTES",
+    "ROOT_DEVICES",
     "ShampooImplementation",
     "resolve_implementation",
 ]

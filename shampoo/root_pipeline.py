@@ -12,6 +12,9 @@ thread (:func:`install_round`: :meth:`shampoo.refresh.Round.install` and ``finis
 statistics that were non-finite reset, counters, the failure policy's warnings and errors) at the start of step ``t + delay`` of the
 group (``delay = max_root_delay``; :class:`~shampoo.async_roots.RootSchedule`), waiting for it if it
 has not finished. ``delay = 0`` solves inline, which is :func:`~shampoo.roots.compute_roots` itself.
+Between the halves a :class:`~shampoo.root_transfer.RootTransfer` moves the round to where it is
+solved (``ShampooImplementation.root_device``): as it is on the CPU, through pinned host memory on
+CUDA (:mod:`shampoo.root_transfer`).
 
 Steps here are the optimizer's global step (``Shampoo._global_step``, the same on every rank); a
 block falls due by the synchronous rule on its parameter's step. The schedule's keys are blocks
@@ -26,11 +29,12 @@ from typing import Any
 
 import torch
 
+from . import root_transfer
 from .async_roots import RootExecutor, RootSchedule, RoundTicket
 from .config import DiagnosticsConfig, GroupOptions
 from .errors import InvalidShampooArgumentError, StateDictError
 from .implementation import DEFAULT_IMPLEMENTATION, ShampooImplementation
-from .refresh import Result, RootJob, Round, RoundReport, Snapshot, compute, synchronous
+from .refresh import Result, RootJob, Round, RoundReport, Snapshot, synchronous
 from .roots import KroneckerRoots, compute_roots, round_chunks
 
 BlockKey = tuple[int, Any, int]  # (group index, parameter key, block index)
@@ -97,8 +101,8 @@ def _saved_snapshot(rnd: Round, jobs: list[RootJob], saved: dict[int, tuple[torc
 
 def solve_round(prep: PreparedRound) -> list[list[Result]]:
     """The solves of a prepared round (:func:`shampoo.refresh.compute`), per part: reads only the
-    snapshots, writes only the results; runs on the background thread."""
-    return [[compute(snap) for snap in snaps] for _, snaps in prep.parts]
+    snapshots, writes only the results; runs on the background thread (the in-place transfer's solve)."""
+    return root_transfer.SameDevice().solve(prep)
 
 
 def install_round(prep: PreparedRound, results: list[list[Result]]) -> RoundReport | None:
@@ -120,6 +124,8 @@ class _Round:
     keys: list[BlockKey]
     prep: PreparedRound
     ticket: RoundTicket
+    transfer: root_transfer.RootTransfer
+    sent: Any  # what the transfer's solve reads (the prepared round itself when solved in place)
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,8 @@ class RootPipeline:
         RootExecutor.check_arguments(threads, timeout)
         self._executor: RootExecutor | None = None
         self._rounds: list[_Round] = []
+        #: (root_device, device) -> its transfer, made on first use (keeps the pinned buffers)
+        self._transfers: dict[tuple[str, torch.device], root_transfer.RootTransfer] = {}
         #: seconds the training thread waited for background rounds, and the rounds' own seconds
         self.wait_seconds = 0.0
         self.background_seconds = 0.0
@@ -219,7 +227,8 @@ class RootPipeline:
                 self.schedule.mark_installed(key, step)
             t1 = time.perf_counter()
             try:
-                report = merge_reports(report, install_round(r.prep, outcome.value))
+                results = r.transfer.receive(r.sent, outcome.value)
+                report = merge_reports(report, install_round(r.prep, results))
             finally:
                 self.foreground_seconds += time.perf_counter() - t1
         return report
@@ -251,17 +260,35 @@ class RootPipeline:
                     self.schedule.mark_installed(key, step)
         try:
             prep = prepare_round(jobs, opts, diag, impl)
+            self._start(group, step, step + self.delay, keys, prep, impl)
         except BaseException:
             for key in keys:
                 self.schedule.drop(key)
             raise
         finally:
             self.foreground_seconds += time.perf_counter() - t0
+        return None
+
+    def _start(
+        self,
+        group: int,
+        step: int,
+        at: int,
+        keys: list[BlockKey],
+        prep: PreparedRound,
+        impl: ShampooImplementation,
+    ) -> None:
+        """Send a prepared round on its way (its transfer) and queue its solve."""
+        device = prep.snaps[0].A.device
+        transfer = self._transfers.get((impl.root_device, device))
+        if transfer is None:
+            transfer = root_transfer.select_transfer(impl.root_device, device)
+            self._transfers[(impl.root_device, device)] = transfer
+        sent = transfer.send(prep)
         if self._executor is None:
             self._executor = RootExecutor(self.threads, timeout=self.timeout)
-        ticket = self._executor.submit(tuple(keys), solve_round, prep)
-        self._rounds.append(_Round(group, step, step + self.delay, keys, prep, ticket))
-        return None
+        ticket = self._executor.submit(tuple(keys), transfer.solve, sent)
+        self._rounds.append(_Round(group, step, at, keys, prep, ticket, transfer, sent))
 
     # -- state ------------------------------------------------------------------------------------------
 
@@ -351,11 +378,7 @@ class RootPipeline:
                 id(job.records[j]): inputs[where[id(job.records[j])]] for job in jobs for j in job.positions
             }
             prep = prepare_round(jobs, options(gi), diag, eng.impl, saved)
-            if self._executor is None:
-                self._executor = RootExecutor(self.threads, timeout=self.timeout)
-            keys = [(gi, key, index) for key, index in blocks]
-            ticket = self._executor.submit(tuple(keys), solve_round, prep)
-            self._rounds.append(_Round(gi, sub, at, keys, prep, ticket))
+            self._start(gi, sub, at, [(gi, key, index) for key, index in blocks], prep, eng.impl)
 
     def status(self, key: BlockKey, step: int) -> RootStatus:
         got = self.schedule.installed(key)
