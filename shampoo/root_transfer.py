@@ -14,11 +14,11 @@ a :class:`RootTransfer` sits between those halves, one class per device kind beh
   pool per direction keyed by size, stride and dtype) and records a *copied* event. The background
   thread waits for that event, solves on the CPU (:func:`shampoo.refresh.compute`, the same code as
   a CPU round) and stages the results it installs (roots, bases, the refresher's carry; the
-  verdicts stay CPU tensors, as on every device) in pinned buffers. At install the side stream,
-  after the training stream's pending work, copies them into fresh device tensors (``non_blocking``)
-  and records a *landed* event the training stream waits on before anything reads them; a staging
-  buffer is reused only once its landed event completed, and every device tensor a side-stream
-  copy touches is marked with ``record_stream``. Every ``torch.cuda`` call goes through a
+  verdicts stay CPU tensors, as on every device) in pinned buffers. At install the side stream
+  copies them into device tensors allocated on it (``non_blocking``; it need not wait for the
+  training stream's step in flight) and records a *landed* event the training stream waits on
+  before anything reads them; a staging buffer is reused only once its landed event completed, and
+  a device tensor used on a stream other than its own is marked with ``record_stream``. Every ``torch.cuda`` call goes through a
   :class:`CudaSeam`, so the tests run this class on the CPU with a fake seam that defers each copy
   until its event is waited for (tests/test_root_transfer.py).
 
@@ -96,9 +96,6 @@ class CudaSeam:
     def wait_event(self, stream: Any, event: Any) -> None:
         stream.wait_event(event)
 
-    def wait_stream(self, stream: Any, other: Any) -> None:
-        stream.wait_stream(other)
-
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: Any) -> None:
         with torch.cuda.stream(stream):
             dst.copy_(src, non_blocking=True)
@@ -110,9 +107,10 @@ class CudaSeam:
         return torch.empty_strided(size, stride, dtype=dtype, pin_memory=True)
 
     def empty(
-        self, size: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, device: torch.device
+        self, size: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, device: torch.device, stream: Any
     ) -> torch.Tensor:
-        return torch.empty_strided(size, stride, dtype=dtype, device=device)
+        with torch.cuda.stream(stream):  # allocated on ``stream``: its copy need not wait for training
+            return torch.empty_strided(size, stride, dtype=dtype, device=device)
 
 
 def dense_stride(t: torch.Tensor) -> tuple[int, ...]:
@@ -284,12 +282,11 @@ class CudaHost:
     def receive(self, sent: HostRound, results: list[list[Result]]) -> list[list[Result]]:
         seam, device = self.seam, sent.device
         current, side = seam.current_stream(device), self.side_stream(device)
-        seam.wait_stream(side, current)  # the fresh device tensors are allocated on the training stream
 
         def up(t: torch.Tensor) -> torch.Tensor:
-            dst = seam.empty(t.shape, tuple(t.stride()), t.dtype, device)
+            dst = seam.empty(t.shape, tuple(t.stride()), t.dtype, device, side)
             seam.copy(dst, t, side)
-            seam.record_stream(dst, side)
+            seam.record_stream(dst, current)  # read by the training stream: not reused before that
             return dst
 
         out = []
