@@ -1,0 +1,411 @@
+"""Where a background root round is solved (``ShampooImplementation.root_device``; shampoo/root_transfer.py).
+
+The CUDA host path (:class:`shampoo.root_transfer.CudaHost`) is run here on the CPU through a fake
+:class:`~shampoo.root_transfer.CudaSeam`: its streams *defer* every copy until an event after it is
+waited for, and its fresh buffers are poisoned (NaN), so a solve that read its inputs before their
+copy, or an install that read the roots before theirs, would change the numbers. Checked:
+
+* the fake-CUDA path trains bitwise as the CPU path (the documented-snapshot tests of
+  tests/test_async_shampoo.py and the SOAP delay-1-is-sync tests of tests/test_async_soap.py, run
+  through it; a checkpoint with a round in flight);
+* the order of operations: an event on the training stream before the side stream's device-to-host
+  copies, the solve only once its inputs landed, host-to-device copies on the side stream, the
+  training stream waiting on them before the install reads anything, ``record_stream`` on the device
+  tensors another stream uses, and no pinned buffer handed out with a copy pending on it; pinned
+  buffers allocated once per shape and reused;
+* on a machine with CUDA (skipped elsewhere): the real streams against blocking copies, bitwise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import test_async_shampoo as tas
+import test_async_soap as tsoap
+import torch
+from _async_runs import (
+    assert_same,
+    one_thread,  # noqa: F401  (an autouse fixture: imported to apply here)
+)
+
+import shampoo
+from shampoo import root_pipeline, root_transfer
+from shampoo.errors import ShampooError
+from shampoo.root_transfer import CudaHost, PinnedPool, SameDevice, map_installed, map_tensors
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+
+import golden_runs
+
+
+class FakeStream:
+    def __init__(self, name: str, immediate: bool = False) -> None:
+        self.name, self.immediate = name, immediate
+        self.issued = 0
+        self.pending: list[tuple[int, str, torch.Tensor, torch.Tensor]] = []  # (index, kind, dst, src)
+
+
+class FakeEvent:
+    def __init__(self, i: int) -> None:
+        self.id, self.stream, self.upto = i, None, 0
+
+
+def _poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill a fresh buffer with what no solve or install can read unnoticed."""
+    if t.dtype.is_floating_point:
+        return t.fill_(float("nan"))
+    return t.fill_(True) if t.dtype == torch.bool else t.fill_(-(2**31))
+
+
+class FakeSeam:
+    """:class:`shampoo.root_transfer.CudaSeam` on the CPU: the training stream runs at once, a side
+    stream defers its copies until an event recorded after them is synchronized or waited for by the
+    training stream; every call is logged with its thread."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple] = []
+        self.lock = threading.RLock()
+        self.training = FakeStream("training", immediate=True)
+        self.streams: list[FakeStream] = []
+        self.pinned_buffers: list[torch.Tensor] = []
+        self._ids = itertools.count()
+
+    def note(self, *entry: object) -> None:
+        with self.lock:
+            self.log.append((*entry, threading.current_thread().name))
+
+    def is_pinned(self, t: torch.Tensor) -> bool:
+        return any(t is b for b in self.pinned_buffers)
+
+    def pending_on(self, t: torch.Tensor) -> int:
+        """Copies not yet run that read or write ``t``'s memory."""
+        with self.lock:
+            ptr = t.untyped_storage().data_ptr()
+            return sum(
+                ptr in (d.untyped_storage().data_ptr(), s.untyped_storage().data_ptr())
+                for st in self.streams
+                for _, _, d, s in st.pending
+            )
+
+    def _run(self, ev: FakeEvent) -> None:
+        with self.lock:
+            st = ev.stream
+            assert st is not None, "an event waited for before it was recorded"
+            for op in [op for op in st.pending if op[0] < ev.upto]:
+                st.pending.remove(op)
+                op[2].copy_(op[3])
+                self.note("run", op[1], st.name)
+
+    def current_stream(self, device: torch.device) -> FakeStream:
+        return self.training
+
+    def new_stream(self, device: torch.device) -> FakeStream:
+        s = FakeStream(f"side{len(self.streams)}")
+        self.streams.append(s)
+        self.note("new_stream", s.name)
+        return s
+
+    def event(self) -> FakeEvent:
+        return FakeEvent(next(self._ids))
+
+    def record(self, ev: FakeEvent, stream: FakeStream) -> None:
+        with self.lock:
+            ev.stream, ev.upto = stream, stream.issued
+        self.note("record", ev.id, stream.name)
+
+    def synchronize(self, ev: FakeEvent) -> None:
+        self.note("synchronize", ev.id)
+        self._run(ev)
+
+    def wait_event(self, stream: FakeStream, ev: FakeEvent) -> None:
+        self.note("wait_event", stream.name, ev.id)
+        if stream.immediate:  # the training stream runs at once: waiting is completing the copies
+            self._run(ev)
+        else:
+            assert ev.stream is self.training, "a side stream waits on the training stream only"
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: FakeStream) -> None:
+        kind = "d2h" if self.is_pinned(dst) else "h2d"
+        assert kind == "d2h" or self.is_pinned(src), "a host-to-device copy reads a pinned buffer"
+        assert not stream.immediate, "the copies run on a side stream"
+        with self.lock:
+            stream.pending.append((stream.issued, kind, dst, src))
+            stream.issued += 1
+        self.note("copy", kind, stream.name)
+
+    def record_stream(self, t: torch.Tensor, stream: FakeStream) -> None:
+        assert not self.is_pinned(t)
+        self.note("record_stream", stream.name)
+
+    def pinned(self, size, stride, dtype) -> torch.Tensor:
+        t = _poison(torch.empty_strided(size, stride, dtype=dtype))
+        with self.lock:
+            self.pinned_buffers.append(t)
+        self.note("pinned", tuple(size), dtype)
+        return t
+
+    def empty(self, size, stride, dtype, device, stream: FakeStream) -> torch.Tensor:
+        assert not stream.immediate
+        self.note("empty", stream.name)
+        return _poison(torch.empty_strided(size, stride, dtype=dtype, device=device))
+
+
+def install_fake(monkeypatch: pytest.MonkeyPatch) -> FakeSeam:
+    """Every background round takes the CUDA host path through one :class:`FakeSeam` (its
+    ``made``: the transfers); the solve, the install and the pools' hand-outs check that no copy
+    they depend on is pending."""
+    seam, made = FakeSeam(), []
+
+    def select(root_device: str, device: torch.device):
+        t = CudaHost(seam)
+        for pool in (t.inputs, t.outputs):
+            acquire = pool.acquire
+
+            def checked(like, acquire=acquire):
+                buf = acquire(like)
+                assert seam.pending_on(buf) == 0, "a pinned buffer handed out with a copy in flight"
+                return buf
+
+            pool.acquire = checked
+        made.append(t)
+        return t
+
+    compute = root_transfer.compute
+
+    def solve(snap):
+        for t in [snap.A, *_tensors(snap.extra)]:
+            assert seam.is_pinned(t) and seam.pending_on(t) == 0, "solved before its input was copied"
+        seam.note("compute")
+        return compute(snap)
+
+    install = root_pipeline.install_round
+
+    def installed(prep, results):
+        for res in (res for part in results for res in part):
+            for t in _installed(res):
+                assert not seam.is_pinned(t) and seam.pending_on(t) == 0, "installed before it landed"
+        seam.note("install")
+        return install(prep, results)
+
+    monkeypatch.setattr(root_transfer, "select_transfer", select)
+    monkeypatch.setattr(root_transfer, "compute", solve)
+    monkeypatch.setattr(root_pipeline, "install_round", installed)
+    seam.made = made
+    return seam
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch) -> FakeSeam:
+    return install_fake(monkeypatch)
+
+
+def _tensors(obj: object) -> list[torch.Tensor]:
+    """The tensors inside ``obj`` (tuples, lists, dataclasses)."""
+    out: list[torch.Tensor] = []
+    map_tensors(obj, lambda t: out.append(t) or t)
+    return out
+
+
+def _installed(res: root_transfer.Result) -> list[torch.Tensor]:
+    """The tensors of a result that an install writes into device state."""
+    out: list[torch.Tensor] = []
+    map_installed(res, lambda t: out.append(t) or t)
+    return out
+
+
+# -- selection ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["gpu", "", None, 1, "HOST"])
+def test_root_device_is_validated(value) -> None:
+    with pytest.raises(shampoo.InvalidShampooArgumentError, match=r"^root_device must be one of"):
+        shampoo.ShampooImplementation(root_device=value)
+
+
+def test_the_transfer_is_chosen_by_root_device_and_the_factors_device() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    for value in ("auto", "same", "host"):
+        assert isinstance(root_transfer.select_transfer(value, cpu), SameDevice)  # CPU: as before
+    assert isinstance(root_transfer.select_transfer("auto", cuda), CudaHost)  # touches no CUDA yet
+    assert isinstance(root_transfer.select_transfer("host", cuda), CudaHost)
+    assert isinstance(root_transfer.select_transfer("same", cuda), SameDevice)
+    with pytest.raises(ShampooError, match="no host path"):
+        root_transfer.select_transfer("host", torch.device("meta"))
+
+
+def test_a_pinned_buffer_is_reused_only_after_its_copy() -> None:
+    seam = FakeSeam()
+    side = seam.new_stream(torch.device("cpu"))
+    pool = PinnedPool(seam)
+    like = torch.randn(2, 3, 3).mT  # a permuted dense layout is kept
+    buf = pool.acquire(like)
+    assert buf.stride() == like.stride() and buf.shape == like.shape
+    dst = torch.empty(2, 3, 3)
+    buf.copy_(like)
+    seam.copy(dst, buf, side)  # an H2D copy reading buf, in flight
+    landed = seam.event()
+    seam.record(landed, side)
+    pool.release(buf, landed)
+    assert seam.pending_on(buf) == 1
+    again = pool.acquire(like)
+    assert again is buf and seam.pending_on(buf) == 0 and torch.equal(dst, like)  # waited, then reused
+    assert pool.allocated == {((2, 3, 3), like.stride(), torch.float32): 1}
+    assert pool.acquire(like) is not buf  # in use: a second buffer
+    assert pool.allocated[((2, 3, 3), like.stride(), torch.float32)] == 2
+
+
+# -- the fake-CUDA path is the CPU path -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("freq", "start", "delay", "solver", "warm"), tas.DELAY_CASES)
+def test_fake_cuda_applies_the_roots_of_the_documented_step(fake_cuda, freq, start, delay, solver, warm):
+    tas.test_delay_k_applies_the_roots_of_the_documented_step(freq, start, delay, solver, warm)
+    assert fake_cuda.made and any(e[0] == "compute" for e in fake_cuda.log)
+
+
+@pytest.mark.parametrize("case", tsoap.SYNC_CASES, ids=[c.name for c in tsoap.SYNC_CASES])
+def test_fake_cuda_soap_delay_one_is_the_synchronous_soap_bitwise(fake_cuda, case) -> None:
+    tsoap.test_delay_one_is_the_synchronous_soap_bitwise(case)
+    assert fake_cuda.made
+
+
+CASES = [golden_runs.Case("fallback", {"root_solver": golden_runs.FailsInFp32()}),
+         golden_runs.Case("overflow_reset", {}, overflow_step=3),
+         golden_runs.Case("eigh_warm", {"root_solver": "eigh_warm"})]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_fake_cuda_equals_the_cpu_path_bitwise(case: golden_runs.Case, monkeypatch) -> None:
+    kw = {**case.options, "root_schedule": "async", "max_root_delay": 2, "root_threads": 1}
+    case = golden_runs.Case(case.name, kw, case.fast, case.ranks, case.overflow_step)
+    want = golden_runs.run_case(case)
+    with monkeypatch.context() as m:
+        seam = install_fake(m)
+        got = golden_runs.run_case(case)
+    assert seam.made and any(e[0] == "install" for e in seam.log)
+    assert_same(got, want)
+
+
+def test_fake_cuda_resume_with_a_round_in_flight_is_bitwise(fake_cuda, tmp_path) -> None:
+    tas.test_resume_with_rounds_in_flight_is_bitwise(2, tmp_path)
+    tsoap.test_resume_with_a_basis_round_in_flight_is_bitwise(tmp_path)
+    assert len(fake_cuda.made) >= 4  # each optimizer made its own
+
+
+# -- the sequence ---------------------------------------------------------------------------------------
+
+
+def _two_groups(steps: int, seam: FakeSeam) -> list:
+    """Two groups of equal shapes, a round each every 2 steps (delay 2: two rounds in flight)."""
+    torch.manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(6, 4)) for _ in range(2)]
+    opt = shampoo.Shampoo([{"params": [ps[0]]}, {"params": [ps[1]]}], lr=1e-2, precondition_frequency=1,
+                          start_preconditioning_step=1, root_schedule="async", max_root_delay=2)  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    counts = []
+    for _ in range(steps):
+        for p in ps:
+            p.grad = torch.randn(6, 4, generator=g)
+        opt.step()
+        t = seam.made[0]
+        counts.append((sum(t.inputs.allocated.values()), sum(t.outputs.allocated.values())))
+    return counts
+
+
+def test_the_order_of_the_host_path(fake_cuda) -> None:
+    counts = _two_groups(12, fake_cuda)
+    assert len(fake_cuda.made) == 1 and len(fake_cuda.streams) == 1  # one transfer, one side stream
+    assert counts[-1] == counts[5] and counts[-1][0] > 0  # pinned buffers allocated once, then reused
+    log = [e for e in fake_cuda.log if e[0] not in ("new_stream", "pinned")]
+    training = [e[:-1] for e in log if e[-1] == "MainThread"]
+    worker = [e[:-1] for e in log if e[-1] == "shampoo-roots"]
+    # a send: event on the training stream, the side stream waits on it, copies, the copied event
+    sends = [i for i, e in enumerate(training) if e[0] == "record" and e[2] == "training"]
+    assert len(sends) == 12  # each group submits at 1, 3, ..., 11
+    for i in sends:
+        assert training[i + 1] == ("wait_event", "side0", training[i][1])
+        j = i + 2
+        while training[j][0] == "copy":
+            assert training[j] == ("copy", "d2h", "side0") and training[j + 1] == ("record_stream", "side0")
+            j += 2
+        assert j > i + 2 and training[j][0] == "record" and training[j][2] == "side0"
+    # the worker synchronizes a copied event before each solve (the solve checked its inputs landed)
+    computes = [i for i, e in enumerate(worker) if e[0] == "compute"]
+    assert computes and all(any(x[0] == "synchronize" for x in worker[:i]) for i in computes)
+    # a receive: copies into side-stream tensors, the landed event, the training stream waits on it
+    # (running the side stream's copies in order), then the install
+    installs = [i for i, e in enumerate(training) if e[0] == "install"]
+    assert len(installs) == 10  # at 3, 5, ..., 11; the rounds of step 11 are in flight
+    for i in installs:
+        assert training[i - 1] == ("run", "h2d", "side0")
+        k = i - 1
+        while training[k][0] == "run":
+            k -= 1
+        assert training[k][:2] == ("wait_event", "training")
+        assert training[k - 1] == ("record", training[k][2], "side0")
+        j = k - 2
+        while training[j] == ("record_stream", "training"):
+            assert training[j - 1] == ("copy", "h2d", "side0") and training[j - 2] == ("empty", "side0")
+            j -= 3
+        assert j < k - 2
+    assert not any(e[:2] == ("run", "h2d") for e in worker)  # the training stream's wait ran them
+
+
+# -- on CUDA ---------------------------------------------------------------------------------------------
+
+
+class BlockingSeam(root_transfer.CudaSeam):
+    """The real streams replaced by blocking copies on the training stream (the reference)."""
+
+    def new_stream(self, device):
+        return torch.cuda.current_stream(device)
+
+    def copy(self, dst, src, stream):
+        torch.cuda.synchronize()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+
+
+def _cuda_run(kw: dict, steps: int = 14) -> dict:
+    torch.manual_seed(0)
+    model = golden_runs.Tiny().cuda()
+    opt = shampoo.Shampoo(model.named_parameters(), **{**golden_runs.BASE, **kw})
+    g = torch.Generator().manual_seed(1)
+    X, Y = torch.randn(20, 8, 8, generator=g).cuda(), torch.randn(20, 8, 3, generator=g).cuda()
+    for t in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(X[t]), Y[t]).backward()
+        opt.step()
+    torch.cuda.synchronize()
+    return golden_runs.flatten_result(model, opt.state_dict())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the host path's real streams)")
+def test_cuda_async_roots_against_sync(monkeypatch) -> None:
+    soap = {"preconditioner": "soap", "precondition_frequency": 3, "start_preconditioning_step": 3}
+    k1 = {"root_schedule": "async", "max_root_delay": 1, "root_threads": 1}
+    same = {"implementation": shampoo.ShampooImplementation(root_device="same")}
+    host = {"implementation": shampoo.ShampooImplementation(root_device="host")}
+    # solved where the factors live, SOAP at delay 1 is the synchronous SOAP bit for bit
+    got, want = _cuda_run({**soap, **k1, **same}), _cuda_run(soap)
+    pending = [k for k in want if k.endswith("basis_pending")]
+    assert_same(
+        {k: v for k, v in got.items() if k not in pending},
+        {k: v for k, v in want.items() if k not in pending},
+    )
+    # the host path on real streams is the host path with blocking copies, bit for bit
+    for kw in ({**soap, **k1, **host}, {**k1, "max_root_delay": 2, **host}):
+        streams = _cuda_run(kw)
+        with monkeypatch.context() as m:
+            m.setattr(root_transfer, "select_transfer", lambda rd, dev: CudaHost(BlockingSeam()))
+            blocking = _cuda_run(kw)
+        assert_same(streams, blocking)
+    # and it computes the roots of the device path to rounding (CPU against CUDA kernels)
+    a, b = _cuda_run({**k1, **host}), _cuda_run({**k1, **same})
+    for k, v in a.items():
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and "param" in k:
+            torch.testing.assert_close(v, b[k], rtol=1e-3, atol=1e-5)
