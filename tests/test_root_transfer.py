@@ -370,6 +370,16 @@ class BlockingSeam(root_transfer.CudaSeam):
         torch.cuda.synchronize()
 
 
+def _recording(select, made: list):
+    """``select`` that keeps what it made in ``made``."""
+
+    def recording(root_device, device):
+        made.append(select(root_device, device))
+        return made[-1]
+
+    return recording
+
+
 def _cuda_run(kw: dict, steps: int = 14) -> dict:
     torch.manual_seed(0)
     model = golden_runs.Tiny().cuda()
@@ -398,8 +408,17 @@ def test_cuda_async_roots_against_sync(monkeypatch) -> None:
         {k: v for k, v in want.items() if k not in pending},
     )
     # the host path on real streams is the host path with blocking copies, bit for bit
+    real = root_transfer.select_transfer
     for kw in ({**soap, **k1, **host}, {**k1, "max_root_delay": 2, **host}):
-        streams = _cuda_run(kw)
+        made: list = []
+        with monkeypatch.context() as m:
+            m.setattr(root_transfer, "select_transfer", _recording(real, made))
+            streams = _cuda_run(kw)
+        assert made and all(isinstance(t, CudaHost) for t in made)
+        buffers = [
+            b for t in made for pool in (t.inputs, t.outputs) for bs in pool._free.values() for b, _ in bs
+        ]
+        assert buffers and all(b.is_pinned() for b in buffers)
         with monkeypatch.context() as m:
             m.setattr(root_transfer, "select_transfer", lambda rd, dev: CudaHost(BlockingSeam()))
             blocking = _cuda_run(kw)
