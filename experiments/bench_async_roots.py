@@ -27,8 +27,17 @@ mean, the process CPU per step (all threads: the roots' too), the training threa
 training thread's time preparing and installing rounds (``fg``) and waiting for them (``wait``).
 Each cell prints the load average (``os.getloadavg``) before and after it.
 
+``--device cuda`` trains every configuration on the GPU (models and batches moved there; each timed
+step ends with ``torch.cuda.synchronize()``, so a step's time includes the GPU's work and any wait of
+the training stream on a round's copies) and times the CUDA host path of Anil et al. 2020 §4 / App.
+E (``async_d<k>``: ``ShampooImplementation(root_device="host")``, the roots on ``--root-threads`` host
+threads; shampoo/root_transfer.py) against the synchronous step and, with ``--root-devices host
+same``, the background round solved on the GPU (``async_d<k>_same``). Without CUDA it stops with a
+message saying so.
+
     python experiments/bench_async_roots.py --cells w1:128:10 bytes:-:100 --blocks 2
     python experiments/bench_async_roots.py --preconditioner soap --cells w1:256:10 --settings a
+    python experiments/bench_async_roots.py --device cuda --cells w1:512:10 --settings a --blocks 4
 """
 
 from __future__ import annotations
@@ -77,6 +86,25 @@ class Workload:
     loss: Any  # (model, batch) -> loss
 
 
+def _to(obj: Any, device: str) -> Any:
+    """``obj`` with its tensors (in tuples and lists) on ``device``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, tuple | list):
+        return type(obj)(_to(x, device) for x in obj)
+    return obj
+
+
+def _on(work: Workload, device: str) -> Workload:
+    """``work`` training on ``device`` (the same initial weights and batches, moved)."""
+    if device == "cpu":
+        return work
+    build = work.build
+    return Workload(
+        f"{work.label} on {device}", lambda: build().to(device), _to(work.batches, device), work.loss
+    )
+
+
 def _workload(model: str, size: str) -> Workload:
     if model == "w1":
         ms = bm.SIZES[size]
@@ -106,6 +134,12 @@ def _build(cfg: Config, work: Workload, common: bm.Common, preconditioner: str |
         cfg.opt = shampoo.Shampoo(
             cfg.model.named_parameters(), **{**settings, **opts}, preconditioner=preconditioner
         )
+
+
+def _sync(device: str) -> None:
+    """Wait for the device's queued work (CUDA); on the CPU there is none."""
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def _drain(opt: Any) -> float:
@@ -139,15 +173,17 @@ def _configs(args: argparse.Namespace, f: int) -> list[Config]:
             Config("floor", s, t_all, {"frequency": 10**9}),
         ]
         cfgs += [
-            Config(f"async_d{d}", s, T, {"frequency": f, "root_schedule": "async", "max_root_delay": d,
-                                         "root_threads": R})
+            Config(f"async_d{d}" + ("" if rd == args.root_devices[0] else f"_{rd}"), s, T,
+                   {"frequency": f, "root_schedule": "async", "max_root_delay": d, "root_threads": R,
+                    "implementation": shampoo.ShampooImplementation(root_device=rd)})
             for d in args.delays
+            for rd in args.root_devices
         ]  # fmt: skip
     return cfgs
 
 
 def run_cell(args: argparse.Namespace, model: str, size: str, f: int) -> None:
-    work, common = _workload(model, size), bm.Common()
+    work, common = _on(_workload(model, size), args.device), bm.Common()
     block = args.block or f
     cfgs = _configs(args, f)
     batches, loss = work.batches, work.loss
@@ -159,6 +195,7 @@ def run_cell(args: argparse.Namespace, model: str, size: str, f: int) -> None:
             cfg.opt.zero_grad()
             loss(cfg.model, batches[i % len(batches)]).backward()
             cfg.opt.step()
+        _sync(args.device)
         _drain(cfg.opt)
     step_of = dict.fromkeys(range(len(cfgs)), args.warmup)
     for _ in range(args.blocks):
@@ -173,6 +210,7 @@ def run_cell(args: argparse.Namespace, model: str, size: str, f: int) -> None:
                 cfg.opt.zero_grad()
                 loss(cfg.model, batches[step_of[ci] % len(batches)]).backward()
                 cfg.opt.step()
+                _sync(args.device)
                 cfg.times.append(time.perf_counter() - t0)
                 cfg.thread_cpu.append(time.thread_time() - u0)
                 step_of[ci] += 1
@@ -185,12 +223,12 @@ def run_cell(args: argparse.Namespace, model: str, size: str, f: int) -> None:
     T, R = args.threads, args.root_threads
     print(
         f"## {work.label}; precondition_frequency {f}; {args.blocks} x {block} timed steps per "
-        f"configuration after {args.warmup} warm-up steps; torch {torch.__version__}; {load0} before, "
-        f"{_load()} after"
+        f"configuration after {args.warmup} warm-up steps; torch {torch.__version__}; {_device(args)}; "
+        f"{load0} before, {_load()} after"
     )
     print(f"# setting a: training on {T} thread(s), async roots on {R} more; "
           f"setting b: {T + R} thread(s) in total for every configuration (async: {T} training + {R} roots)")  # fmt: skip
-    head = f"{'setting':<8}{'config':<10}{'threads':>8}{'p50':>8}{'p90':>8}{'p99':>8}{'max':>8}{'mean':>8}"
+    head = f"{'setting':<8}{'config':<14}{'threads':>8}{'p50':>8}{'p90':>8}{'p99':>8}{'max':>8}{'mean':>8}"
     print(
         head + f"{'/adamw':>7}{'cpu/step':>9}{'train-cpu p50':>14}{'p99':>8}{'mean':>8}{'/adamw':>7}"
         f"{'fg':>6}{'wait':>7}"
@@ -204,7 +242,7 @@ def run_cell(args: argparse.Namespace, model: str, size: str, f: int) -> None:
             mean, n = statistics.fmean(c.times), len(c.times)
             threads = f"{c.train_threads}" + (f"+{R}" if c.name.startswith("async") else "")
             print(
-                f"{s:<8}{c.name:<10}{threads:>8}{_pct(ms, 0.5):>8.0f}{_pct(ms, 0.9):>8.0f}{_pct(ms, 0.99):>8.0f}"
+                f"{s:<8}{c.name:<14}{threads:>8}{_pct(ms, 0.5):>8.0f}{_pct(ms, 0.9):>8.0f}{_pct(ms, 0.99):>8.0f}"
                 f"{max(ms):>8.0f}{1e3 * mean:>8.0f}{mean / adamw:>7.3f}{1e3 * c.cpu / n:>9.0f}"
                 f"{_pct(tc, 0.5):>14.0f}{_pct(tc, 0.99):>8.0f}{statistics.fmean(tc):>8.0f}"
                 f"{statistics.fmean(c.thread_cpu) / adamw_t:>7.3f}{1e3 * c.fg / n:>6.1f}{1e3 * c.wait / n:>7.1f}"
@@ -216,6 +254,12 @@ def run_cell(args: argparse.Namespace, model: str, size: str, f: int) -> None:
         pipe = getattr(c.opt, "_roots", None)
         if pipe is not None:
             pipe.close()
+
+
+def _device(args: argparse.Namespace) -> str:
+    if args.device == "cuda":
+        return f"GPU {torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
+    return "CPU"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -244,7 +288,28 @@ def main(argv: list[str] | None = None) -> None:
         help="every Shampoo configuration with this per-block preconditioner (soap: its eigenbasis "
         "refreshes are the rounds; default: Kronecker roots)",
     )
+    ap.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the models train (cuda: the host path of the roots against sync on the GPU)",
+    )
+    ap.add_argument(
+        "--root-devices",
+        nargs="+",
+        choices=["auto", "host", "same"],
+        default=None,
+        help="ShampooImplementation.root_device of the async configurations (default: auto; with "
+        "--device cuda: host same)",
+    )
     args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error(
+            f"--device cuda needs a CUDA GPU, and torch.cuda.is_available() is False here (torch "
+            f"{torch.__version__}, built for CUDA {torch.version.cuda}); run it on a machine with a GPU"
+        )
+    if args.root_devices is None:
+        args.root_devices = ["host", "same"] if args.device == "cuda" else ["auto"]
     for cell in args.cells:
         model, size, freq = cell.split(":")
         if model not in ("w1", "bytes") or (model == "w1" and size not in bm.SIZES):
