@@ -17,7 +17,7 @@ from .errors import InvalidShampooArgumentError
 DEFAULT_ROUND_CHUNK_BYTES = 8 * 2**20
 
 #: Where a background root round is solved (``root_device``; docs/design.md §6, "Asynchronous roots").
-ROOT_DEVICES = ("auto", "same", "host")
+ROOT_DEVICES = ("auto", "same", "host", "device")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,8 +44,10 @@ class ShampooImplementation:
             side stream, solves on the CPU and copies the roots back on a side stream that the
             training stream waits for (Anil et al. 2020 §4: roots on otherwise idle host CPUs;
             :mod:`shampoo.root_transfer`); ``"same"`` solves where the factors live (on CUDA: the
-            background thread launches the solver's kernels); ``"auto"`` is ``"host"`` for CUDA
-            parameters. CPU parameters solve on the CPU under every value, bitwise as before;
+            background thread launches the solver's kernels on its default stream); ``"device"``
+            solves on the GPU on a side stream that waits for the training stream's event at
+            submission and that the training stream waits for at install; ``"auto"`` is ``"host"``
+            for CUDA parameters. CPU parameters solve on the CPU under every value, bitwise as before;
             ``max_root_delay = 0`` and ``root_schedule="sync"`` solve in the step and ignore it.
     """
 
@@ -69,7 +71,7 @@ class ShampooImplementation:
             raise InvalidShampooArgumentError(
                 "root_device", self.root_device,
                 f"one of {ROOT_DEVICES} (background rounds of CUDA parameters solved on the host CPU, "
-                "where the factors live, or 'auto': the host for CUDA)",
+                "where the factors live, on a side stream of the GPU, or 'auto': the host for CUDA)",
             )  # fmt: skip
 
     def chunk_rows(self, matrix_bytes: int) -> int | None:

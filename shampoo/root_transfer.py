@@ -21,6 +21,10 @@ a :class:`RootTransfer` sits between those halves, one class per device kind beh
   a device tensor used on a stream other than its own is marked with ``record_stream``. Every ``torch.cuda`` call goes through a
   :class:`CudaSeam`, so the tests run this class on the CPU with a fake seam that defers each copy
   until its event is waited for (tests/test_root_transfer.py).
+* :class:`CudaSide` (``root_device="device"``): solved on the GPU, on a side stream of the background
+  thread that waits for an event recorded on the training stream at submission; the training stream
+  waits for the solve's *done* event at install. No host copy; the same kernels as ``"same"``, whose
+  background thread launches them on its default stream (in line with the training stream's work).
 
 The values are copied exactly (same dtype, same strides), so a CUDA round solved on the host computes
 what a CPU round computes from the same factors.
@@ -95,6 +99,10 @@ class CudaSeam:
 
     def wait_event(self, stream: Any, event: Any) -> None:
         stream.wait_event(event)
+
+    def on(self, stream: Any) -> Any:
+        """A context in which the calling thread's kernels go to ``stream``."""
+        return torch.cuda.stream(stream)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: Any) -> None:
         with torch.cuda.stream(stream):
@@ -306,15 +314,86 @@ class CudaHost:
         return out
 
 
+@dataclasses.dataclass
+class SideRound:
+    """A round in flight on a side stream: the snapshots, the training stream's event before them,
+    the solve's done event (set by :meth:`CudaSide.solve`)."""
+
+    prep: PreparedRound
+    side: Any
+    produced: Any
+    done: Any = None
+
+
+class CudaSide:
+    """CUDA factors solved on the GPU on a side stream (module docstring); ``seam`` as :class:`CudaHost`'s."""
+
+    name = "device"
+
+    def __init__(self, seam: Any = None) -> None:
+        self.seam = CudaSeam() if seam is None else seam
+        self._side: dict[torch.device, Any] = {}
+
+    def send(self, prep: PreparedRound) -> SideRound:
+        seam = self.seam
+        device = prep.snaps[0].A.device
+        if device not in self._side:
+            self._side[device] = seam.new_stream(device)
+        side, produced = self._side[device], seam.event()
+        seam.record(produced, seam.current_stream(device))
+        for s in prep.snaps:  # read on the side stream: their memory is not reused before
+            for t in [s.A, *_listed(s.extra)]:
+                if t.device == device:
+                    seam.record_stream(t, side)
+        return SideRound(prep, side, produced)
+
+    def solve(self, sent: SideRound) -> list[list[Result]]:
+        seam = self.seam
+        with seam.on(sent.side):
+            seam.wait_event(sent.side, sent.produced)
+            results = [[compute(snap) for snap in snaps] for _, snaps in sent.prep.parts]
+            sent.done = seam.event()
+            seam.record(sent.done, sent.side)
+        return results
+
+    def receive(self, sent: SideRound, results: list[list[Result]]) -> list[list[Result]]:
+        seam = self.seam
+        device = sent.prep.snaps[0].A.device
+        current = seam.current_stream(device)
+        seam.wait_event(current, sent.done)
+        for res in (res for part in results for res in part):
+            for t in installed_tensors(res):
+                if t.device == device:
+                    seam.record_stream(t, current)  # made on the side stream, read by training
+        return results
+
+
+def _listed(obj: Any) -> list[torch.Tensor]:
+    """The tensors inside ``obj`` (:func:`map_tensors`' containers)."""
+    out: list[torch.Tensor] = []
+    map_tensors(obj, lambda t: out.append(t) or t)
+    return out
+
+
+def installed_tensors(res: Result) -> list[torch.Tensor]:
+    """The tensors of ``res`` an install writes into device state (:func:`map_installed`), once each."""
+    out: list[torch.Tensor] = []
+    map_installed(res, lambda t: out.append(t) or t)
+    return out
+
+
 def select_transfer(root_device: str, device: torch.device) -> RootTransfer:
     """The transfer for a round whose factors live on ``device`` under ``root_device``
-    (:class:`shampoo.ShampooImplementation`): the host path for CUDA unless ``"same"``."""
+    (:class:`shampoo.ShampooImplementation`): on CUDA the host path (``"auto"``, ``"host"``), a side
+    stream (``"device"``) or in place (``"same"``); elsewhere in place."""
     if device.type == "cuda" and root_device in ("auto", "host"):
         return CudaHost()
-    if root_device == "host" and device.type not in ("cpu", "cuda"):
+    if device.type == "cuda" and root_device == "device":
+        return CudaSide()
+    if root_device in ("host", "device") and device.type not in ("cpu", "cuda"):
         raise ShampooError(
-            f"root_device='host' solves CUDA factors on the host; factors on {device.type!r} have no host "
-            "path here (use root_device='same' or 'auto')"
+            f"root_device={root_device!r} is a CUDA path; factors on {device.type!r} have none here "
+            "(use root_device='same' or 'auto')"
         )
     return SameDevice()
 
@@ -322,10 +401,13 @@ def select_transfer(root_device: str, device: torch.device) -> RootTransfer:
 __all__ = [
     "CudaHost",
     "CudaSeam",
+    "CudaSide",
     "HostRound",
     "PinnedPool",
     "RootTransfer",
     "SameDevice",
+    "SideRound",
+    "installed_tensors",
     "map_installed",
     "map_tensors",
     "select_transfer",

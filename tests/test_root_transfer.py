@@ -13,11 +13,17 @@ copy, or an install that read the roots before theirs, would change the numbers.
   training stream waiting on them before the install reads anything, ``record_stream`` on the device
   tensors another stream uses, and no pinned buffer handed out with a copy pending on it; pinned
   buffers allocated once per shape and reused;
-* on a machine with CUDA (skipped elsewhere): the real streams against blocking copies, bitwise.
+* the side-stream path (:class:`~shampoo.root_transfer.CudaSide`, ``root_device="device"``) the same
+  way: bitwise the CPU path, the solve on the side stream after the training stream's event, the
+  install after the solve's event;
+* on a machine with CUDA (skipped elsewhere): SOAP at delay 1 solved on the GPU (worker's stream or
+  side stream) is the synchronous SOAP bitwise; the host path on real streams is the host path with
+  blocking copies bitwise, and the device path to rounding.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 import threading
@@ -35,7 +41,7 @@ from _async_runs import (
 import shampoo
 from shampoo import root_pipeline, root_transfer
 from shampoo.errors import ShampooError
-from shampoo.root_transfer import CudaHost, PinnedPool, SameDevice, map_installed, map_tensors
+from shampoo.root_transfer import CudaHost, CudaSide, PinnedPool, SameDevice, map_tensors
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
@@ -72,6 +78,7 @@ class FakeSeam:
         self.training = FakeStream("training", immediate=True)
         self.streams: list[FakeStream] = []
         self.pinned_buffers: list[torch.Tensor] = []
+        self.active: dict[int, FakeStream] = {}  # thread id -> the stream its kernels go to (``on``)
         self._ids = itertools.count()
 
     def note(self, *entry: object) -> None:
@@ -137,6 +144,17 @@ class FakeSeam:
             stream.issued += 1
         self.note("copy", kind, stream.name)
 
+    @contextlib.contextmanager
+    def on(self, stream: FakeStream):
+        name = threading.get_ident()
+        self.note("on", stream.name)
+        self.active[name] = stream
+        try:
+            yield
+        finally:
+            del self.active[name]
+            self.note("off", stream.name)
+
     def record_stream(self, t: torch.Tensor, stream: FakeStream) -> None:
         assert not self.is_pinned(t)
         self.note("record_stream", stream.name)
@@ -154,15 +172,16 @@ class FakeSeam:
         return _poison(torch.empty_strided(size, stride, dtype=dtype, device=device))
 
 
-def install_fake(monkeypatch: pytest.MonkeyPatch) -> FakeSeam:
-    """Every background round takes the CUDA host path through one :class:`FakeSeam` (its
-    ``made``: the transfers); the solve, the install and the pools' hand-outs check that no copy
-    they depend on is pending."""
+def install_fake(monkeypatch: pytest.MonkeyPatch, kind: type = CudaHost) -> FakeSeam:
+    """Every background round takes the CUDA path ``kind`` (the host path, or the side stream's)
+    through one :class:`FakeSeam` (its ``made``: the transfers); the solve, the install and the
+    pools' hand-outs check that nothing they depend on is pending."""
     seam, made = FakeSeam(), []
+    host = kind is CudaHost
 
     def select(root_device: str, device: torch.device):
-        t = CudaHost(seam)
-        for pool in (t.inputs, t.outputs):
+        t = kind(seam)
+        for pool in (t.inputs, t.outputs) if host else ():
             acquire = pool.acquire
 
             def checked(like, acquire=acquire):
@@ -177,8 +196,10 @@ def install_fake(monkeypatch: pytest.MonkeyPatch) -> FakeSeam:
     compute = root_transfer.compute
 
     def solve(snap):
-        for t in [snap.A, *_tensors(snap.extra)]:
+        for t in [snap.A, *_tensors(snap.extra)] if host else ():
             assert seam.is_pinned(t) and seam.pending_on(t) == 0, "solved before its input was copied"
+        if not host:
+            assert threading.get_ident() in seam.active, "solved off the side stream"
         seam.note("compute")
         return compute(snap)
 
@@ -186,7 +207,7 @@ def install_fake(monkeypatch: pytest.MonkeyPatch) -> FakeSeam:
 
     def installed(prep, results):
         for res in (res for part in results for res in part):
-            for t in _installed(res):
+            for t in root_transfer.installed_tensors(res):
                 assert not seam.is_pinned(t) and seam.pending_on(t) == 0, "installed before it landed"
         seam.note("install")
         return install(prep, results)
@@ -198,22 +219,15 @@ def install_fake(monkeypatch: pytest.MonkeyPatch) -> FakeSeam:
     return seam
 
 
-@pytest.fixture
-def fake_cuda(monkeypatch) -> FakeSeam:
-    return install_fake(monkeypatch)
+@pytest.fixture(params=[CudaHost, CudaSide], ids=["host", "side_stream"])
+def fake_cuda(monkeypatch, request) -> FakeSeam:
+    return install_fake(monkeypatch, request.param)
 
 
 def _tensors(obj: object) -> list[torch.Tensor]:
     """The tensors inside ``obj`` (tuples, lists, dataclasses)."""
     out: list[torch.Tensor] = []
     map_tensors(obj, lambda t: out.append(t) or t)
-    return out
-
-
-def _installed(res: root_transfer.Result) -> list[torch.Tensor]:
-    """The tensors of a result that an install writes into device state."""
-    out: list[torch.Tensor] = []
-    map_installed(res, lambda t: out.append(t) or t)
     return out
 
 
@@ -228,13 +242,15 @@ def test_root_device_is_validated(value) -> None:
 
 def test_the_transfer_is_chosen_by_root_device_and_the_factors_device() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    for value in ("auto", "same", "host"):
+    for value in shampoo.implementation.ROOT_DEVICES:
         assert isinstance(root_transfer.select_transfer(value, cpu), SameDevice)  # CPU: as before
     assert isinstance(root_transfer.select_transfer("auto", cuda), CudaHost)  # touches no CUDA yet
     assert isinstance(root_transfer.select_transfer("host", cuda), CudaHost)
+    assert isinstance(root_transfer.select_transfer("device", cuda), CudaSide)
     assert isinstance(root_transfer.select_transfer("same", cuda), SameDevice)
-    with pytest.raises(ShampooError, match="no host path"):
-        root_transfer.select_transfer("host", torch.device("meta"))
+    for value in ("host", "device"):
+        with pytest.raises(ShampooError, match=f"^root_device='{value}' is a CUDA path; factors on 'meta'"):
+            root_transfer.select_transfer(value, torch.device("meta"))
 
 
 def test_a_pinned_buffer_is_reused_only_after_its_copy() -> None:
@@ -278,13 +294,14 @@ CASES = [golden_runs.Case("fallback", {"root_solver": golden_runs.FailsInFp32()}
          golden_runs.Case("eigh_warm", {"root_solver": "eigh_warm"})]  # fmt: skip
 
 
+@pytest.mark.parametrize("kind", [CudaHost, CudaSide], ids=["host", "side_stream"])
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_fake_cuda_equals_the_cpu_path_bitwise(case: golden_runs.Case, monkeypatch) -> None:
+def test_fake_cuda_equals_the_cpu_path_bitwise(case: golden_runs.Case, kind: type, monkeypatch) -> None:
     kw = {**case.options, "root_schedule": "async", "max_root_delay": 2, "root_threads": 1}
     case = golden_runs.Case(case.name, kw, case.fast, case.ranks, case.overflow_step)
     want = golden_runs.run_case(case)
     with monkeypatch.context() as m:
-        seam = install_fake(m)
+        seam = install_fake(m, kind)
         got = golden_runs.run_case(case)
     assert seam.made and any(e[0] == "install" for e in seam.log)
     assert_same(got, want)
@@ -306,17 +323,21 @@ def _two_groups(steps: int, seam: FakeSeam) -> list:
     opt = shampoo.Shampoo([{"params": [ps[0]]}, {"params": [ps[1]]}], lr=1e-2, precondition_frequency=1,
                           start_preconditioning_step=1, root_schedule="async", max_root_delay=2)  # fmt: skip
     g = torch.Generator().manual_seed(1)
-    counts = []
+    counts: list = []
     for _ in range(steps):
         for p in ps:
             p.grad = torch.randn(6, 4, generator=g)
         opt.step()
         t = seam.made[0]
-        counts.append((sum(t.inputs.allocated.values()), sum(t.outputs.allocated.values())))
+        if isinstance(t, CudaHost):
+            counts.append((sum(t.inputs.allocated.values()), sum(t.outputs.allocated.values())))
+    for r in opt._roots.in_flight():  # the rounds of step 11: solved, not installed
+        assert r.ticket._event.wait(60)
     return counts
 
 
-def test_the_order_of_the_host_path(fake_cuda) -> None:
+def test_the_order_of_the_host_path(monkeypatch) -> None:
+    fake_cuda = install_fake(monkeypatch, CudaHost)
     counts = _two_groups(12, fake_cuda)
     assert len(fake_cuda.made) == 1 and len(fake_cuda.streams) == 1  # one transfer, one side stream
     assert counts[-1] == counts[5] and counts[-1][0] > 0  # pinned buffers allocated once, then reused
@@ -353,6 +374,40 @@ def test_the_order_of_the_host_path(fake_cuda) -> None:
             j -= 3
         assert j < k - 2
     assert not any(e[:2] == ("run", "h2d") for e in worker)  # the training stream's wait ran them
+
+
+def test_the_order_of_the_side_stream_path(monkeypatch) -> None:
+    seam = install_fake(monkeypatch, CudaSide)
+    _two_groups(12, seam)
+    assert len(seam.made) == 1 and len(seam.streams) == 1
+    log = [e for e in seam.log if e[0] != "new_stream"]
+    training = [e[:-1] for e in log if e[-1] == "MainThread"]
+    worker = [e[:-1] for e in log if e[-1] == "shampoo-roots"]
+    assert not any(e[0] in ("copy", "pinned", "empty") for e in seam.log)  # no host copy
+    # a send: the event on the training stream, the snapshots marked as read on the side stream
+    produced = [e[1] for e in training if e[0] == "record" and e[2] == "training"]
+    assert len(produced) == 12
+    # a solve: on the side stream, after waiting for its send's event; its done event last
+    rounds = [i for i, e in enumerate(worker) if e[0] == "on"]
+    assert len(rounds) == 12
+    done = []
+    for n, i in enumerate(rounds):
+        assert worker[i + 1] == ("wait_event", "side0", produced[n])
+        end = worker.index(("off", "side0"), i)
+        assert worker[i + 2 : end - 1] and all(e == ("compute",) for e in worker[i + 2 : end - 1])
+        assert worker[end - 1][0] == "record" and worker[end - 1][2] == "side0"
+        done.append(worker[end - 1][1])
+    # an install: the training stream waits for the done event, marks the results it reads
+    installs = [i for i, e in enumerate(training) if e[0] == "install"]
+    assert len(installs) == 10
+    waited = []
+    for i in installs:
+        k = i - 1
+        while training[k] == ("record_stream", "training"):
+            k -= 1
+        assert k < i - 1 and training[k][:2] == ("wait_event", "training")
+        waited.append(training[k][2])
+    assert waited == [d for d in done if d in waited] and set(waited) <= set(done)
 
 
 # -- on CUDA ---------------------------------------------------------------------------------------------
@@ -400,12 +455,19 @@ def test_cuda_async_roots_against_sync(monkeypatch) -> None:
     k1 = {"root_schedule": "async", "max_root_delay": 1, "root_threads": 1}
     same = {"implementation": shampoo.ShampooImplementation(root_device="same")}
     host = {"implementation": shampoo.ShampooImplementation(root_device="host")}
-    # solved where the factors live, SOAP at delay 1 is the synchronous SOAP bit for bit
-    got, want = _cuda_run({**soap, **k1, **same}), _cuda_run(soap)
+    side = {"implementation": shampoo.ShampooImplementation(root_device="device")}
+    # solved where the factors live (the worker's default stream, or a side stream), SOAP at delay 1
+    # is the synchronous SOAP bit for bit (docs/design.md §6: the same inputs, the same kernels)
+    want = _cuda_run(soap)
     pending = [k for k in want if k.endswith("basis_pending")]
+    for where in (same, side):
+        got = _cuda_run({**soap, **k1, **where})
+        assert_same(
+            {k: v for k, v in got.items() if k not in pending},
+            {k: v for k, v in want.items() if k not in pending},
+        )
     assert_same(
-        {k: v for k, v in got.items() if k not in pending},
-        {k: v for k, v in want.items() if k not in pending},
+        _cuda_run({**k1, "max_root_delay": 2, **side}), _cuda_run({**k1, "max_root_delay": 2, **same})
     )
     # the host path on real streams is the host path with blocking copies, bit for bit
     real = root_transfer.select_transfer
