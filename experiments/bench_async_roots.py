@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--root-devices",
         nargs="+",
-        choices=["auto", "host", "same"],
+        choices=["auto", "host", "same", "device"],
         default=None,
         help="ShampooImplementation.root_device of the async configurations (default: auto; with "
         "--device cuda: host same)",
