@@ -18,9 +18,9 @@ a :class:`RootTransfer` sits between those halves, one class per device kind beh
   copies them into device tensors allocated on it (``non_blocking``; it need not wait for the
   training stream's step in flight) and records a *landed* event the training stream waits on
   before anything reads them; a staging buffer is reused only once its landed event completed, and
-  a device tensor used on a stream other than its own is marked with ``record_stream``. Every ``torch.cuda`` call goes through a
-  :class:`CudaSeam`, so the tests run this class on the CPU with a fake seam that defers each copy
-  until its event is waited for (tests/test_root_transfer.py).
+  a device tensor used on a stream other than its own is marked with ``record_stream``. Every
+  ``torch.cuda`` call goes through a :class:`CudaSeam`, so the tests run this class on the CPU with
+  a fake seam that defers each copy until its event is waited for (tests/test_root_transfer.py).
 * :class:`CudaSide` (``root_device="device"``): solved on the GPU, on a side stream of the background
   thread that waits for an event recorded on the training stream at submission; the training stream
   waits for the solve's *done* event at install. No host copy; the same kernels as ``"same"``, whose
