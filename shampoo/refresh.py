@@ -431,7 +431,22 @@ def warn(msg: str, category: type[Warning]) -> None:
     warnings.warn(msg, category, stacklevel=level)
 
 
+@dataclass
+class PreparedRound:
+    """A round's parts, one per refresher: its :class:`Round` and
+    snapshots, one per chunk (the Kronecker roots: :func:`shampoo.roots.round_chunks`; a job that
+    brings its own refresher, as SOAP's eigenbases: one per job). Built by
+    :func:`shampoo.root_pipeline.prepare_round`, moved by :mod:`shampoo.root_transfer`."""
+
+    parts: list[tuple[Round, list[Snapshot]]]
+
+    @property
+    def snaps(self) -> list[Snapshot]:
+        return [s for _, snaps in self.parts for s in snaps]
+
+
 __all__ = [
+    "PreparedRound",
     "Refresher",
     "Result",
     "RootJob",

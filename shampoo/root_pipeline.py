@@ -34,25 +34,12 @@ from .async_roots import RootExecutor, RootSchedule, RoundTicket
 from .config import DiagnosticsConfig, GroupOptions
 from .errors import InvalidShampooArgumentError, StateDictError
 from .implementation import DEFAULT_IMPLEMENTATION, ShampooImplementation
-from .refresh import Result, RootJob, Round, RoundReport, Snapshot, synchronous
+from .refresh import PreparedRound, Result, RootJob, Round, RoundReport, Snapshot, synchronous
 from .roots import KroneckerRoots, compute_roots, round_chunks
 
 BlockKey = tuple[int, Any, int]  # (group index, parameter key, block index)
 
 SCHEDULES = ("sync", "async")
-
-
-@dataclass
-class PreparedRound:
-    """A round's parts, one per refresher: its refresh-engine :class:`~shampoo.refresh.Round` and
-    snapshots, one per chunk (the Kronecker roots: :func:`~shampoo.roots.round_chunks`; a job that
-    brings its own refresher, as SOAP's eigenbases: one per job)."""
-
-    parts: list[tuple[Round, list[Snapshot]]]
-
-    @property
-    def snaps(self) -> list[Snapshot]:
-        return [s for _, snaps in self.parts for s in snaps]
 
 
 def prepare_round(

@@ -35,15 +35,12 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from .errors import ShampooError
-from .refresh import Result, Snapshot, compute
-
-if TYPE_CHECKING:
-    from .root_pipeline import PreparedRound
+from .refresh import PreparedRound, Result, Snapshot, compute
 
 
 class RootTransfer(Protocol):
