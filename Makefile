@@ -30,7 +30,7 @@ demo: $(STAMP)
 # The suite runs its files on TEST_JOBS processes (pytest-xdist; one file per process at a time, so a
 # module's fixtures are built once): one per core, at most 4. `make test TEST_JOBS=0` runs it in one
 # process. tests/conftest.py gives each process its share of the cores as torch threads.
-TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
+TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, os.cpu_count() or 1))")
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests

@@ -21,7 +21,7 @@ def _share_the_cores() -> None:
     if workers > 1:
         import torch
 
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 _share_the_cores()
