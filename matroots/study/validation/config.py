@@ -433,29 +433,7 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
     seeds = tuple(_int(s, "seeds", 0) for s in _list(raw.get("seeds", [0])))
     if not seeds:
         raise bad_config("seeds must not be empty")
-    tasks = []
-    for tname, t in (raw.get("tasks") or {}).items():
-        if tname not in TASKS:
-            raise bad_config(f"unknown task {tname!r}; available: {sorted(TASKS)}")
-        t = t or {}
-        if not isinstance(t, dict):
-            raise bad_config(f"tasks.{tname} must be a table (steps, eval_every, size, seeds), got {t!r}")
-        bad = set(t) - {"steps", "eval_every", "size", "seeds"}
-        if bad:
-            raise bad_config(
-                f"tasks.{tname}: unknown keys {sorted(bad)}; allowed: steps, eval_every, size, seeds"
-            )
-        cls = TASKS[tname]
-        steps = _int(t.get("steps", cls.default_steps), f"tasks.{tname}.steps", 1)
-        every = _int(t.get("eval_every", cls.default_eval_every), f"tasks.{tname}.eval_every", 1)
-        tseeds = tuple(_int(x, f"tasks.{tname}.seeds", 0) for x in _list(t.get("seeds", [])))
-        if not isinstance(t.get("size", {}), dict):
-            raise bad_config(f"tasks.{tname}.size must be a table of size options, got {t['size']!r}")
-        tasks.append(
-            TaskSpec(name=tname, steps=steps, eval_every=every, size=dict(t.get("size", {})), seeds=tseeds)
-        )
-    if not tasks:
-        raise bad_config(f"no [tasks.NAME] tables; available tasks: {sorted(TASKS)}")
+    tasks = _parse_tasks(raw.get("tasks") or {})
     protocol = None
     pentries: tuple[ProtocolEntry, ...] = ()
     entries = []
@@ -465,100 +443,9 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
         pentries = _protocol_entries(raw, protocol)
         entries = [(e.spec, {}, e.only) for e in pentries]
     for i, o in enumerate([] if protocol else _list(raw.get("optimizers") or [])):
-        where = f"optimizers[{i}]"
-        if not isinstance(o, dict):
-            raise bad_config(f"{where} must be a table ([[optimizers]] with name, lr, ...), got {o!r}")
-        oname = o.get("name")
-        if oname not in OPTIMIZERS:
-            raise bad_config(f"{where}: name must be one of {OPTIMIZERS}, got {oname!r}")
-        allowed = {"name", "lr", "options", "tasks", "label"}
-        if oname == "shampoo":
-            allowed |= {"root_solver", "root_dtype", "eps", "precondition_frequency", "max_root_delay"}
-        if oname == "soap":
-            allowed |= {"basis_update", "eps", "precondition_frequency"}
-        bad = set(o) - allowed
-        if bad:
-            raise bad_config(f"{where}: unknown keys {sorted(bad)} for {oname}; allowed: {sorted(allowed)}")
-        if "lr" not in o:
-            raise bad_config(f"{where}: lr is required (a small log sweep, e.g. [1e-3, 3e-3, 1e-2])")
-        lrs = _lr_table(o["lr"], where)
-        only = tuple(o.get("tasks", ()))
-        for t in only:
-            if t not in TASKS:
-                raise bad_config(f"{where}: tasks lists unknown task {t!r}")
-        if not isinstance(o.get("options", {}), dict):
-            raise bad_config(
-                f"{where}: options must be a table of optimizer keyword arguments, got {o['options']!r}"
-            )
-        opts = dict(o.get("options", {}))
-        if oname == "soap":
-            entries.extend((spec, lrs, only) for spec in _soap_specs(o, opts, where))
-            continue
-        if oname != "shampoo":
-            entries.append((OptimizerSpec(name=oname, options=opts, label=o.get("label", "")), lrs, only))
-            continue
-        dts = _list(o.get("root_dtype", ["fp32"]))
-        for d in dts:
-            if d not in DTYPES:
-                raise bad_config(f"{where}: root_dtype {d!r} not one of {sorted(DTYPES)}")
-        epss = _list(o.get("eps", [{"value": 1e-12, "mode": "absolute"}]))
-        epss = [e if isinstance(e, dict) else {"value": e} for e in epss]
-        for e in epss:
-            v = e.get("value", 0.0)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-                raise bad_config(f"{where}: eps values must be finite numbers >= 0, got {v!r}")
-            if e.get("mode", "absolute") not in EPS_MODES:
-                raise bad_config(
-                    f"{where}: eps mode must be {' or '.join(map(repr, EPS_MODES))}, got {e.get('mode')!r}"
-                )
-        freqs = [
-            _int(f, f"{where}.precondition_frequency", 1)
-            for f in _list(o.get("precondition_frequency", [10]))
-        ]
-        delays = _delays(o.get("max_root_delay", ["sync"]), where)
-        for (sname, sopts, slabel), d, e, f, k in itertools.product(
-            _solvers(o.get("root_solver", ["eigh"]), where), dts, epss, freqs, delays
-        ):
-            async_opts = {} if k == "sync" else {"root_schedule": "async", "max_root_delay": k}
-            spec = OptimizerSpec(
-                name="shampoo",
-                options={**opts, **async_opts},
-                root_solver=sname,
-                solver_options=sopts,
-                solver_label=slabel,
-                root_dtype=d,
-                eps=float(e.get("value", 0.0)),
-                eps_mode=e.get("mode", "absolute"),
-                precondition_frequency=f,
-            )
-            if o.get("label"):  # a name for the entry: it replaces "shampoo" in each config's label
-                spec = dataclasses.replace(spec, label=o["label"] + spec.default_label()[len("shampoo") :])
-            if k != "sync":  # the roots' schedule: computed in the background, installed k steps later
-                spec = dataclasses.replace(spec, label=f"{spec.label[:-1]}|async={k}]")
-            entries.append((spec, lrs, only))
-    if not any(e[0].name == BASELINE for e in entries):
-        raise bad_config("the grid needs an 'adamw' entry: its best final validation loss is the target")
-    labels = [(e[0].label, e[2]) for e in entries]
-    if len({lab for lab, _ in labels}) != len(labels):
-        dup = sorted({lab for lab, _ in labels if [x for x, _ in labels].count(lab) > 1})
-        raise bad_config(f"optimizer configs with the same label {dup[:3]}: give them distinct 'label's")
-    timing = raw.get("timing", {})
-    diag = raw.get("diagnostics", {})
-    order = raw.get("order", "task")
-    if order not in ("task", "seed"):
-        raise bad_config(f"order must be 'task' or 'seed', got {order!r}")
-    bad = set(timing) - {"rounds", "chunk_steps"}
-    bad |= set(diag) - {"root_error_samples", "reference_eps", "reference_eps_mode"}
-    if bad:
-        raise bad_config(f"unknown [timing]/[diagnostics] keys {sorted(bad)}")
-    if diag.get("reference_eps_mode", "relative") not in EPS_MODES:
-        raise bad_config(f"diagnostics.reference_eps_mode must be {' or '.join(map(repr, EPS_MODES))}")
-    _int(timing.get("rounds", 3), "timing.rounds", 1)
-    _int(timing.get("chunk_steps", 0), "timing.chunk_steps", 0)
-    _int(diag.get("root_error_samples", 4), "diagnostics.root_error_samples", 0)
-    ref_eps = diag.get("reference_eps", 1e-6)
-    if isinstance(ref_eps, bool) or not isinstance(ref_eps, int | float) or not ref_eps >= 0:
-        raise bad_config(f"diagnostics.reference_eps must be a number >= 0, got {ref_eps!r}")
+        entries.extend(_optimizer_entries(o, f"optimizers[{i}]"))
+    _check_entries(entries)
+    timing, diag, order = _parse_settings(raw)
     return ValidationGrid(
         name=name,
         seeds=seeds,
@@ -576,81 +463,160 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
     )
 
 
+def _parse_tasks(table: dict[str, Any]) -> list[TaskSpec]:
+    """The ``[tasks.NAME]`` tables: one TaskSpec each (at least one)."""
+    tasks = [_parse_task(tname, t) for tname, t in table.items()]
+    if not tasks:
+        raise bad_config(f"no [tasks.NAME] tables; available tasks: {sorted(TASKS)}")
+    return tasks
+
+
+def _parse_task(tname: str, t: Any) -> TaskSpec:
+    """One ``[tasks.NAME]`` table: steps, eval_every, size and seeds (each optional)."""
+    if tname not in TASKS:
+        raise bad_config(f"unknown task {tname!r}; available: {sorted(TASKS)}")
+    t = t or {}
+    if not isinstance(t, dict):
+        raise bad_config(f"tasks.{tname} must be a table (steps, eval_every, size, seeds), got {t!r}")
+    bad = set(t) - {"steps", "eval_every", "size", "seeds"}
+    if bad:
+        raise bad_config(
+            f"tasks.{tname}: unknown keys {sorted(bad)}; allowed: steps, eval_every, size, seeds"
+        )
+    cls = TASKS[tname]
+    steps = _int(t.get("steps", cls.default_steps), f"tasks.{tname}.steps", 1)
+    every = _int(t.get("eval_every", cls.default_eval_every), f"tasks.{tname}.eval_every", 1)
+    tseeds = tuple(_int(x, f"tasks.{tname}.seeds", 0) for x in _list(t.get("seeds", [])))
+    if not isinstance(t.get("size", {}), dict):
+        raise bad_config(f"tasks.{tname}.size must be a table of size options, got {t['size']!r}")
+    return TaskSpec(name=tname, steps=steps, eval_every=every, size=dict(t.get("size", {})), seeds=tseeds)
+
+
+_Entry = tuple[OptimizerSpec, dict[str, tuple[float, ...]], tuple[str, ...]]
+
+
+def _optimizer_entries(o: Any, where: str) -> list[_Entry]:
+    """One ``[[optimizers]]`` table of a grid config: its configs, each with its lr table and tasks."""
+    if not isinstance(o, dict):
+        raise bad_config(f"{where} must be a table ([[optimizers]] with name, lr, ...), got {o!r}")
+    oname = o.get("name")
+    if oname not in OPTIMIZERS:
+        raise bad_config(f"{where}: name must be one of {OPTIMIZERS}, got {oname!r}")
+    allowed = {"name", "lr", "options", "tasks", "label"}
+    if oname == "shampoo":
+        allowed |= {"root_solver", "root_dtype", "eps", "precondition_frequency", "max_root_delay"}
+    if oname == "soap":
+        allowed |= {"basis_update", "eps", "precondition_frequency"}
+    bad = set(o) - allowed
+    if bad:
+        raise bad_config(f"{where}: unknown keys {sorted(bad)} for {oname}; allowed: {sorted(allowed)}")
+    if "lr" not in o:
+        raise bad_config(f"{where}: lr is required (a small log sweep, e.g. [1e-3, 3e-3, 1e-2])")
+    lrs = _lr_table(o["lr"], where)
+    only = tuple(o.get("tasks", ()))
+    for t in only:
+        if t not in TASKS:
+            raise bad_config(f"{where}: tasks lists unknown task {t!r}")
+    if not isinstance(o.get("options", {}), dict):
+        raise bad_config(
+            f"{where}: options must be a table of optimizer keyword arguments, got {o['options']!r}"
+        )
+    opts = dict(o.get("options", {}))
+    if oname == "soap":
+        return [(spec, lrs, only) for spec in _soap_specs(o, opts, where)]
+    if oname != "shampoo":
+        return [(OptimizerSpec(name=oname, options=opts, label=o.get("label", "")), lrs, only)]
+    return [(spec, lrs, only) for spec in _shampoo_specs(o, opts, where)]
+
+
+def _shampoo_eps(o: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """The eps of a Shampoo entry as ``{value, mode}`` tables (a bare number is an absolute eps)."""
+    epss = _list(o.get("eps", [{"value": 1e-12, "mode": "absolute"}]))
+    epss = [e if isinstance(e, dict) else {"value": e} for e in epss]
+    for e in epss:
+        v = e.get("value", 0.0)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise bad_config(f"{where}: eps values must be finite numbers >= 0, got {v!r}")
+        if e.get("mode", "absolute") not in EPS_MODES:
+            raise bad_config(
+                f"{where}: eps mode must be {' or '.join(map(repr, EPS_MODES))}, got {e.get('mode')!r}"
+            )
+    return epss
+
+
+def _shampoo_specs(o: dict[str, Any], opts: dict[str, Any], where: str) -> list[OptimizerSpec]:
+    """The Shampoo configs of an entry: root solvers x dtypes x eps x frequencies x root delays."""
+    dts = _list(o.get("root_dtype", ["fp32"]))
+    for d in dts:
+        if d not in DTYPES:
+            raise bad_config(f"{where}: root_dtype {d!r} not one of {sorted(DTYPES)}")
+    epss = _shampoo_eps(o, where)
+    freqs = [
+        _int(f, f"{where}.precondition_frequency", 1) for f in _list(o.get("precondition_frequency", [10]))
+    ]
+    delays = _delays(o.get("max_root_delay", ["sync"]), where)
+    out = []
+    for (sname, sopts, slabel), d, e, f, k in itertools.product(
+        _solvers(o.get("root_solver", ["eigh"]), where), dts, epss, freqs, delays
+    ):
+        async_opts = {} if k == "sync" else {"root_schedule": "async", "max_root_delay": k}
+        spec = OptimizerSpec(
+            name="shampoo",
+            options={**opts, **async_opts},
+            root_solver=sname,
+            solver_options=sopts,
+            solver_label=slabel,
+            root_dtype=d,
+            eps=float(e.get("value", 0.0)),
+            eps_mode=e.get("mode", "absolute"),
+            precondition_frequency=f,
+        )
+        if o.get("label"):  # a name for the entry: it replaces "shampoo" in each config's label
+            spec = dataclasses.replace(spec, label=o["label"] + spec.default_label()[len("shampoo") :])
+        if k != "sync":  # the roots' schedule: computed in the background, installed k steps later
+            spec = dataclasses.replace(spec, label=f"{spec.label[:-1]}|async={k}]")
+        out.append(spec)
+    return out
+
+
+def _check_entries(entries: list[_Entry]) -> None:
+    """The grid's optimizer configs: an AdamW baseline among them, and no two with the same label."""
+    if not any(e[0].name == BASELINE for e in entries):
+        raise bad_config("the grid needs an 'adamw' entry: its best final validation loss is the target")
+    labels = [(e[0].label, e[2]) for e in entries]
+    if len({lab for lab, _ in labels}) != len(labels):
+        dup = sorted({lab for lab, _ in labels if [x for x, _ in labels].count(lab) > 1})
+        raise bad_config(f"optimizer configs with the same label {dup[:3]}: give them distinct 'label's")
+
+
+def _parse_settings(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """The ``[timing]`` and ``[diagnostics]`` tables and ``order``, validated."""
+    timing = raw.get("timing", {})
+    diag = raw.get("diagnostics", {})
+    order = raw.get("order", "task")
+    if order not in ("task", "seed"):
+        raise bad_config(f"order must be 'task' or 'seed', got {order!r}")
+    bad = set(timing) - {"rounds", "chunk_steps"}
+    bad |= set(diag) - {"root_error_samples", "reference_eps", "reference_eps_mode"}
+    if bad:
+        raise bad_config(f"unknown [timing]/[diagnostics] keys {sorted(bad)}")
+    if diag.get("reference_eps_mode", "relative") not in EPS_MODES:
+        raise bad_config(f"diagnostics.reference_eps_mode must be {' or '.join(map(repr, EPS_MODES))}")
+    _int(timing.get("rounds", 3), "timing.rounds", 1)
+    _int(timing.get("chunk_steps", 0), "timing.chunk_steps", 0)
+    _int(diag.get("root_error_samples", 4), "diagnostics.root_error_samples", 0)
+    ref_eps = diag.get("reference_eps", 1e-6)
+    if isinstance(ref_eps, bool) or not isinstance(ref_eps, int | float) or not ref_eps >= 0:
+        raise bad_config(f"diagnostics.reference_eps must be a number >= 0, got {ref_eps!r}")
+    return timing, diag, order
+
+
 def _protocol_entries(raw: dict[str, Any], protocol: proto.Protocol) -> tuple[ProtocolEntry, ...]:
     """The ``[[optimizers]]`` of a protocol config (see :mod:`matroots.study.validation.protocol`)."""
-    from shampoo.transforms.soap import BASIS_UPDATES
-
-    from .peers import PEERS
-
-    out = []
-    for i, o in enumerate(_list(raw.get("optimizers") or [])):
-        where = f"optimizers[{i}]"
-        if not isinstance(o, dict):
-            raise bad_config(f"{where} must be a table ([[optimizers]] with name, label, ...), got {o!r}")
-        oname = o.get("name")
-        if oname not in proto.OPTIMIZER_DIMS:
-            raise bad_config(f"{where}: name must be one of {sorted(proto.OPTIMIZER_DIMS)}, got {oname!r}")
-        allowed = {"name", "label", "options", "tasks", "space", "fixed", "tune", "default"}
-        allowed |= {"shampoo": {"root_solver", "root_dtype", "eps"}, "soap": {"basis_update", "eps"},
-                    "peer": {"peer"}}.get(oname, set())  # fmt: skip
-        bad = set(o) - allowed
-        if bad:
-            hint = " (the protocol samples lr: give its range in space)" if "lr" in bad else ""
-            raise bad_config(
-                f"{where}: unknown keys {sorted(bad)} for {oname}{hint}; allowed: {sorted(allowed)}"
-            )
-        opts = dict(o.get("options", {}))
-        only = tuple(o.get("tasks", ()))
-        for t in only:
-            if t not in TASKS:
-                raise bad_config(f"{where}: tasks lists unknown task {t!r}")
-        space = proto.parse_space(o.get("space"), protocol.space, f"{where}.space")
-        fixed = dict(o.get("fixed", {}))
-        unknown = set(fixed) - set(proto.DIMENSIONS)
-        if unknown:
-            raise bad_config(
-                f"{where}.fixed: unknown hyperparameters {sorted(unknown)}; allowed: {list(proto.DIMENSIONS)}"
-            )
-        tune = o.get("tune", True)
-        if not isinstance(tune, bool):
-            raise bad_config(f"{where}.tune must be true or false, got {tune!r}")
-        if not tune and "lr" not in fixed:
-            raise bad_config(f"{where}: an untuned entry (tune = false) needs fixed.lr")
-        if oname == "shampoo":
-            ((sname, sopts, slabel),) = _solvers(o.get("root_solver", "eigh"), where)
-            eps = o.get("eps", {"value": 1e-12, "mode": "absolute"})
-            eps = eps if isinstance(eps, dict) else {"value": eps}
-            spec = OptimizerSpec(name="shampoo", options=opts, root_solver=sname, solver_options=sopts,
-                                 solver_label=slabel, root_dtype=o.get("root_dtype", "fp32"),
-                                 eps=float(eps.get("value", 1e-12)), eps_mode=eps.get("mode", "absolute"),
-                                 precondition_frequency=10, label=o.get("label", f"shampoo[{slabel}]"))  # fmt: skip
-        elif oname == "soap":
-            basis = o.get("basis_update", "eigh_warm")
-            if basis not in BASIS_UPDATES:
-                raise bad_config(f"{where}: basis_update {basis!r} not one of {BASIS_UPDATES}")
-            spec = OptimizerSpec(name="soap", options=opts, root_solver=basis, solver_label=basis, root_dtype="fp32",
-                                 eps=float(o.get("eps", 1e-8)), precondition_frequency=10,
-                                 label=o.get("label", f"soap[{basis}]"))  # fmt: skip
-        elif oname == "peer":
-            peer = o.get("peer")
-            if peer not in PEERS:
-                raise bad_config(f"{where}: peer must be one of {sorted(PEERS)}, got {peer!r}")
-            spec = OptimizerSpec(name="peer", options=opts, root_solver=peer, solver_label=peer,
-                                 precondition_frequency=10, label=o.get("label", peer))  # fmt: skip
-        else:
-            spec = OptimizerSpec(name=oname, options=opts, label=o.get("label", oname))
-        for k in fixed:
-            if k in proto.OPTIMIZER_DIMS[oname] or k in ("lr", "beta2", "weight_decay", "warmup_fraction"):
-                continue
-            raise bad_config(f"{where}.fixed: {k} is not a hyperparameter of {oname}")
-        own = dict(proto.DEFAULT_POINTS.get(spec.root_solver if oname == "peer" else oname, {}))
-        given = o.get("default", {})
-        if not isinstance(given, dict) or set(given) - set(proto.DIMENSIONS):
-            raise bad_config(
-                f"{where}.default must be a table of hyperparameters ({list(proto.DIMENSIONS)}), got {given!r}"
-            )
-        own.update(given)
-        out.append(ProtocolEntry(spec=spec, space=space, fixed=fixed, tune=tune, only=only, default=own))
+    out = [
+        _protocol_entry(o, f"optimizers[{i}]", protocol)
+        for i, o in enumerate(_list(raw.get("optimizers") or []))
+    ]
     if not any(e.spec.name == BASELINE and e.tune for e in out):
         raise bad_config("the protocol needs a tuned 'adamw' entry: every ratio is against it")
     labels = [e.spec.label for e in out]
@@ -659,6 +625,88 @@ def _protocol_entries(raw: dict[str, Any], protocol: proto.Protocol) -> tuple[Pr
             f"optimizer entries with the same label {sorted({x for x in labels if labels.count(x) > 1})}"
         )
     return tuple(out)
+
+
+def _protocol_entry(o: Any, where: str, protocol: proto.Protocol) -> ProtocolEntry:
+    """One ``[[optimizers]]`` table of a protocol config: its spec, search space, fixed values, default."""
+    oname = _protocol_name(o, where)
+    opts = dict(o.get("options", {}))
+    only = tuple(o.get("tasks", ()))
+    for t in only:
+        if t not in TASKS:
+            raise bad_config(f"{where}: tasks lists unknown task {t!r}")
+    space = proto.parse_space(o.get("space"), protocol.space, f"{where}.space")
+    fixed = dict(o.get("fixed", {}))
+    unknown = set(fixed) - set(proto.DIMENSIONS)
+    if unknown:
+        raise bad_config(
+            f"{where}.fixed: unknown hyperparameters {sorted(unknown)}; allowed: {list(proto.DIMENSIONS)}"
+        )
+    tune = o.get("tune", True)
+    if not isinstance(tune, bool):
+        raise bad_config(f"{where}.tune must be true or false, got {tune!r}")
+    if not tune and "lr" not in fixed:
+        raise bad_config(f"{where}: an untuned entry (tune = false) needs fixed.lr")
+    spec = _protocol_spec(o, oname, opts, where)
+    for k in fixed:
+        if k in proto.OPTIMIZER_DIMS[oname] or k in ("lr", "beta2", "weight_decay", "warmup_fraction"):
+            continue
+        raise bad_config(f"{where}.fixed: {k} is not a hyperparameter of {oname}")
+    own = dict(proto.DEFAULT_POINTS.get(spec.root_solver if oname == "peer" else oname, {}))
+    given = o.get("default", {})
+    if not isinstance(given, dict) or set(given) - set(proto.DIMENSIONS):
+        raise bad_config(
+            f"{where}.default must be a table of hyperparameters ({list(proto.DIMENSIONS)}), got {given!r}"
+        )
+    own.update(given)
+    return ProtocolEntry(spec=spec, space=space, fixed=fixed, tune=tune, only=only, default=own)
+
+
+def _protocol_name(o: Any, where: str) -> str:
+    """The optimizer name of a protocol entry, once the entry is a table with only its name's keys."""
+    if not isinstance(o, dict):
+        raise bad_config(f"{where} must be a table ([[optimizers]] with name, label, ...), got {o!r}")
+    oname = o.get("name")
+    if oname not in proto.OPTIMIZER_DIMS:
+        raise bad_config(f"{where}: name must be one of {sorted(proto.OPTIMIZER_DIMS)}, got {oname!r}")
+    allowed = {"name", "label", "options", "tasks", "space", "fixed", "tune", "default"}
+    allowed |= {"shampoo": {"root_solver", "root_dtype", "eps"}, "soap": {"basis_update", "eps"},
+                "peer": {"peer"}}.get(oname, set())  # fmt: skip
+    bad = set(o) - allowed
+    if bad:
+        hint = " (the protocol samples lr: give its range in space)" if "lr" in bad else ""
+        raise bad_config(f"{where}: unknown keys {sorted(bad)} for {oname}{hint}; allowed: {sorted(allowed)}")
+    return oname
+
+
+def _protocol_spec(o: dict[str, Any], oname: str, opts: dict[str, Any], where: str) -> OptimizerSpec:
+    """The spec template of a protocol entry (its solver, basis update or peer; frequency 10)."""
+    from shampoo.transforms.soap import BASIS_UPDATES
+
+    from .peers import PEERS
+
+    if oname == "shampoo":
+        ((sname, sopts, slabel),) = _solvers(o.get("root_solver", "eigh"), where)
+        eps = o.get("eps", {"value": 1e-12, "mode": "absolute"})
+        eps = eps if isinstance(eps, dict) else {"value": eps}
+        return OptimizerSpec(name="shampoo", options=opts, root_solver=sname, solver_options=sopts,
+                             solver_label=slabel, root_dtype=o.get("root_dtype", "fp32"),
+                             eps=float(eps.get("value", 1e-12)), eps_mode=eps.get("mode", "absolute"),
+                             precondition_frequency=10, label=o.get("label", f"shampoo[{slabel}]"))  # fmt: skip
+    if oname == "soap":
+        basis = o.get("basis_update", "eigh_warm")
+        if basis not in BASIS_UPDATES:
+            raise bad_config(f"{where}: basis_update {basis!r} not one of {BASIS_UPDATES}")
+        return OptimizerSpec(name="soap", options=opts, root_solver=basis, solver_label=basis, root_dtype="fp32",
+                             eps=float(o.get("eps", 1e-8)), precondition_frequency=10,
+                             label=o.get("label", f"soap[{basis}]"))  # fmt: skip
+    if oname == "peer":
+        peer = o.get("peer")
+        if peer not in PEERS:
+            raise bad_config(f"{where}: peer must be one of {sorted(PEERS)}, got {peer!r}")
+        return OptimizerSpec(name="peer", options=opts, root_solver=peer, solver_label=peer,
+                             precondition_frequency=10, label=o.get("label", peer))  # fmt: skip
+    return OptimizerSpec(name=oname, options=opts, label=o.get("label", oname))
 
 
 def load_config(path: str | Path) -> ValidationGrid:
