@@ -206,6 +206,28 @@ def select(
     ``planned``: the cases the config asks for (:func:`planned_cases`); with it, cells built from fewer
     cases are flagged (``missing_cases``, reason, a logged warning) and cells with no finished case
     appear as "NA" rows. Without it ``missing_cases`` is NA (not checked)."""
+    d, excluded, excluded_cases, outside = _judged_rows(rows, spec)
+    expected = None if planned is None else _expected_per_cell(planned, d, excluded_cases, spec)
+    out: list[dict[str, Any]] = []
+    order = {c.label: i for i, c in enumerate(spec.candidates)}
+    done_cells = set()
+    for (device, dtype, p, nb, kb), cell in d.groupby(["device", "dtype", "p", "_nb", "_kb"], sort=True):
+        done_cells.add((device, dtype, float(p), int(nb), int(kb)))
+        out.extend(_cell_rows(cell, spec, (device, dtype, p, nb, kb), expected, order))
+    for cell, want in sorted((expected or {}).items(), key=str):
+        if cell not in done_cells:  # every case of the cell is missing
+            out.extend(_empty_cell_rows(cell, want, spec))
+    table = _ordered_table(out)
+    summary = {"excluded_cases": int(excluded), "cases_outside_bands": int(outside), "rows": len(d)}
+    if expected is not None:
+        summary.update(_missing_summary(table))
+    return table, summary
+
+
+def _judged_rows(rows: pd.DataFrame, spec: TuneSpec) -> tuple[pd.DataFrame, int, set[tuple[str, str]], int]:
+    """The rows that can be judged, with their n and kappa bands (``_nb``, ``_kb``): one per (unit,
+    dtype, solver), no ``WorkerCrashed`` rows, a reference, inside the bands; and the cases left out
+    (number of units without a reference, their (unit, dtype) cases, number of units outside the bands)."""
     # A case run by two sweeps of the config (same unit key) counts once.
     keys = [c for c in ("unit", "dtype", "solver") if c in rows]
     d = rows.drop_duplicates(subset=keys, keep="first").copy()
@@ -223,98 +245,127 @@ def select(
     d = d[(d["_nb"] >= 0) & (d["_kb"] >= 0)]
     if "device" not in d:
         d["device"] = spec.device
-    expected = None if planned is None else _expected_per_cell(planned, d, excluded_cases, spec)
-    out: list[dict[str, Any]] = []
-    order = {c.label: i for i, c in enumerate(spec.candidates)}
-    keys = ["device", "dtype", "p", "_nb", "_kb"]
-    done_cells = set()
-    for (device, dtype, p, nb, kb), cell in d.groupby(keys, sort=True):
-        cases = cell["unit"].nunique()
-        done_cells.add((device, dtype, float(p), int(nb), int(kb)))
-        want = None if expected is None else expected.get((device, dtype, float(p), int(nb), int(kb)), cases)
-        missing = math.nan if want is None else max(want - cases, 0)
-        st = _candidate_stats(cell, cases)
-        be = best_effort(st)
-        be_err = be["worst_error"] if np.isfinite(be["worst_error"]) else be["worst_ok_error"]
-        base = {
-            **_cell_identity(spec, device, dtype, p, nb, kb),
-            "cases": int(cases),
-            "families": ";".join(sorted(cell["family"].unique())),
-            "n_seen": ";".join(str(int(x)) for x in sorted(cell["n"].unique())),
-            "kappa_seen_min": float(cell["_kappa"].min()),
-            "kappa_seen_max": float(cell["_kappa"].max()),
-            "best_effort": be.name,
-            "best_effort_error": float(be_err),
-            "missing_cases": missing,
-        }
-        short = (
-            f"; built from {cases} of {want} cases ({missing} crashed or not run: resume the tune)"
-            if want is not None and missing > 0
-            else ""
+    return d, excluded, excluded_cases, outside
+
+
+def _cell_rows(
+    cell: pd.DataFrame,
+    spec: TuneSpec,
+    ident: tuple[Any, ...],
+    expected: dict[tuple[Any, ...], int] | None,
+    order: dict[str, int],
+) -> list[dict[str, Any]]:
+    """The rows of one cell with cases (``ident``: device, dtype, p, n band, kappa band), one per target."""
+    device, dtype, p, nb, kb = ident
+    cases = cell["unit"].nunique()
+    want = None if expected is None else expected.get((device, dtype, float(p), int(nb), int(kb)), cases)
+    missing = math.nan if want is None else max(want - cases, 0)
+    st = _candidate_stats(cell, cases)
+    be = best_effort(st)
+    be_err = be["worst_error"] if np.isfinite(be["worst_error"]) else be["worst_ok_error"]
+    base = {
+        **_cell_identity(spec, device, dtype, p, nb, kb),
+        "cases": int(cases),
+        "families": ";".join(sorted(cell["family"].unique())),
+        "n_seen": ";".join(str(int(x)) for x in sorted(cell["n"].unique())),
+        "kappa_seen_min": float(cell["_kappa"].min()),
+        "kappa_seen_max": float(cell["_kappa"].max()),
+        "best_effort": be.name,
+        "best_effort_error": float(be_err),
+        "missing_cases": missing,
+    }
+    short = (
+        f"; built from {cases} of {want} cases ({missing} crashed or not run: resume the tune)"
+        if want is not None and missing > 0
+        else ""
+    )
+    where = f"{_cell_label(base)} ({cases} cases)"
+    out = []
+    for target in spec.targets:
+        passing, tie = _ranked_passing(st, spec, target, order)
+        row = dict(base, target=float(target))
+        if passing.empty:
+            row.update(_no_choice(spec, target, be, be_err, where, short))
+        else:
+            row.update(_choice(passing, tie, spec, target, where, short))
+        out.append(row)
+    return out
+
+
+def _ranked_passing(
+    st: pd.DataFrame, spec: TuneSpec, target: float, order: dict[str, int]
+) -> tuple[pd.DataFrame, bool]:
+    """The candidates that meet ``target`` (with the margin) on every case, cheapest first, and whether
+    the first was moved there by the tie rule (the config's order among costs within cost_tolerance)."""
+    bar = spec.margin * target
+    passing = st[(st["failure_rate"] == 0) & (st["worst_error"] <= bar) & st["complete"]]
+    passing = passing.sort_values(["median_gemm_equivalents", "worst_error"])
+    tie = False
+    if len(passing) > 1:
+        # Costs within cost_tolerance of the cheapest are a tie (timing noise): the candidate
+        # listed first in the config wins it, so equal-cost variants do not flip cell to cell.
+        cheapest = passing["median_gemm_equivalents"].iloc[0]
+        near = passing[passing["median_gemm_equivalents"] <= cheapest * (1 + spec.cost_tolerance)]
+        first = min(near.index, key=lambda lab: order.get(lab, len(order)))
+        tie = first != passing.index[0]
+        passing = pd.concat([passing.loc[[first]], passing.drop(index=first)])
+    return passing, tie
+
+
+def _no_choice(
+    spec: TuneSpec, target: float, be: pd.Series, be_err: float, where: str, short: str
+) -> dict[str, Any]:
+    """The choice columns of a (cell, target) no candidate meets: NA, and the best effort in the reason."""
+    fails = f", failing {be['failure_rate']:.0%} of cases" if be["failure_rate"] > 0 else ""
+    return dict(
+        choice="NA",
+        method="NA",
+        options="",
+        worst_error=math.nan,
+        median_gemm_equivalents=math.nan,
+        median_cpu_seconds=math.nan,
+        median_matmuls=math.nan,
+        failure_rate=math.nan,
+        runner_up="NA",
+        runner_up_gemm_equivalents=math.nan,
+        runner_up_worst_error=math.nan,
+        reason=f"no candidate meets {target:g}"
+        + (f" (with margin {spec.margin:g})" if spec.margin < 1 else "")
+        + f" at {where}; best is {be.name} at {_fmt(be_err)}{fails}{short}",
+    )
+
+
+def _choice(
+    passing: pd.DataFrame, tie: bool, spec: TuneSpec, target: float, where: str, short: str
+) -> dict[str, Any]:
+    """The choice columns of a (cell, target) with passing candidates: the first, and the runner-up."""
+    c = passing.iloc[0]
+    r = passing.iloc[1] if len(passing) > 1 else None
+    return dict(
+        choice=c.name,
+        method=c["method"],
+        options=c["options"],
+        worst_error=float(c["worst_error"]),
+        median_gemm_equivalents=float(c["median_gemm_equivalents"]),
+        median_cpu_seconds=float(c["median_cpu_seconds"]),
+        median_matmuls=float(c["median_matmuls"]),
+        failure_rate=float(c["failure_rate"]),
+        runner_up=r.name if r is not None else "NA",
+        runner_up_gemm_equivalents=float(r["median_gemm_equivalents"]) if r is not None else math.nan,
+        runner_up_worst_error=float(r["worst_error"]) if r is not None else math.nan,
+        reason=(
+            f"first in the config's order among the candidates within "
+            f"{spec.cost_tolerance:.0%} of the cheapest"
+            if tie
+            else "cheapest"
         )
-        for target in spec.targets:
-            bar = spec.margin * target
-            passing = st[(st["failure_rate"] == 0) & (st["worst_error"] <= bar) & st["complete"]]
-            passing = passing.sort_values(["median_gemm_equivalents", "worst_error"])
-            tie = False
-            if len(passing) > 1:
-                # Costs within cost_tolerance of the cheapest are a tie (timing noise): the candidate
-                # listed first in the config wins it, so equal-cost variants do not flip cell to cell.
-                cheapest = passing["median_gemm_equivalents"].iloc[0]
-                near = passing[passing["median_gemm_equivalents"] <= cheapest * (1 + spec.cost_tolerance)]
-                first = min(near.index, key=lambda lab: order.get(lab, len(order)))
-                tie = first != passing.index[0]
-                passing = pd.concat([passing.loc[[first]], passing.drop(index=first)])
-            row = dict(base, target=float(target))
-            where = f"{_cell_label(base)} ({cases} cases)"
-            if passing.empty:
-                fails = f", failing {be['failure_rate']:.0%} of cases" if be["failure_rate"] > 0 else ""
-                row.update(
-                    choice="NA",
-                    method="NA",
-                    options="",
-                    worst_error=math.nan,
-                    median_gemm_equivalents=math.nan,
-                    median_cpu_seconds=math.nan,
-                    median_matmuls=math.nan,
-                    failure_rate=math.nan,
-                    runner_up="NA",
-                    runner_up_gemm_equivalents=math.nan,
-                    runner_up_worst_error=math.nan,
-                    reason=f"no candidate meets {target:g}"
-                    + (f" (with margin {spec.margin:g})" if spec.margin < 1 else "")
-                    + f" at {where}; best is {be.name} at {_fmt(be_err)}{fails}{short}",
-                )
-            else:
-                c = passing.iloc[0]
-                r = passing.iloc[1] if len(passing) > 1 else None
-                row.update(
-                    choice=c.name,
-                    method=c["method"],
-                    options=c["options"],
-                    worst_error=float(c["worst_error"]),
-                    median_gemm_equivalents=float(c["median_gemm_equivalents"]),
-                    median_cpu_seconds=float(c["median_cpu_seconds"]),
-                    median_matmuls=float(c["median_matmuls"]),
-                    failure_rate=float(c["failure_rate"]),
-                    runner_up=r.name if r is not None else "NA",
-                    runner_up_gemm_equivalents=float(r["median_gemm_equivalents"])
-                    if r is not None
-                    else math.nan,
-                    runner_up_worst_error=float(r["worst_error"]) if r is not None else math.nan,
-                    reason=(
-                        f"first in the config's order among the candidates within "
-                        f"{spec.cost_tolerance:.0%} of the cheapest"
-                        if tie
-                        else "cheapest"
-                    )
-                    + f" (median {c['median_gemm_equivalents']:.3g} GEMM-equivalents) of "
-                    f"{len(passing)} candidates meeting {target:g} on every case at {where}{short}",
-                )
-            out.append(row)
-    for cell, want in sorted((expected or {}).items(), key=str):
-        if cell not in done_cells:  # every case of the cell is missing
-            out.extend(_empty_cell_rows(cell, want, spec))
+        + f" (median {c['median_gemm_equivalents']:.3g} GEMM-equivalents) of "
+        f"{len(passing)} candidates meeting {target:g} on every case at {where}{short}",
+    )
+
+
+def _ordered_table(out: list[dict[str, Any]]) -> pd.DataFrame:
+    """The rows as a table: by device, dtype (precision order), p, n and kappa band, target descending."""
     table = pd.DataFrame(out, columns=TABLE_COLUMNS)
     if not table.empty:
         order = {d: i for i, d in enumerate(dtype_order(list(table["dtype"].unique())))}
@@ -324,20 +375,23 @@ def select(
             .drop(columns="_d")
             .reset_index(drop=True)
         )
-    summary = {"excluded_cases": int(excluded), "cases_outside_bands": int(outside), "rows": len(d)}
-    if expected is not None:
-        cells = table.drop_duplicates(subset=["device", "dtype", "p", "n_lo", "kappa_lo"])
-        short = cells[cells["missing_cases"] > 0]
-        summary.update(incomplete_cells=len(short), missing_cases=int(short["missing_cases"].sum()))
-        if len(short):
-            log.warning(
-                "%d of %d selection cells are built from fewer cases than the config asks for (%d cases "
-                "missing: crashed or not run; see the missing_cases column); resume the tune to fill them",
-                len(short),
-                len(cells),
-                summary["missing_cases"],
-            )
-    return table, summary
+    return table
+
+
+def _missing_summary(table: pd.DataFrame) -> dict[str, int]:
+    """The summary's count of cells built from fewer cases than planned, and of their missing cases."""
+    cells = table.drop_duplicates(subset=["device", "dtype", "p", "n_lo", "kappa_lo"])
+    short = cells[cells["missing_cases"] > 0]
+    out = {"incomplete_cells": len(short), "missing_cases": int(short["missing_cases"].sum())}
+    if len(short):
+        log.warning(
+            "%d of %d selection cells are built from fewer cases than the config asks for (%d cases "
+            "missing: crashed or not run; see the missing_cases column); resume the tune to fill them",
+            len(short),
+            len(cells),
+            out["missing_cases"],
+        )
+    return out
 
 
 def _cell_identity(spec: TuneSpec, device: str, dtype: str, p: float, nb: int, kb: int) -> dict[str, Any]:
