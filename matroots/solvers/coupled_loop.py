@@ -122,51 +122,17 @@ def run_coupled(
     b = M.shape[0]
     state = tuple(s.clone() for s in state)
     M = M.clone()
-    res = residual_norms(M)
-    res0 = list(res)
-    converged = [r <= tol for r in res]
-    reason = ["tol" if c else "max_iter" for c in converged]
-    active = [not c for c in converged]
-    iters = [0] * b
-    accept = min(accept, quadratic_start)
-    armed = [0] * b if stagnation_from is None else list(stagnation_from)
-    best, flat = [math.inf] * b, [0] * b
-    history = [torch.tensor(res, dtype=torch.float64)] if record_history else []
+    tr = _Tracker.start(residual_norms(M), tol, accept, quadratic_start, divergence_factor, stagnation_from)
+    history = [torch.tensor(tr.res, dtype=torch.float64)] if record_history else []
     for k in range(max_iter):
-        idx = [i for i in range(b) if active[i]]
+        idx = [i for i in range(b) if tr.active[i]]
         if not idx:
             break
         rows = torch.tensor(idx, dtype=torch.long)
         whole = len(idx) == b
         sub = state if whole else tuple(s.index_select(0, rows) for s in state)
         new_state, new_M = step(k, rows, sub, M if whole else M.index_select(0, rows))
-        res_new = residual_norms(new_M)
-        finite = torch.stack([torch.isfinite(s).flatten(1).all(-1) for s in new_state]).all(0).tolist()
-        scale = floor_scale(new_state) if floor_scale is not None else [1.0] * len(idx)
-        take_rows = []
-        for j, i in enumerate(idx):
-            r_old, r_new = res[i], res_new[j] if finite[j] else math.inf
-            iters[i] += 1
-            take = True
-            if not math.isfinite(r_new) or r_new > divergence_factor * max(res0[i], 1.0):
-                reason[i], take, active[i] = "divergence", False, False
-            elif r_new <= tol:
-                reason[i], converged[i], res[i], active[i] = "tol", True, r_new, False
-            elif r_old >= quadratic_start and k >= armed[i] and _flat(flat, i, r_new, best) >= PLATEAU_STEPS:
-                reason[i], active[i] = "plateau", False  # a rounding floor above the quadratic phase
-                res[i] = r_new
-            elif r_old < quadratic_start and r_new > 0.5 * r_old and k >= armed[i]:
-                reason[i], active[i] = "stagnation", False
-                take = r_new < r_old  # keep the better of the last two iterates
-                if take:
-                    res[i] = r_new
-                converged[i] = res[i] <= min(accept * max(scale[j], 1.0), quadratic_start)
-            else:
-                res[i] = r_new
-            if k >= armed[i]:  # progress is judged from the schedule's tail on
-                best[i] = min(best[i], r_new)
-            if take:
-                take_rows.append(j)
+        take_rows = _judge_step(tr, k, idx, new_state, new_M, floor_scale)
         if take_rows:
             sel = torch.tensor(take_rows, dtype=torch.long)
             dst = rows.index_select(0, sel)
@@ -175,13 +141,110 @@ def run_coupled(
             )
             M = M.index_copy(0, dst, new_M.index_select(0, sel))
         if record_history:
-            history.append(torch.tensor(res, dtype=torch.float64))
-    return LoopOutcome(
-        state=state,
-        converged=torch.tensor(converged, dtype=torch.bool),
-        iterations=torch.tensor(iters, dtype=torch.int64),
-        residual=torch.tensor(res, dtype=torch.float64),
-        reason=reason,
-        matmuls_each=torch.tensor(iters, dtype=torch.float64) * per_iter,
-        history=history,
-    )
+            history.append(torch.tensor(tr.res, dtype=torch.float64))
+    return tr.outcome(state, per_iter, history)
+
+
+def _judge_step(
+    tr: _Tracker,
+    k: int,
+    idx: list[int],
+    new_state: State,
+    new_M: torch.Tensor,
+    floor_scale: Callable[[State], list[float]] | None,
+) -> list[int]:
+    """Judge step k's result for the active elements ``idx``; the positions (in ``idx``) of those whose
+    new iterate is kept."""
+    res_new = residual_norms(new_M)
+    finite = torch.stack([torch.isfinite(s).flatten(1).all(-1) for s in new_state]).all(0).tolist()
+    scale = floor_scale(new_state) if floor_scale is not None else [1.0] * len(idx)
+    return [j for j, i in enumerate(idx) if tr.judge(i, k, res_new[j] if finite[j] else math.inf, scale[j])]
+
+
+@dataclass
+class _Tracker:
+    """Per element of the batch: the residual and stop record of the iteration so far."""
+
+    tol: float
+    accept: float  # already capped at quadratic_start
+    quadratic_start: float
+    divergence_factor: float
+    res: list[float]
+    res0: list[float]
+    converged: list[bool]
+    reason: list[str]
+    active: list[bool]
+    iters: list[int]
+    armed: list[int]  # the first step k tested for stagnation and plateau
+    best: list[float]  # the smallest residual since armed
+    flat: list[int]  # steps since the last new minimum
+
+    @classmethod
+    def start(
+        cls,
+        res: list[float],
+        tol: float,
+        accept: float,
+        quadratic_start: float,
+        divergence_factor: float,
+        stagnation_from: list[int] | None,
+    ) -> _Tracker:
+        """The record before the first step: elements already within ``tol`` have converged."""
+        b = len(res)
+        converged = [r <= tol for r in res]
+        return cls(
+            tol=tol,
+            accept=min(accept, quadratic_start),
+            quadratic_start=quadratic_start,
+            divergence_factor=divergence_factor,
+            res=res,
+            res0=list(res),
+            converged=converged,
+            reason=["tol" if c else "max_iter" for c in converged],
+            active=[not c for c in converged],
+            iters=[0] * b,
+            armed=[0] * b if stagnation_from is None else list(stagnation_from),
+            best=[math.inf] * b,
+            flat=[0] * b,
+        )
+
+    def judge(self, i: int, k: int, r_new: float, scale: float) -> bool:
+        """Record step k of element i (new residual ``r_new``, inf if not finite); whether its new
+        iterate is kept."""
+        r_old = self.res[i]
+        self.iters[i] += 1
+        take = True
+        if not math.isfinite(r_new) or r_new > self.divergence_factor * max(self.res0[i], 1.0):
+            self.reason[i], take, self.active[i] = "divergence", False, False
+        elif r_new <= self.tol:
+            self.reason[i], self.converged[i], self.res[i], self.active[i] = "tol", True, r_new, False
+        elif (
+            r_old >= self.quadratic_start
+            and k >= self.armed[i]
+            and _flat(self.flat, i, r_new, self.best) >= PLATEAU_STEPS
+        ):
+            self.reason[i], self.active[i] = "plateau", False  # a rounding floor above the quadratic phase
+            self.res[i] = r_new
+        elif r_old < self.quadratic_start and r_new > 0.5 * r_old and k >= self.armed[i]:
+            self.reason[i], self.active[i] = "stagnation", False
+            take = r_new < r_old  # keep the better of the last two iterates
+            if take:
+                self.res[i] = r_new
+            self.converged[i] = self.res[i] <= min(self.accept * max(scale, 1.0), self.quadratic_start)
+        else:
+            self.res[i] = r_new
+        if k >= self.armed[i]:  # progress is judged from the schedule's tail on
+            self.best[i] = min(self.best[i], r_new)
+        return take
+
+    def outcome(self, state: State, per_iter: float, history: list[torch.Tensor]) -> LoopOutcome:
+        """The loop's result: the final states and this record as tensors."""
+        return LoopOutcome(
+            state=state,
+            converged=torch.tensor(self.converged, dtype=torch.bool),
+            iterations=torch.tensor(self.iters, dtype=torch.int64),
+            residual=torch.tensor(self.res, dtype=torch.float64),
+            reason=self.reason,
+            matmuls_each=torch.tensor(self.iters, dtype=torch.float64) * per_iter,
+            history=history,
+        )
