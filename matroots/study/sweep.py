@@ -26,6 +26,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +58,48 @@ def _lambda_max(A: np.ndarray, meta: dict[str, Any]) -> float:
     return float(np.max(np.abs(np.linalg.eigvals(A))))
 
 
+@dataclass(frozen=True)
+class _Case:
+    """One unit's matrix (the array and the solve's input tensor), its references and absolute eps."""
+
+    A: np.ndarray
+    A_in: torch.Tensor
+    ref: Any  # the reference of A + eps_abs I, or None (its error is in the rows' reference_error)
+    ref0: Any  # the reference of A itself (eps > 0 only), or None
+    eps_abs: float
+
+
 def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]:
     """Run every (solver, dtype) pair of one unit; return its rows (never raises on solver failure)."""
+    torch.set_num_threads(1)
+    case, base, kappa = _unit_case(grid, unit)
+    rows = []
+    for dtype in grid.dtypes:
+        u = precision.unit_roundoff(dtype)
+        fmt = metrics.dtype_metrics(case.A, unit.p, kappa, dtype, cond=base.get("cond_rel"))
+        # Cost unit measured here, in this process: CPU seconds of one n x n GEMM in this dtype.
+        gemm = gemm_seconds(unit.n, dtype, device=grid.device)
+        for spec in grid.solvers:
+            row = dict(
+                base,
+                dtype=precision.info(dtype).name,
+                solver=spec.label,
+                method=spec.name,
+                options=json.dumps(spec.options, sort_keys=True),
+                unit_roundoff=u,
+                failure="",
+                device=grid.device,
+                gemm_seconds=gemm,
+                **fmt,
+            )
+            rows.append(_solve_row(grid, unit, case, spec, dtype, row, gemm))
+    return rows
 
-    from ..solvers import registry
-    from ..truth import reference
+
+def _unit_case(grid: gridmod.GridSpec, unit: gridmod.Unit) -> tuple[_Case, dict[str, Any], float]:
+    """The unit's matrix and references, the columns its rows share, and the kappa of its format metrics."""
     from . import matrices
 
-    torch.set_num_threads(1)
     rng = np.random.default_rng(unit.seed)
     A, meta = matrices.generate(
         unit.family, unit.n, unit.kappa, rng, **grid.family_options.get(unit.family, {})
@@ -86,6 +121,25 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
         "versions": provenance.versions_string(),
         "machine": provenance.machine_string(),
     }
+    ref, ref0 = _unit_references(grid, unit, A, eps_abs, base)
+    # Metrics of the matrix (once per unit) and of the format (once per dtype); per row only the root's.
+    kappa = float(base["kappa_actual"]) if np.isfinite(base["kappa_actual"]) else unit.kappa
+    if ref is not None:
+        base["reference_backend"] = ref.backend
+        base["reference_digits"] = ref.digits
+        base.update(metrics.matrix_metrics(A, unit.p, ref=ref, eps=eps_abs, ref0=ref0))
+        kappa = base["condition_number"]
+    # the solve's input, a tensor on the grid's device (on the CPU the same bits as the array)
+    A_in = torch.as_tensor(A, device=grid.device)
+    return _Case(A=A, A_in=A_in, ref=ref, ref0=ref0, eps_abs=eps_abs), base, kappa
+
+
+def _unit_references(
+    grid: gridmod.GridSpec, unit: gridmod.Unit, A: np.ndarray, eps_abs: float, base: dict[str, Any]
+) -> tuple[Any, Any]:
+    """The references of A + eps_abs I and (eps > 0) of A; records their error and time in ``base``."""
+    from ..truth import reference
+
     t0 = time.perf_counter()
     try:
         ref = reference.inverse_root(A, unit.p, eps_abs, backend=grid.reference_backend)
@@ -99,86 +153,74 @@ def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]
             ref0 = reference.inverse_root(A, unit.p, 0.0, backend=grid.reference_backend)
         except MatrootsError:
             ref0 = None  # A itself has no inverse root (rank deficient): no eps bias to report
-    # Metrics of the matrix (once per unit) and of the format (once per dtype); per row only the root's.
-    kappa = float(base["kappa_actual"]) if np.isfinite(base["kappa_actual"]) else unit.kappa
-    if ref is not None:
-        base["reference_backend"] = ref.backend
-        base["reference_digits"] = ref.digits
-        base.update(metrics.matrix_metrics(A, unit.p, ref=ref, eps=eps_abs, ref0=ref0))
-        kappa = base["condition_number"]
-    # the solve's input, a tensor on the grid's device (on the CPU the same bits as the array)
-    A_in = torch.as_tensor(A, device=grid.device)
-    rows = []
-    for dtype in grid.dtypes:
-        u = precision.unit_roundoff(dtype)
-        fmt = metrics.dtype_metrics(A, unit.p, kappa, dtype, cond=base.get("cond_rel"))
-        # Cost unit measured here, in this process: CPU seconds of one n x n GEMM in this dtype.
-        gemm = gemm_seconds(unit.n, dtype, device=grid.device)
-        for spec in grid.solvers:
-            row = dict(
-                base,
-                dtype=precision.info(dtype).name,
-                solver=spec.label,
-                method=spec.name,
-                options=json.dumps(spec.options, sort_keys=True),
-                unit_roundoff=u,
-                failure="",
-                device=grid.device,
-                gemm_seconds=gemm,
-                **fmt,
-            )
-            cfg = registry.get(spec.name, **spec.config_options)
-            # quiet: non-convergence is a result here (row failure "NotConverged"), not a warning line
-            # per solve; run_sweep summarises it in one line per run (failure_summary)
-            solve_kw = {
-                "quiet": True,
-                **dict(eps=unit.eps, eps_mode=unit.eps_mode, dtype=dtype, **spec.solve_options),
-            }
-            t1 = time.perf_counter()
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    res, cpu = timed(
-                        lambda cfg=cfg, kw=solve_kw: cfg.solve(A_in, unit.p, **kw), device=grid.device
-                    )
-            except MatrootsError as exc:
-                row.update(
-                    failure=type(exc).__name__,
-                    converged=False,
-                    seconds=time.perf_counter() - t1,
-                    failure_message=str(exc)[:300],
-                )
-                rows.append(row)
-                continue
-            X = res.root.double().cpu().numpy()
-            stop = res.info.get("stop_reason")
-            row.update(
-                converged=bool(res.converged),
-                iterations=int(res.iterations),
-                matmuls=float(res.matmuls),
-                seconds=float(res.seconds),
-                cpu_seconds=cpu,
-                gemm_equivalents=cpu / gemm,
-                residual_own=float(res.residual),
-                stop_reason=stop[0] if isinstance(stop, list) else (stop or ""),
-            )
-            # Schur-Newton's square-root stage (k1 real Schur square roots before the Newton iteration)
-            # is work the Newton count leaves out; iterations_total counts both.
-            k1 = res.info.get("k1")
-            sqrt_stages = int(k1[0] if isinstance(k1, list | tuple) else k1) if k1 is not None else 0
-            row.update(sqrt_stages=sqrt_stages, iterations_total=int(res.iterations) + sqrt_stages)
-            if not np.isfinite(X).all():
-                row["failure"] = "NonFiniteRoot"
-            elif not res.converged:
-                row["failure"] = "NotConverged"
-            # Measure against the matrix actually solved: A + the solver's own eps_abs (issue 9).
-            ref_s, eps_s = _solved_reference(A, unit.p, res, ref, eps_abs, grid.reference_backend, row)
-            if ref_s is not None and np.isfinite(X).all():
-                row.update(metrics.root_metrics(X, A, unit.p, ref=ref_s, eps=eps_s))
-                if ref0 is not None:
-                    row["forward_error_total"] = metrics.relative_forward_error(X, ref0.root)
-            rows.append(row)
-    return rows
+    return ref, ref0
+
+
+def _solve_row(
+    grid: gridmod.GridSpec,
+    unit: gridmod.Unit,
+    case: _Case,
+    spec: gridmod.SolverSpec,
+    dtype: Any,
+    row: dict[str, Any],
+    gemm: float,
+) -> dict[str, Any]:
+    """One (solver, dtype) pair: solve, then record the result and the root's errors in ``row``."""
+    from ..solvers import registry
+
+    cfg = registry.get(spec.name, **spec.config_options)
+    # quiet: non-convergence is a result here (row failure "NotConverged"), not a warning line
+    # per solve; run_sweep summarises it in one line per run (failure_summary)
+    solve_kw = {
+        "quiet": True,
+        **dict(eps=unit.eps, eps_mode=unit.eps_mode, dtype=dtype, **spec.solve_options),
+    }
+    t1 = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res, cpu = timed(lambda: cfg.solve(case.A_in, unit.p, **solve_kw), device=grid.device)
+    except MatrootsError as exc:
+        row.update(
+            failure=type(exc).__name__,
+            converged=False,
+            seconds=time.perf_counter() - t1,
+            failure_message=str(exc)[:300],
+        )
+        return row
+    X = res.root.double().cpu().numpy()
+    _record_result(row, res, cpu, gemm, X)
+    # Measure against the matrix actually solved: A + the solver's own eps_abs (issue 9).
+    ref_s, eps_s = _solved_reference(case.A, unit.p, res, case.ref, case.eps_abs, grid.reference_backend, row)
+    if ref_s is not None and np.isfinite(X).all():
+        row.update(metrics.root_metrics(X, case.A, unit.p, ref=ref_s, eps=eps_s))
+        if case.ref0 is not None:
+            row["forward_error_total"] = metrics.relative_forward_error(X, case.ref0.root)
+    return row
+
+
+def _record_result(row: dict[str, Any], res: Any, cpu: float, gemm: float, X: np.ndarray) -> None:
+    """The solve's own account in ``row``: convergence, iterations, cost, stop reason, failure."""
+    stop = res.info.get("stop_reason")
+    row.update(
+        converged=bool(res.converged),
+        iterations=int(res.iterations),
+        matmuls=float(res.matmuls),
+        seconds=float(res.seconds),
+        cpu_seconds=cpu,
+        gemm_equivalents=cpu / gemm,
+        residual_own=float(res.residual),
+        stop_reason=stop[0] if isinstance(stop, list) else (stop or ""),
+    )
+    # Schur-Newton's square-root stage (k1 real Schur square roots before the Newton iteration)
+    # is work the Newton count leaves out; iterations_total counts both.
+    k1 = res.info.get("k1")
+    sqrt_stages = int(k1[0] if isinstance(k1, list | tuple) else k1) if k1 is not None else 0
+    row.update(sqrt_stages=sqrt_stages, iterations_total=int(res.iterations) + sqrt_stages)
+    if not np.isfinite(X).all():
+        row["failure"] = "NonFiniteRoot"
+    elif not res.converged:
+        row["failure"] = "NotConverged"
 
 
 def _solved_reference(
