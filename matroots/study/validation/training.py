@@ -74,6 +74,13 @@ def make_optimizer(unit: Unit, model: torch.nn.Module) -> torch.optim.Optimizer:
         from .peers import make_peer
 
         return make_peer(spec.root_solver, model, lr, opts, spec.precondition_frequency)
+    return _make_shampoo(spec, lr, opts, model)
+
+
+def _make_shampoo(
+    spec: Any, lr: float, opts: dict[str, Any], model: torch.nn.Module
+) -> torch.optim.Optimizer:
+    """Shampoo with the spec's root config, defaults and failure policy (see :func:`make_optimizer`)."""
     import shampoo
     from shampoo.config import default_root_solver
 
@@ -355,11 +362,7 @@ def identity(unit: Unit) -> dict[str, Any]:
 def run_unit(unit: Unit) -> list[dict[str, Any]]:
     """Train one unit and return its curve, run and root rows (see the module docstring)."""
     torch.set_num_threads(1)
-    from shampoo.errors import RootComputationError
-
-    from ...core.errors import MatrootsError
     from .peers import PeerUnavailableError
-    from .protocol import lr_factor
 
     task = get_task(unit.task.name, **unit.task.size)
     model = task.build_model(unit.seed)
@@ -370,39 +373,81 @@ def run_unit(unit: Unit) -> list[dict[str, Any]]:
         return [{**ident, "table": "run", "steps": unit.task.steps, "steps_done": 0, "failure": "Unavailable",
                  "failure_message": str(exc)[:300], "metric_name": task.metric,
                  "versions": provenance.versions_string(), "machine": provenance.machine_string()}]  # fmt: skip
+    outcomes = _outcomes(unit)
+    prog = _Progress(task=task, model=model, ident=ident)
+    prog.record(0)
+    failure, message, done = _train(unit, opt, prog, outcomes)
+    if prog.losses:
+        prog.record(done)
+    totals = _shampoo_totals(opt, prog.roots) if _is_shampoo(opt) else {}  # before the timing steps
+    timing = {}
+    if not failure:
+        timing = interleaved_timing(task, model, opt, unit)
+    run = _run_row(unit, prog, failure, message, done, timing)
+    run.update(totals)
+    return [*prog.curves, run, *prog.roots]
+
+
+def _outcomes(unit: Unit) -> tuple[type, ...]:
+    """The exceptions of a step that end the unit as a recorded failure (not an error of the run)."""
+    from shampoo.errors import RootComputationError
+
+    from ...core.errors import MatrootsError
+
     outcomes: tuple[type, ...] = (RootComputationError, MatrootsError)
     if unit.optimizer.name == "peer":
         from .peers import gives_up
 
         outcomes += gives_up(unit.optimizer.root_solver)
-    curves: list[dict[str, Any]] = []
-    roots: list[dict[str, Any]] = []
-    wall = cpu = 0.0
-    losses: list[float] = []
+    return outcomes
 
-    def record(step: int) -> dict[str, float]:
-        ev = task.evaluate(model)
-        curves.append(
+
+@dataclasses.dataclass
+class _Progress:
+    """A unit's training so far: its curve and root rows, its step times and the losses since the last
+    evaluation."""
+
+    task: Task
+    model: torch.nn.Module
+    ident: dict[str, Any]
+    curves: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    roots: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    wall: float = 0.0
+    cpu: float = 0.0
+    losses: list[float] = dataclasses.field(default_factory=list)
+
+    def record(self, step: int) -> dict[str, float]:
+        """Evaluate the model, append the curve row of ``step`` and return the evaluation."""
+        ev = self.task.evaluate(self.model)
+        self.curves.append(
             {
-                **ident,
+                **self.ident,
                 "table": "curve",
                 "step": step,
-                "train_loss": float(np.mean(losses)) if losses else math.nan,
+                "train_loss": float(np.mean(self.losses)) if self.losses else math.nan,
                 "val_loss": ev["val_loss"],
-                "metric": ev[task.metric],
+                "metric": ev[self.task.metric],
                 **(
                     {"test_loss": ev["test_loss"], "test_metric": ev["test_metric"]}
                     if "test_loss" in ev
                     else {}
                 ),
-                "wall_s": wall,
-                "cpu_s": cpu,
+                "wall_s": self.wall,
+                "cpu_s": self.cpu,
             }
         )
-        losses.clear()
+        self.losses.clear()
         return ev
 
-    record(0)
+
+def _train(
+    unit: Unit, opt: torch.optim.Optimizer, prog: _Progress, outcomes: tuple[type, ...]
+) -> tuple[str, str, int]:
+    """The training steps, evaluated every eval_every; the failure and its message ("" if none) and
+    the last step done."""
+    from .protocol import lr_factor
+
+    task, model = prog.task, prog.model
     failure, message, done = "", "", 0
     rounds = 0
     batches = task.batches(unit.seed)
@@ -423,30 +468,32 @@ def run_unit(unit: Unit) -> list[dict[str, Any]]:
                 # reported a numerical failure of its own (peers.gives_up): an outcome.
                 failure, message = type(exc).__name__, str(exc)[:300]
                 break
-            wall += time.perf_counter() - w0
-            cpu += time.process_time() - c0
+            prog.wall += time.perf_counter() - w0
+            prog.cpu += time.process_time() - c0
             done = step
-            losses.append(lv)
+            prog.losses.append(lv)
             if shampoo_opt and opt.timing.root_rounds != rounds:
                 rounds = opt.timing.root_rounds
-                roots.extend({**ident, "table": "root", **r} for r in root_rows(opt, unit, step))
+                prog.roots.extend({**prog.ident, "table": "root", **r} for r in root_rows(opt, unit, step))
             if not math.isfinite(lv):
                 failure, message = "Diverged", f"non-finite training loss at step {step}"
                 break
             if step % unit.task.eval_every == 0 or step == unit.task.steps:
-                ev = record(step)
+                ev = prog.record(step)
                 if not math.isfinite(ev["val_loss"]):
                     failure, message = "Diverged", f"non-finite validation loss at step {step}"
                     break
-    if losses:
-        record(done)
-    totals = _shampoo_totals(opt, roots) if shampoo_opt else {}  # before the timing steps
-    timing = {}
-    if not failure:
-        timing = interleaved_timing(task, model, opt, unit)
-    final = curves[-1]
-    run = {
-        **ident,
+    return failure, message, done
+
+
+def _run_row(
+    unit: Unit, prog: _Progress, failure: str, message: str, done: int, timing: dict[str, Any]
+) -> dict[str, Any]:
+    """The unit's run row: its outcome, final and best losses, training time and provenance."""
+    task = prog.task
+    final = prog.curves[-1]
+    return {
+        **prog.ident,
         "table": "run",
         "steps": unit.task.steps,
         "eval_every": unit.task.eval_every,
@@ -459,9 +506,9 @@ def run_unit(unit: Unit) -> list[dict[str, Any]]:
         "final_test_metric": final.get("test_metric", math.nan) if not failure else math.nan,
         "metric_name": task.metric,
         "metric_goal": task.metric_goal,
-        "best_val_loss": float(np.nanmin([c["val_loss"] for c in curves])),
-        "train_wall_s": wall,
-        "train_cpu_s": cpu,
+        "best_val_loss": float(np.nanmin([c["val_loss"] for c in prog.curves])),
+        "train_wall_s": prog.wall,
+        "train_cpu_s": prog.cpu,
         "options": json.dumps(unit.optimizer.options, sort_keys=True),
         "solver_options": json.dumps(unit.optimizer.solver_options, sort_keys=True),
         "task_info": json.dumps(task.info(), sort_keys=True, default=str),
@@ -469,8 +516,6 @@ def run_unit(unit: Unit) -> list[dict[str, Any]]:
         "machine": provenance.machine_string(),
         **timing,
     }
-    run.update(totals)
-    return [*curves, run, *roots]
 
 
 def _shampoo_totals(opt: Any, roots: list[dict[str, Any]]) -> dict[str, Any]:
