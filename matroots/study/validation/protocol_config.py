@@ -2,8 +2,8 @@
 :mod:`matroots.study.validation.config` and :mod:`matroots.study.validation.protocol`): each entry's
 spec template, search space, fixed values and default point.
 
-Kept apart from the grid's parser in :mod:`~matroots.study.validation.config`, which imports it when
-a config has a ``[protocol]`` table.
+Kept apart from the grid's parser in :mod:`~matroots.study.validation.config`, which calls it for a
+config with a ``[protocol]`` table; both read the types of :mod:`~matroots.study.validation.specs`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import protocol as proto
-from .config import BASELINE, OptimizerSpec, ProtocolEntry, _list, _solvers, bad_config
+from .specs import BASELINE, OptimizerSpec, ProtocolEntry, _list, _solvers, bad_config
 from .tasks import TASKS
 
 
