@@ -167,9 +167,23 @@ def test_outside_kills_charge_nobody_and_resume_recomputes(tmp_path: Path) -> No
 # --- Ctrl-C ------------------------------------------------------------------------------------------
 
 
+#: ``python -m matroots.cli ARGS`` as a terminal starts it: with SIGINT raising KeyboardInterrupt. A
+#: process started from one whose SIGINT is ignored inherits SIG_IGN across exec (a pytest-xdist
+#: worker, a background job `cmd &`, a CI runner), and Python then leaves it ignored: the Ctrl-C these
+#: tests send would do nothing. The CLI rightly keeps an inherited SIG_IGN (nohup'd runs must survive
+#: it), so the launcher, not the library, restores what a terminal gives.
+_AS_FROM_A_TERMINAL = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from matroots.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
 def _interrupt(cmd: list[str], env: dict[str, str], out: Path, hold: Path, keys: list[str]) -> float:
-    """Start ``cmd`` with every unit but the first held; once the first part exists, send SIGINT to the
-    process group (as a terminal's Ctrl-C does); return the seconds from SIGINT to exit."""
+    """Start ``cmd`` (``python -m matroots.cli ...``) with every unit but the first held; once the first
+    part exists, send SIGINT to the process group (as a terminal's Ctrl-C does); return the seconds
+    from SIGINT to exit."""
+    assert cmd[1:3] == ["-m", "matroots.cli"], cmd
+    cmd = [cmd[0], "-c", _AS_FROM_A_TERMINAL, *cmd[3:]]
     for k in keys[1:]:
         (hold / k).touch()
     proc = subprocess.Popen(
