@@ -27,13 +27,14 @@ demo: $(STAMP)
 	$(VENV)/bin/matroots plot $(DEMO_RUN)
 	@echo "table: $(DEMO_RUN)/report.txt and $(DEMO_RUN)/best_solver.csv; rows: $(DEMO_RUN)/results.parquet; figures: $(DEMO_RUN)/figures/"
 
-# The suite runs its files on TEST_JOBS processes (pytest-xdist; one file per process at a time, so a
-# module's fixtures are built once): one per core, at most 4. `make test TEST_JOBS=0` runs it in one
-# process. tests/conftest.py gives each process its share of the cores as torch threads.
+# The suite runs on TEST_JOBS processes (pytest-xdist): one per core, at most 4; `make test TEST_JOBS=0`
+# runs it in one process. --dist loadgroup: the tests of a file that share a module (or wider) fixture
+# stay on one process, so it is built once; the others are spread one by one (tests/conftest.py, which
+# also gives each process its share of the cores as torch threads).
 TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, os.cpu_count() or 1))")
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup tests
 
 bench: $(STAMP)
 	$(PY) experiments/bench_solvers.py --quick

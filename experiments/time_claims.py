@@ -57,7 +57,7 @@ def commands(name: str, out: Path, make: bool) -> list[list[str]]:
         return [[py, "paper_figs/figures.py", "--out", str(out / "figures"), "--runs", str(out / "runs")]]
     if name == "test":  # as the Makefile: one process per core, at most 4 (TEST_JOBS)
         jobs = str(min(4, os.cpu_count() or 1))
-        return [[py, "-m", "pytest", "-q", "-n", jobs, "--dist", "loadfile", "tests"]]
+        return [[py, "-m", "pytest", "-q", "-n", jobs, "--dist", "loadgroup", "tests"]]
     raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}")
 
 

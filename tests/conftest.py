@@ -59,9 +59,25 @@ NUMERICS_FILES = frozenset(
 )
 
 
+#: fixture scopes whose value the tests of one file share: under ``--dist loadgroup`` (``make test``)
+#: such a file's tests stay on one worker, so the fixture is built once, as in a one-process run
+SHARED_SCOPES = frozenset({"class", "module", "package", "session"})
+
+
+def _shares_a_fixture(item) -> bool:
+    """True when ``item`` uses a fixture of a scope wider than one test."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d.scope in SHARED_SCOPES for chain in defs for d in chain)
+
+
 def pytest_collection_modifyitems(config, items):
     import pytest
 
     for item in items:
         if item.path.name in NUMERICS_FILES:
             item.add_marker(pytest.mark.numerics)
+        # pytest-xdist (make test: --dist loadgroup) spreads the other tests one by one over the
+        # workers, so one file's long cases (test_shampoo_training_grid's) do not all queue on one
+        if _shares_a_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
