@@ -86,9 +86,12 @@ from .specs import (
     Unit,
     _delays,
     _int,
+    _label,
     _list,
     _lr_table,
     _solvers,
+    _table,
+    _task_names,
     bad_config,
 )
 from .tasks import TASKS
@@ -228,27 +231,29 @@ def _soap_specs(o: dict[str, Any], opts: dict[str, Any], where: str) -> list[Opt
     """The SOAP configs of an entry: basis updates x eps x precondition frequencies."""
     from shampoo.transforms.soap import BASIS_UPDATES
 
-    bases = o.get("basis_update", ["eigh_warm"])
-    bases = bases if isinstance(bases, list) else [bases]
+    bases = _list(o.get("basis_update", ["eigh_warm"]))
     for b in bases:
-        if b not in BASIS_UPDATES:
+        if not isinstance(b, str) or b not in BASIS_UPDATES:
             raise bad_config(f"{where}: basis_update {b!r} not one of {BASIS_UPDATES}")
     epss = o.get("eps", [1e-8])
     epss = epss if isinstance(epss, list) else [epss]
     for e in epss:
         if isinstance(e, bool) or not isinstance(e, int | float) or e < 0:
             raise bad_config(f"{where}: SOAP eps must be numbers >= 0, got {e!r}")
+        if not math.isfinite(e):
+            raise bad_config(f"{where}: SOAP eps must be finite numbers >= 0, got {e!r}")
     freqs = [
         _int(f, f"{where}.precondition_frequency", 1) for f in _list(o.get("precondition_frequency", [10]))
     ]
+    label = _label(o, where)
     out = []
     for b, e, f in itertools.product(bases, epss, freqs):
         spec = OptimizerSpec(
             name="soap", options=opts, root_solver=b, solver_label=b, root_dtype="fp32", eps=float(e),
             precondition_frequency=f,
         )  # fmt: skip
-        if o.get("label"):
-            spec = dataclasses.replace(spec, label=o["label"] + spec.default_label()[len("soap") :])
+        if label:
+            spec = dataclasses.replace(spec, label=label + spec.default_label()[len("soap") :])
         out.append(spec)
     return out
 
@@ -263,7 +268,7 @@ def from_dict(raw: dict[str, Any]) -> ValidationGrid:
     seeds = tuple(_int(s, "seeds", 0) for s in _list(raw.get("seeds", [0])))
     if not seeds:
         raise bad_config("seeds must not be empty")
-    tasks = _parse_tasks(raw.get("tasks") or {})
+    tasks = _parse_tasks(_table(raw.get("tasks") or {}, "tasks", "[tasks.NAME] tables"))
     protocol = None
     pentries: tuple[ProtocolEntry, ...] = ()
     entries = []
@@ -331,7 +336,7 @@ def _optimizer_entries(o: Any, where: str) -> list[_Entry]:
     if not isinstance(o, dict):
         raise bad_config(f"{where} must be a table ([[optimizers]] with name, lr, ...), got {o!r}")
     oname = o.get("name")
-    if oname not in OPTIMIZERS:
+    if not isinstance(oname, str) or oname not in OPTIMIZERS:
         raise bad_config(f"{where}: name must be one of {OPTIMIZERS}, got {oname!r}")
     allowed = {"name", "lr", "options", "tasks", "label"}
     if oname == "shampoo":
@@ -344,10 +349,7 @@ def _optimizer_entries(o: Any, where: str) -> list[_Entry]:
     if "lr" not in o:
         raise bad_config(f"{where}: lr is required (a small log sweep, e.g. [1e-3, 3e-3, 1e-2])")
     lrs = _lr_table(o["lr"], where)
-    only = tuple(o.get("tasks", ()))
-    for t in only:
-        if t not in TASKS:
-            raise bad_config(f"{where}: tasks lists unknown task {t!r}")
+    only = _task_names(o.get("tasks", ()), where)
     if not isinstance(o.get("options", {}), dict):
         raise bad_config(
             f"{where}: options must be a table of optimizer keyword arguments, got {o['options']!r}"
@@ -356,7 +358,7 @@ def _optimizer_entries(o: Any, where: str) -> list[_Entry]:
     if oname == "soap":
         return [(spec, lrs, only) for spec in _soap_specs(o, opts, where)]
     if oname != "shampoo":
-        return [(OptimizerSpec(name=oname, options=opts, label=o.get("label", "")), lrs, only)]
+        return [(OptimizerSpec(name=oname, options=opts, label=_label(o, where)), lrs, only)]
     return [(spec, lrs, only) for spec in _shampoo_specs(o, opts, where)]
 
 
@@ -365,10 +367,13 @@ def _shampoo_eps(o: dict[str, Any], where: str) -> list[dict[str, Any]]:
     epss = _list(o.get("eps", [{"value": 1e-12, "mode": "absolute"}]))
     epss = [e if isinstance(e, dict) else {"value": e} for e in epss]
     for e in epss:
+        bad = set(e) - {"value", "mode"}
+        if bad:
+            raise bad_config(f"{where}: eps tables have keys value and mode, got {sorted(bad)} in {e!r}")
         v = e.get("value", 0.0)
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
             raise bad_config(f"{where}: eps values must be finite numbers >= 0, got {v!r}")
-        if e.get("mode", "absolute") not in EPS_MODES:
+        if not isinstance(e.get("mode", "absolute"), str) or e.get("mode", "absolute") not in EPS_MODES:
             raise bad_config(
                 f"{where}: eps mode must be {' or '.join(map(repr, EPS_MODES))}, got {e.get('mode')!r}"
             )
@@ -379,13 +384,14 @@ def _shampoo_specs(o: dict[str, Any], opts: dict[str, Any], where: str) -> list[
     """The Shampoo configs of an entry: root solvers x dtypes x eps x frequencies x root delays."""
     dts = _list(o.get("root_dtype", ["fp32"]))
     for d in dts:
-        if d not in DTYPES:
+        if not isinstance(d, str) or d not in DTYPES:
             raise bad_config(f"{where}: root_dtype {d!r} not one of {sorted(DTYPES)}")
     epss = _shampoo_eps(o, where)
     freqs = [
         _int(f, f"{where}.precondition_frequency", 1) for f in _list(o.get("precondition_frequency", [10]))
     ]
     delays = _delays(o.get("max_root_delay", ["sync"]), where)
+    label = _label(o, where)
     out = []
     for (sname, sopts, slabel), d, e, f, k in itertools.product(
         _solvers(o.get("root_solver", ["eigh"]), where), dts, epss, freqs, delays
@@ -402,8 +408,8 @@ def _shampoo_specs(o: dict[str, Any], opts: dict[str, Any], where: str) -> list[
             eps_mode=e.get("mode", "absolute"),
             precondition_frequency=f,
         )
-        if o.get("label"):  # a name for the entry: it replaces "shampoo" in each config's label
-            spec = dataclasses.replace(spec, label=o["label"] + spec.default_label()[len("shampoo") :])
+        if label:  # a name for the entry: it replaces "shampoo" in each config's label
+            spec = dataclasses.replace(spec, label=label + spec.default_label()[len("shampoo") :])
         if k != "sync":  # the roots' schedule: computed in the background, installed k steps later
             spec = dataclasses.replace(spec, label=f"{spec.label[:-1]}|async={k}]")
         out.append(spec)
@@ -422,10 +428,12 @@ def _check_entries(entries: list[_Entry]) -> None:
 
 def _parse_settings(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str]:
     """The ``[timing]`` and ``[diagnostics]`` tables and ``order``, validated."""
-    timing = raw.get("timing", {})
-    diag = raw.get("diagnostics", {})
+    timing = _table(raw.get("timing", {}), "[timing]", "rounds and chunk_steps")
+    diag = _table(
+        raw.get("diagnostics", {}), "[diagnostics]", "root_error_samples, reference_eps, reference_eps_mode"
+    )
     order = raw.get("order", "task")
-    if order not in ("task", "seed"):
+    if not isinstance(order, str) or order not in ("task", "seed"):
         raise bad_config(f"order must be 'task' or 'seed', got {order!r}")
     bad = set(timing) - {"rounds", "chunk_steps"}
     bad |= set(diag) - {"root_error_samples", "reference_eps", "reference_eps_mode"}
@@ -437,7 +445,7 @@ def _parse_settings(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     _int(timing.get("chunk_steps", 0), "timing.chunk_steps", 0)
     _int(diag.get("root_error_samples", 4), "diagnostics.root_error_samples", 0)
     ref_eps = diag.get("reference_eps", 1e-6)
-    if isinstance(ref_eps, bool) or not isinstance(ref_eps, int | float) or not ref_eps >= 0:
+    if isinstance(ref_eps, bool) or not isinstance(ref_eps, int | float) or not 0 <= ref_eps < math.inf:
         raise bad_config(f"diagnostics.reference_eps must be a number >= 0, got {ref_eps!r}")
     return timing, diag, order
 

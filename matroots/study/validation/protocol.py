@@ -176,6 +176,11 @@ def parse_space(raw: Any, base: dict[str, Dimension], where: str) -> dict[str, D
         if d.kind == "choice":
             if not vals:
                 raise _bad(f"{where}.{name} lists no choice")
+            for c in vals:  # frequencies are whole numbers, grafting types names
+                if name == "precondition_frequency":
+                    _whole(c, f"{where}.{name} choices", 1)
+                elif not isinstance(c, str):
+                    raise _bad(f"{where}.{name} choices must be names (e.g. 'adam'), got {c!r}")
             out[name] = Dimension(name, "choice", choices=tuple(vals))
             continue
         if len(vals) != 2 or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in vals):

@@ -159,6 +159,56 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
+def _table(value: Any, where: str, what: str) -> dict[str, Any]:
+    """A TOML table (``what`` says what it holds, for the message)."""
+    if not isinstance(value, dict):
+        raise bad_config(f"{where} must be a table of {what}, got {value!r}")
+    return value
+
+
+def _str(value: Any, where: str, allowed: Any = None) -> str:
+    """A string (one of ``allowed`` when given: a collection of names)."""
+    if not isinstance(value, str) or (allowed is not None and value not in allowed):
+        what = f"one of {sorted(allowed)}" if allowed is not None else "a string"
+        raise bad_config(f"{where} must be {what}, got {value!r}")
+    return value
+
+
+def _number(value: Any, where: str, lo: float = -math.inf, hi: float = math.inf) -> float:
+    """A finite number in [lo, hi]."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not lo <= value <= hi
+    ):
+        rule = (
+            f" in [{lo:g}, {hi:g}]"
+            if math.isfinite(lo) and math.isfinite(hi)
+            else (f" >= {lo:g}" if math.isfinite(lo) else "")
+        )
+        raise bad_config(f"{where} must be a finite number{rule}, got {value!r}")
+    return float(value)
+
+
+def _task_names(value: Any, where: str) -> tuple[str, ...]:
+    """The ``tasks`` of an optimizer entry: a list of task names."""
+    if not isinstance(value, list | tuple):
+        raise bad_config(f"{where}.tasks must be a list of task names ({sorted(TASKS)}), got {value!r}")
+    for t in value:
+        if not isinstance(t, str) or t not in TASKS:
+            raise bad_config(f"{where}: tasks lists unknown task {t!r}")
+    return tuple(value)
+
+
+def _label(o: dict[str, Any], where: str, default: str = "") -> str:
+    """The ``label`` of an optimizer entry: a string."""
+    label = o.get("label", default)
+    if not isinstance(label, str):
+        raise bad_config(f"{where}.label must be a string naming the entry, got {label!r}")
+    return label
+
+
 def _lr_table(value: Any, where: str) -> dict[str, tuple[float, ...]]:
     if isinstance(value, list):
         return {"default": _lrs(value, where)}
@@ -191,12 +241,13 @@ def _solvers(value: Any, where: str) -> list[tuple[str, dict[str, Any], str]]:
             raise bad_config(
                 f"{where}: root_solver entries are names or {{name=..., options={{...}}}}, got {it!r}"
             )
-        name, opts = it["name"], dict(it.get("options", {}))
-        if name not in registry.available():
+        name = it["name"]
+        opts = dict(_table(it.get("options", {}), f"{where}.root_solver.options", "solver options"))
+        if not isinstance(name, str) or name not in registry.available():
             raise bad_config(
                 f"{where}: unknown root solver {name!r}; available: {registry.available()} or 'all'"
             )
-        label = it.get("label") or (
+        label = _label(it, f"{where}.root_solver") or (
             f"{name}({','.join(f'{k}={v}' for k, v in sorted(opts.items()))})" if opts else name
         )
         out.append((name, opts, label))
