@@ -43,6 +43,7 @@ import difflib
 import hashlib
 import itertools
 import json
+import math
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field
@@ -99,7 +100,7 @@ class SolverSpec:
         return {k: v for k, v in self.options.items() if k in SOLVE_OPTIONS}
 
     def __post_init__(self) -> None:
-        if self.name not in registry.available():
+        if not isinstance(self.name, str) or self.name not in registry.available():
             raise ConfigError(
                 f"unknown solver {self.name!r}{_suggest(self.name, registry.available())}; "
                 f"use one of {', '.join(registry.available())}"
@@ -108,6 +109,8 @@ class SolverSpec:
             raise ConfigError(
                 f"solver {self.name!r}: options must be a table, e.g. options = {{ tol = 1e-6 }}"
             )
+        if not isinstance(self.label, str):
+            raise ConfigError(f"solver {self.name!r}: label must be a string, got {self.label!r}")
         allowed = _solver_fields(self.name)
         unknown = sorted(set(self.options) - set(allowed))
         if unknown:
@@ -138,6 +141,10 @@ class EpsSpec:
             )
         if not isinstance(self.value, int | float) or isinstance(self.value, bool) or not self.value >= 0:
             raise ConfigError(f"eps value {self.value!r} must be a number >= 0, e.g. {{ value = 1e-12 }}")
+        if not math.isfinite(self.value):
+            raise ConfigError(
+                f"eps value {self.value!r} must be a finite number >= 0, e.g. {{ value = 1e-12 }}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,6 +190,8 @@ class GridSpec:
                 raise ConfigError(f"grid axis {axis!r} is empty; give it at least one value")
         names = sorted({precision.info(d).name for d in precision.FORMATS})
         for d in self.dtypes:
+            if not isinstance(d, str):
+                raise ConfigError(f"unknown dtype {d!r}; use one of {', '.join(names)}")
             try:
                 precision.as_dtype(d)
             except MatrootsError:
@@ -193,7 +202,7 @@ class GridSpec:
 
         fams = sorted(matrices.FAMILIES)
         for fam in self.families:
-            if matrices._ALIASES.get(fam, fam) not in matrices.FAMILIES:
+            if not isinstance(fam, str) or matrices._ALIASES.get(fam, fam) not in matrices.FAMILIES:
                 raise ConfigError(
                     f"unknown matrix family {fam!r}{_suggest(fam, fams)}; use one of {', '.join(fams)}"
                 )
@@ -374,7 +383,10 @@ def from_dict(raw: dict[str, Any]) -> GridSpec:
             f"unknown grid keys {unknown}{_suggest(unknown[0], known)}; known keys: {', '.join(known)}"
         )
     solvers = []
-    for s in raw.pop("solvers", []):
+    entries = raw.pop("solvers", [])
+    if not isinstance(entries, list):
+        raise ConfigError('each [[solvers]] entry needs name = "..." (e.g. name = "eigh")')
+    for s in entries:
         if not isinstance(s, dict) or "name" not in s:
             raise ConfigError('each [[solvers]] entry needs name = "..." (e.g. name = "eigh")')
         bad = sorted(set(s) - {"name", "options", "label"})
