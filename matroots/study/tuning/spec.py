@@ -106,17 +106,57 @@ class TuneSpec:
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def _bad(msg: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"tune config: {msg}")
+
+
+def _numbers(raw: dict[str, Any], key: str, kind: type = float, inf: bool = False) -> list[Any]:
+    """A list of finite numbers (``kind=int``: whole numbers; ``inf``: "inf" or inf allowed too)."""
+    values = raw.get(key, [])
+    if not isinstance(values, list):
+        raise _bad(f"{key} must be a list of numbers, got {values!r}")
+    for v in values:
+        if inf and (v == math.inf or (isinstance(v, str) and v.lower() == "inf")):
+            continue
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok or (kind is int and v != int(v)):
+            what = "whole numbers" if kind is int else "finite numbers" + (' (or "inf")' if inf else "")
+            raise _bad(f"{key} values must be {what}, got {v!r}")
+    return values
+
+
+def _scalar(raw: dict[str, Any], key: str, default: float) -> float:
+    v = raw.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise _bad(f"{key} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def _tables(raw: dict[str, Any], key: str, hint: str) -> list[Any]:
+    """A list (``[[key]]`` tables; each entry is checked where it is read)."""
+    values = raw.get(key, [])
+    if not isinstance(values, list):
+        raise _bad(f"{key} must be a list of [[{key}]] tables ({hint}), got {values!r}")
+    return values
+
+
 def expand_candidates(raw: list[dict[str, Any]]) -> tuple[gridmod.SolverSpec, ...]:
     """One SolverSpec per combination of the list-valued options of each ``[[candidates]]`` entry."""
     out: list[gridmod.SolverSpec] = []
-    for entry in raw:
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, dict):
+            raise _bad(f"candidates[{i}] must be a table with name = ..., options = {{...}}, got {entry!r}")
         entry = dict(entry)
         unknown = set(entry) - {"name", "options", "label"}
         if unknown:
             raise InvalidArgumentError(
                 f"unknown candidate keys {sorted(unknown)}; known: name, options, label"
             )
+        if "name" not in entry:
+            raise _bad(f'candidates[{i}] needs name = "..." (a registered solver, e.g. "eigh")')
         opts = entry.get("options", {})
+        if not isinstance(opts, dict):
+            raise _bad(f"candidates[{i}].options must be a table of option values or lists, got {opts!r}")
         keys = sorted(opts)
         axes = [opts[k] if isinstance(opts[k], list) else [opts[k]] for k in keys]
         combos = list(itertools.product(*axes))
@@ -142,32 +182,43 @@ def from_dict(raw: dict[str, Any]) -> TuneSpec:
         raise InvalidArgumentError(f"unknown tune config keys {sorted(unknown)}; known: {sorted(known)}")
     if "name" not in raw:
         raise InvalidArgumentError("a tune config needs a name")
-    candidates = expand_candidates(raw.get("candidates", []))
+    candidates = expand_candidates(_tables(raw, "candidates", "name, options, label"))
     solvers = [{"name": s.name, "options": s.options, "label": s.label} for s in candidates]
-    defaults = dict(raw.get("defaults", {}))
+    defaults = raw.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise _bad(f"[defaults] must be a table of sweep grid keys, got {defaults!r}")
+    defaults = dict(defaults)
+    device = str(raw.get("device", "cpu"))
     sweeps = []
-    for i, sw in enumerate(raw.get("sweeps", [])):
+    for i, sw in enumerate(_tables(raw, "sweeps", "name and sweep grid keys")):
+        if not isinstance(sw, dict):
+            raise _bad(f"sweeps[{i}] must be a table of sweep grid keys (name, families, n, ...), got {sw!r}")
         g = {**defaults, **sw}
         if "solvers" in g:
             raise InvalidArgumentError("sweeps take their solvers from [[candidates]]; remove 'solvers'")
         g["name"] = f"{raw['name']}-{sw.get('name', i)}"
-        sweeps.append(gridmod.from_dict({**g, "solvers": solvers, "device": str(raw.get("device", "cpu"))}))
+        sweeps.append(gridmod.from_dict({**g, "solvers": solvers, "device": device}))
     names = [s.name for s in sweeps]
     if len(set(names)) != len(names):
         raise InvalidArgumentError(f"sweep names must be distinct, got {names}")
-    kb = tuple(math.inf if str(k).lower() == "inf" else float(k) for k in raw.get("kappa_bands", ()))
+    kb = tuple(
+        math.inf if str(k).lower() == "inf" else float(k) for k in _numbers(raw, "kappa_bands", inf=True)
+    )
+    workers = raw.get("workers")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise _bad(f"workers must be a whole number >= 1, got {workers!r}")
     return TuneSpec(
         name=str(raw["name"]),
         description=str(raw.get("description", "")),
-        device=str(raw.get("device", "cpu")),
-        targets=tuple(sorted(float(t) for t in raw.get("targets", ()))),
-        n_bands=tuple(int(n) for n in raw.get("n_bands", ())),
+        device=device,
+        targets=tuple(sorted(float(t) for t in _numbers(raw, "targets"))),
+        n_bands=tuple(int(n) for n in _numbers(raw, "n_bands", int)),
         kappa_bands=kb,
         candidates=candidates,
         sweeps=tuple(sweeps),
-        workers=raw.get("workers"),
-        margin=float(raw.get("margin", 1.0)),
-        cost_tolerance=float(raw.get("cost_tolerance", 0.1)),
+        workers=workers,
+        margin=_scalar(raw, "margin", 1.0),
+        cost_tolerance=_scalar(raw, "cost_tolerance", 0.1),
         raw=raw,
     )
 
