@@ -3,7 +3,6 @@ number worked out by hand on a tiny synthetic frame."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from pathlib import Path
@@ -11,38 +10,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from _findings_frames import load_script, row
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _findings():
-    spec = importlib.util.spec_from_file_location("paper_findings", ROOT / "paper_figs" / "findings.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-F = _findings()
+F = load_script("paper_findings", "findings.py")
 INF = math.inf
-
-
-def _row(**kw):
-    base = {
-        "family": "randsvd",
-        "kappa": 1.0,
-        "kappa_actual": 1.0,
-        "eps": 0.0,
-        "eps_mode": "absolute",
-        "eps_abs": 0.0,
-        "failure": "",
-        "relative_forward_error": np.nan,
-        "forward_error_total": np.nan,
-        "cond_u_line": np.nan,
-        "solver": "a",
-        "dtype": "fp32",
-    }
-    base.update(kw)
-    return base
+_row = row
 
 
 # --- the document against the data ---------------------------------------------------------------------
@@ -208,9 +183,7 @@ def test_coverage_says_partial():
 
 
 def test_every_figure_the_findings_cite_is_one_make_figures_writes():
-    spec = importlib.util.spec_from_file_location("paper_figures", ROOT / "paper_figs" / "figures.py")
-    figs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(figs)
+    figs = load_script("paper_figures", "figures.py")
     doc = (ROOT / "docs" / "findings.md").read_text()
     cited = set(re.findall(r"paper_figs/out/full/(\w+)\.png", doc))
     assert cited and cited <= set(figs.FIGURES), cited - set(figs.FIGURES)

@@ -3,47 +3,19 @@ tiny synthetic frames (the shipped page itself is checked by tests/test_findings
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
+from _findings_frames import load_script, row
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str, file: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "paper_figs" / file)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-F = _load("paper_findings", "findings.py")
-A = _load("paper_findings_abstract", "findings_abstract.py")
+F = load_script("paper_findings", "findings.py")
+A = load_script("paper_findings_abstract", "findings_abstract.py")
 H = SimpleNamespace(**vars(F))
 
 
 def _row(**kw):
-    base = {
-        "family": "randsvd",
-        "kappa": 1.0,
-        "kappa_actual": 1.0,
-        "eps": 0.0,
-        "eps_mode": "absolute",
-        "eps_abs": 0.0,
-        "eps_bias": np.nan,
-        "failure": "",
-        "relative_forward_error": np.nan,
-        "forward_error_total": np.nan,
-        "cond_u_line": np.nan,
-        "gemm_equivalents": np.nan,
-        "solver": "eigh",
-        "dtype": "fp32",
-    }
-    base.update(kw)
-    return base
+    return row(**{"solver": "eigh", **kw})
 
 
 def test_precision_finding_by_hand():
