@@ -591,12 +591,13 @@ def shampoo_factors(rows: pd.DataFrame, prov: dict) -> str:
     )
 
 
-def cost_frontier(rows: pd.DataFrame, prov: dict) -> str:
-    """Cost (GEMM-equivalents) against accuracy per dtype and kappa band, with the Pareto frontier."""
+def band_costs(rows: pd.DataFrame) -> dict[tuple[str, float, float], pd.DataFrame]:
+    """Per (dtype, kappa band below 1e8) with rows: each solver's median cost (GEMM-equivalents), median
+    error (failures infinite) and failure rate at eps = 0 on the symmetric families, in its domain."""
     rows = in_domain(rows)
     d = rows[(rows["eps"] == 0)].assign(_k=kappa_decade(rows), _e=error_or_inf(rows), _f=failed(rows))
     d = d[d["family"] != "nonsymmetric"]
-    out = []
+    out = {}
     for t in _order(d["dtype"]):
         for lo, hi in BANDS[:2]:
             b = d[(d["dtype"] == t) & (d["_k"] >= lo) & (d["_k"] < hi)]
@@ -605,20 +606,27 @@ def cost_frontier(rows: pd.DataFrame, prov: dict) -> str:
             pts = b.groupby("solver").agg(
                 cost=("gemm_equivalents", "median"), error=("_e", "median"), fail=("_f", "mean")
             )
-            pts = pts[pts["cost"].notna()]
-            front = pareto(pts)
-            for s, r in pts.sort_values("cost").iterrows():
-                out.append(
-                    {
-                        "dtype": t,
-                        "κ band": f"{kfmt(lo)}–{kfmt(hi)}",
-                        "solver": s,
-                        "GEMM-eq. (median)": f"{r['cost']:.0f}",
-                        "err (median)": fmt(r["error"]),
-                        "fail": pct(r["fail"]),
-                        "frontier": "yes" if front[s] else "",
-                    }
-                )
+            out[(t, lo, hi)] = pts[pts["cost"].notna()]
+    return out
+
+
+def cost_frontier(rows: pd.DataFrame, prov: dict) -> str:
+    """Cost (GEMM-equivalents) against accuracy per dtype and kappa band, with the Pareto frontier."""
+    out = []
+    for (t, lo, hi), pts in band_costs(rows).items():
+        front = pareto(pts)
+        for s, r in pts.sort_values("cost").iterrows():
+            out.append(
+                {
+                    "dtype": t,
+                    "κ band": f"{kfmt(lo)}–{kfmt(hi)}",
+                    "solver": s,
+                    "GEMM-eq. (median)": f"{r['cost']:.0f}",
+                    "err (median)": fmt(r["error"]),
+                    "fail": pct(r["fail"]),
+                    "frontier": "yes" if front[s] else "",
+                }
+            )
     return "\n\n".join(
         [
             coverage(prov),

@@ -79,23 +79,17 @@ def _eps(F: SimpleNamespace, rows: pd.DataFrame) -> str:
 
 
 def _cost(F: SimpleNamespace, rows: pd.DataFrame) -> str:
-    rows = F.in_domain(rows)
-    d = rows[(rows["eps"] == 0) & (rows["family"] != "nonsymmetric")]
-    d = d.assign(_k=F.kappa_decade(d), _e=F.error_or_inf(d))
     parts = []
-    for t in ("fp64", "fp32"):
-        for lo, hi in F.BANDS[:2]:
-            b = d[(d["dtype"] == t) & (d["_k"] >= lo) & (d["_k"] < hi)]
-            pts = b.groupby("solver").agg(cost=("gemm_equivalents", "median"), error=("_e", "median"))
-            pts = pts[pts["cost"].notna() & np.isfinite(pts["error"])]
-            if "eigh" not in pts.index or len(pts) < 2:
-                continue
-            others = pts.drop(index="eigh")
-            cheapest = others["cost"].idxmin()
-            parts.append(
-                f"{t} κ {F.kfmt(lo)}–{F.kfmt(hi)}: eigh {pts.loc['eigh', 'cost']:.0f}, "
-                f"{cheapest} {others.loc[cheapest, 'cost']:.0f}"
-            )
+    for (t, lo, hi), pts in F.band_costs(rows).items():
+        pts = pts[np.isfinite(pts["error"])]
+        if t not in ("fp64", "fp32") or "eigh" not in pts.index or len(pts) < 2:
+            continue
+        others = pts.drop(index="eigh")
+        cheapest = others["cost"].idxmin()
+        parts.append(
+            f"{t} κ {F.kfmt(lo)}–{F.kfmt(hi)}: eigh {pts.loc['eigh', 'cost']:.0f}, "
+            f"{cheapest} {others.loc[cheapest, 'cost']:.0f}"
+        )
     return (
         "3. **On one CPU thread the eigendecomposition is the cheapest accurate root.** Median cost in "
         "GEMM-equivalents, eigh against the cheapest other method: "

@@ -6,8 +6,9 @@ optimizer, built on the one refresh engine (:mod:`shampoo.refresh`) with the Kro
 (:class:`shampoo.roots.KroneckerRoots`): a due round is **prepared** in the training thread
 (:func:`prepare_round`: the synchronous round's chunks, each a :class:`~shampoo.refresh.Snapshot`
 taken with ``copy=True``: the bias-corrected, mirrored factors and the warm starts copied), **solved**
-on the background thread of a :class:`~shampoo.async_roots.RootExecutor` (:func:`solve_round`:
-:func:`shampoo.refresh.compute`, which reads only the snapshot), and **installed** in the training
+on the background thread of a :class:`~shampoo.async_roots.RootExecutor` (the round's
+:class:`~shampoo.root_transfer.RootTransfer` ``solve``: :func:`shampoo.refresh.compute` of each
+snapshot, which reads only the snapshot), and **installed** in the training
 thread (:func:`install_round`: :meth:`shampoo.refresh.Round.install` and ``finish``: roots written,
 statistics that were non-finite reset, counters, the failure policy's warnings and errors) at the start of step ``t + delay`` of the
 group (``delay = max_root_delay``; :class:`~shampoo.async_roots.RootSchedule`), waiting for it if it
@@ -84,12 +85,6 @@ def _saved_snapshot(rnd: Round, jobs: list[RootJob], saved: dict[int, tuple[torc
     )
     snap.extra = r.prepare(snap, records, True)
     return snap
-
-
-def solve_round(prep: PreparedRound) -> list[list[Result]]:
-    """The solves of a prepared round (:func:`shampoo.refresh.compute`), per part: reads only the
-    snapshots, writes only the results; runs on the background thread (the in-place transfer's solve)."""
-    return root_transfer.SameDevice().solve(prep)
 
 
 def install_round(prep: PreparedRound, results: list[list[Result]]) -> RoundReport | None:
