@@ -152,8 +152,9 @@ def install_fake(monkeypatch: pytest.MonkeyPatch, kind: type = CudaHost) -> Fake
         for pool in (t.inputs, t.outputs) if host else ():
             acquire = pool.acquire
 
-            def checked(like, acquire=acquire):
+            def checked(like, acquire=acquire, pool=pool):
                 buf = acquire(like)
+                pool.handed_out = getattr(pool, "handed_out", 0) + 1  # the tests compare it with .allocated
                 assert seam.pending_on(buf) == 0, "a pinned buffer handed out with a copy in flight"
                 return buf
 

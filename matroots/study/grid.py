@@ -384,8 +384,11 @@ def from_dict(raw: dict[str, Any]) -> GridSpec:
         )
     solvers = []
     entries = raw.pop("solvers", [])
-    if not isinstance(entries, list):
-        raise ConfigError('each [[solvers]] entry needs name = "..." (e.g. name = "eigh")')
+    if not isinstance(entries, list | tuple):  # a list from TOML/JSON, a tuple from GridSpec.to_dict
+        raise ConfigError(
+            f'solvers must be a list of [[solvers]] tables with name = "..." (e.g. name = "eigh"), '
+            f"not {type(entries).__name__}"
+        )
     for s in entries:
         if not isinstance(s, dict) or "name" not in s:
             raise ConfigError('each [[solvers]] entry needs name = "..." (e.g. name = "eigh")')
