@@ -1,11 +1,13 @@
 """Measure the durations the README promises: wall and CPU time of what `make demo`, `make figures`,
-`matroots validate experiments/configs/validate_demo.toml` and `make test` run, each command in a child
+`matroots validate experiments/configs/validate_demo.toml` (and its `--dry-run` estimate) and `make test`
+run, each command in a child
 process, CPU time from ``resource.getrusage(RUSAGE_CHILDREN)`` (user + system of the command and every
 worker it started), with the machine's load average beside them (at the start, at the end, and the
 mean of samples every few seconds while the command ran).
 
     python experiments/time_claims.py                                   # demo, figures
     python experiments/time_claims.py --only validate_demo test         # the long ones
+    python experiments/time_claims.py --only validate_dry_run           # the dry run's estimate
     python experiments/time_claims.py --only figures --make             # through make itself
 
 Without ``--make`` the targets' commands run with this interpreter (no .venv set-up), into fresh
@@ -30,17 +32,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGETS = ("demo", "figures", "validate_demo", "test")
+TARGETS = ("demo", "figures", "validate_demo", "validate_dry_run", "test")
 RECORD = ROOT / "experiments" / "time_claims.json"
 LOAD_SAMPLE_S = 5.0
 
 
 def commands(name: str, out: Path, make: bool) -> list[list[str]]:
     """What the Makefile target ``name`` runs (Makefile: demo, figures, test; validate_demo is the
-    README's `matroots validate experiments/configs/validate_demo.toml`)."""
+    README's `matroots validate experiments/configs/validate_demo.toml`, validate_dry_run the same
+    with `--dry-run`)."""
     py = sys.executable
-    if name == "validate_demo":
+    if name in ("validate_demo", "validate_dry_run"):
         cfg = "experiments/configs/validate_demo.toml"
+        if name == "validate_dry_run":  # the estimate alone: its task and optimizer probes, nothing run
+            return [[py, "-m", "matroots.cli", "validate", cfg, "--dry-run"]]
         return [
             [py, "-m", "matroots.cli", "validate", cfg, "--out", str(out / "validate_demo"), "--no-progress"]
         ]

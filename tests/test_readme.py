@@ -39,6 +39,7 @@ TIME_CLAIM_LABELS = {
     "figures": "`make figures`",
     "test": "`make test`",
     "validate_demo": "`matroots validate experiments/configs/validate_demo.toml`",
+    "validate_dry_run": "`matroots validate experiments/configs/validate_demo.toml --dry-run`",
 }
 
 
@@ -56,3 +57,24 @@ def test_the_readme_durations_are_the_latest_measured_ones() -> None:
         wall, cpu, load = found[0]
         assert (wall, cpu) == (f"{r['wall_s'] / 60:.1f}", f"{r['cpu_s'] / 60:.1f}"), (target, found[0])
         assert int(load) == round(r["load_mean"]), (target, load, r["load_mean"])
+
+
+def _time_claims():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("time_claims", ROOT / "experiments" / "time_claims.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_time_claims_target_has_a_readme_label_and_the_dry_run_runs_nothing(tmp_path) -> None:
+    """The README can state each target experiments/time_claims.py measures (the check above finds it
+    by this label), and the dry-run target times the estimate alone: `--dry-run`, no run folder."""
+    tc = _time_claims()
+    assert set(tc.TARGETS) == set(TIME_CLAIM_LABELS)
+    (cmd,) = tc.commands("validate_dry_run", tmp_path, make=False)
+    assert cmd[-1] == "--dry-run" and "--out" not in cmd
+    assert cmd[cmd.index("validate") + 1] == "experiments/configs/validate_demo.toml"
+    (run,) = tc.commands("validate_demo", tmp_path, make=False)
+    assert "--dry-run" not in run
