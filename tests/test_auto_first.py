@@ -283,3 +283,40 @@ def test_the_shipped_table_at_n_128_the_cases_that_regressed(dtype, kappa, first
     own = _eighs(lambda: cfg.solve(A, 4, **sopts))  # the chosen solve's own (1 for eigh)
     # one decomposition in all (eigh), or the float64 eigvalsh estimate and the chosen solve's own
     assert _eighs(lambda: matroots.inverse_root(A, 4, method="auto")) == (own if first else 1 + own)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 5, 128])
+def test_the_cholesky_test_factors_a_minus_c_times_the_identity(
+    monkeypatch: pytest.MonkeyPatch, n: int, dtype: torch.dtype
+) -> None:
+    """likely_certain hands LAPACK's potrf, per element, the column-major A - c I with
+    c = ||A||_F (1 / limit + 4 (n + 2) u): the same numbers as built with np.linalg.norm and the flat
+    iterator (before the diagonal went through a strided view), off-diagonal entries untouched."""
+    from scipy.linalg import lapack
+
+    from matroots.core import precision
+    from matroots.solvers import auto_first
+
+    g = torch.Generator().manual_seed(n)
+    G = torch.randn(2, n, n + 3, generator=g, dtype=torch.float64)
+    A = (G @ G.mT / n + torch.eye(n, dtype=torch.float64)).to(dtype)  # kappa < 5: both pass
+    A = torch.maximum(A, A.mT)  # exactly symmetric
+    name = auto_first._POTRF[dtype]
+    real = getattr(lapack, name)
+    seen = []
+
+    def potrf(m, **kw):
+        seen.append(np.array(m, order="F"))  # before the factorisation overwrites it
+        assert m.flags.f_contiguous
+        return real(m, **kw)
+
+    monkeypatch.setattr(auto_first.lapack_routines, name, potrf)
+    limit = 1e3
+    assert likely_certain(A, limit, dtype)
+    scale = 1.0 / limit + 4.0 * (n + 2) * precision.unit_roundoff(dtype)
+    assert len(seen) == A.shape[0]  # every element factored
+    for a, m in zip(A.numpy(), seen, strict=True):
+        want = np.array(a.T, order="F")
+        want.flat[:: n + 1] -= float(np.linalg.norm(a)) * scale
+        assert m.dtype == want.dtype and np.array_equal(m, want)

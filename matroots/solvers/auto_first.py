@@ -140,7 +140,12 @@ def likely_certain(det: torch.Tensor, limit: float, lapack: torch.dtype) -> bool
     potrf = getattr(lapack_routines, _POTRF[det.dtype])
     for a in det.numpy():
         m = np.array(a.T, order="F")  # A^T = A (exactly symmetric): a plain copy, column-major
-        m.flat[:: n + 1] -= float(np.linalg.norm(a)) * scale
+        # the diagonal through a strided view of the buffer (m.T is row-major: reshape is a view), and
+        # ||A||_F as np.linalg.norm forms it (sqrt of the flat dot product): the same numbers as
+        # m.flat[:: n + 1] -= np.linalg.norm(a) * scale, without the flat iterator's per-element
+        # indexing and norm's dispatch (~70 us of a ~140 us test at n = 128 after an eigh)
+        flat = a.reshape(-1)
+        m.T.reshape(-1)[:: n + 1] -= float(np.sqrt(flat.dot(flat))) * scale
         if potrf(m, lower=1, clean=0, overwrite_a=1)[1] != 0:
             return False
     return True
