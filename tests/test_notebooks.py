@@ -63,6 +63,15 @@ def test_notebook_executes_and_shows_figures(
     assert _images(nb) == shown, "every figure the notebook shows must display inline"
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
+    # Issue 29: quiet output. A text progress bar (no TqdmWarning about ipywidgets), and the sweeps'
+    # expected non-convergence summarised in one line per run instead of a warning per solve (258 lines
+    # in eps_regularisation before)
+    text = "\n".join(
+        o.get("text", "") for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "stream"
+    )
+    assert "TqdmWarning" not in text and "IProgress not found" not in text, text[-3000:]
+    per_solve = [ln for ln in text.splitlines() if "did not converge" in ln]
+    assert len(per_solve) <= 1, per_solve[:5]
     assert (tmp_path / "run" / "results.parquet").exists()
     after = sorted(p.stat().st_mtime_ns for p in demo.rglob("*")) if demo.exists() else []
     assert before == after, "the notebook must not write into runs/demo"
