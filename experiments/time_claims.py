@@ -9,6 +9,7 @@ mean of samples every few seconds while the command ran).
     python experiments/time_claims.py --only validate_demo test         # the long ones
     python experiments/time_claims.py --only validate_dry_run           # the dry run's estimate
     python experiments/time_claims.py --only figures --make             # through make itself
+    python experiments/time_claims.py --only test --log suite.log       # keep what the commands print
 
 Without ``--make`` the targets' commands run with this interpreter (no .venv set-up), into fresh
 folders under ``--out`` with a cold reference cache (so nothing is resumed or reused). Each result is
@@ -79,7 +80,9 @@ class _LoadSampler(threading.Thread):
             self.samples.append(os.getloadavg()[0])
 
 
-def measure(cmds: list[list[str]], cache: Path) -> dict[str, float]:
+def measure(cmds: list[list[str]], cache: Path, log: Path | None = None) -> dict[str, float]:
+    """Wall and CPU time of ``cmds`` run one after the other; their output to ``log`` (or discarded)."""
+    sink = log.open("ab") if log else None
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     sampler = _LoadSampler()
     sampler.start()
@@ -90,14 +93,16 @@ def measure(cmds: list[list[str]], cache: Path) -> dict[str, float]:
                 cmd,
                 cwd=ROOT,
                 check=True,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                stdout=sink or subprocess.DEVNULL,
+                stderr=subprocess.STDOUT if sink else subprocess.DEVNULL,
                 env={**os.environ, "MATROOTS_CACHE_DIR": str(cache)},  # cold references, as on a fresh clone
             )
     finally:
         wall = time.perf_counter() - t0
         sampler.stop.set()
         sampler.join()
+        if sink:
+            sink.close()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     s = [*sampler.samples, os.getloadavg()[0]]
@@ -130,6 +135,7 @@ def main() -> None:
     ap.add_argument("--record", type=Path, default=RECORD, help="results JSON, merged per target")
     ap.add_argument("--only", nargs="+", default=["demo", "figures"], choices=TARGETS)
     ap.add_argument("--make", action="store_true", help="run `make TARGET` instead of its commands")
+    ap.add_argument("--log", type=Path, help="append the commands' output here (e.g. the suite's failures)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     machine = {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()}
@@ -137,7 +143,7 @@ def main() -> None:
     for sub in ("demo", "figures", "runs", "cache", "validate_demo"):
         shutil.rmtree(args.out / sub, ignore_errors=True)
     for name in args.only:
-        r = measure(commands(name, args.out, args.make), args.out / "cache")
+        r = measure(commands(name, args.out, args.make), args.out / "cache", args.log)
         r.update(
             date=time.strftime("%Y-%m-%d", time.gmtime()), commit=_commit(), machine=machine, make=args.make
         )
