@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from .errors import InvalidShampooArgumentError
+
 
 @dataclass(frozen=True, kw_only=True)
 class ExponentOverride:
@@ -57,16 +59,20 @@ class ExponentOverride:
         seen: set[int] = set()
         for order, val in self.entries:
             if not isinstance(order, int) or order < 0 or order in seen:
-                raise ValueError(f"exponent_override: bad or repeated tensor order {order!r}")
+                raise InvalidShampooArgumentError(
+                    "exponent_override order", order, "an int >= 0, each order once"
+                )
             seen.add(order)
             vals = [val] if not isinstance(val, tuple) else [v for _, v in val]
             if isinstance(val, tuple):
                 for d, _ in val:
                     if not isinstance(d, int) or not 0 <= d < max(order, 1):
-                        raise ValueError(f"exponent_override: dim {d!r} out of range for order {order}")
+                        raise InvalidShampooArgumentError(
+                            f"exponent_override dim (order {order})", d, f"an int in [0, {max(order, 1)})"
+                        )
             for v in vals:
                 if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
-                    raise ValueError(f"exponent_override: exponents must be finite and >= 0, got {v!r}")
+                    raise InvalidShampooArgumentError("exponent_override exponent", v, "finite and >= 0")
 
     @classmethod
     def from_mapping(cls, value: Mapping[int, Any] | ExponentOverride | None) -> ExponentOverride:
@@ -75,7 +81,7 @@ class ExponentOverride:
         if isinstance(value, ExponentOverride):
             return value
         if not isinstance(value, Mapping):
-            raise ValueError(f"exponent_override must be a mapping order -> exponent(s), got {value!r}")
+            raise InvalidShampooArgumentError("exponent_override", value, "a mapping order -> exponent(s)")
         items: list[tuple[int, Any]] = []
         for order, val in sorted(value.items()):
             if isinstance(val, Mapping):
@@ -214,7 +220,7 @@ def row_pieces(rows: int, pieces: int) -> list[tuple[int, int]]:
     pieces) rows each, the last shorter; fewer than ``pieces`` ranges when the rows run out), which
     is how FSDP2's ``Shard(0)`` places rows on ranks (ranks past the last range hold none)."""
     if pieces < 1:
-        raise ValueError(f"row_shards must be an int >= 1, got {pieces!r}")
+        raise InvalidShampooArgumentError("row_shards", pieces, "an int >= 1")
     size = -(-rows // pieces) if rows else 0
     return [(a, min(a + size, rows)) for a in range(0, rows, size)] if size else []
 

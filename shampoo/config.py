@@ -91,7 +91,7 @@ def resolve_root_solver(value: str | SolverConfig, device: torch.device | None =
         return value
     if isinstance(value, str):
         return default_root_solver(value, device)
-    raise ValueError(f"root_solver must be a matroots solver name or config, got {value!r}")
+    raise InvalidShampooArgumentError("root_solver", value, "a matroots solver name or config")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,12 +121,12 @@ class FailurePolicy:
             object.__setattr__(self, "fallback", resolve_root_solver(self.fallback))
         object.__setattr__(self, "fallback_dtype", precision.as_dtype(self.fallback_dtype))
         if not isinstance(self.max_consecutive_failures, int) or self.max_consecutive_failures < 1:
-            raise ValueError(
-                f"max_consecutive_failures must be an int >= 1, got {self.max_consecutive_failures!r}"
+            raise InvalidShampooArgumentError(
+                "max_consecutive_failures", self.max_consecutive_failures, "an int >= 1"
             )
         m = self.max_consecutive_primary_failures
         if m is not None and (not isinstance(m, int) or m < 1):
-            raise ValueError(f"max_consecutive_primary_failures must be None or an int >= 1, got {m!r}")
+            raise InvalidShampooArgumentError("max_consecutive_primary_failures", m, "None or an int >= 1")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -155,11 +155,11 @@ class DiagnosticsConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.dump_every, int) or self.dump_every < 0:
-            raise ValueError(f"dump_every must be an int >= 0, got {self.dump_every!r}")
+            raise InvalidShampooArgumentError("dump_every", self.dump_every, "an int >= 0")
         if self.dump_every and self.dump_dir is None:
-            raise ValueError("dump_every > 0 needs a dump_dir")
+            raise InvalidShampooArgumentError("dump_dir", self.dump_dir, "a directory when dump_every > 0")
         if self.kappa_power_iters < 1:
-            raise ValueError("kappa_power_iters must be >= 1")
+            raise InvalidShampooArgumentError("kappa_power_iters", self.kappa_power_iters, ">= 1")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -184,11 +184,11 @@ CONFIG_KEYS = (
 STATISTICS_DTYPES = (torch.bfloat16,)
 
 
-def _number(value: Any, what: str) -> float:
-    """``value`` (a real number or a one-element tensor) as a float; ValueError ``what`` otherwise."""
+def _number(value: Any, name: str, allowed: str) -> float:
+    """``value`` (a real number or a one-element tensor) as a float; InvalidShampooArgumentError otherwise."""
     ok = isinstance(value, int | float) or (isinstance(value, torch.Tensor) and value.numel() == 1)
     if isinstance(value, bool) or not ok or (isinstance(value, torch.Tensor) and value.is_complex()):
-        raise ValueError(f"{what}, got {value!r}")
+        raise InvalidShampooArgumentError(name, value, allowed)
     return float(value)
 
 
@@ -280,19 +280,22 @@ class GroupOptions:
         if not (isinstance(self.lr, int | float | torch.Tensor) and 0.0 <= float(self.lr) < math.inf):
             raise InvalidShampooArgumentError("lr", self.lr, "a finite number >= 0")
         if len(self.betas) != 2:
-            raise ValueError(f"betas must be a pair (beta1, beta2), got {self.betas!r}")
+            raise InvalidShampooArgumentError("betas", self.betas, "a pair (beta1, beta2)")
         check_beta(self.betas[0], "betas[0] (gradient EMA)", allow_one=False)
         check_beta(self.betas[1], "betas[1] (factor EMA; 1.0 = sum)", allow_one=True)
         if self.betas[1] == 0.0:
-            raise ValueError("betas[1] must be > 0 (0 would keep only the last gradient's statistics)")
+            raise InvalidShampooArgumentError(
+                "betas[1]", self.betas[1], "> 0 (0 would keep only the last gradient's statistics)"
+            )
         object.__setattr__(self, "eps", check_eps(self.eps, "eps"))
         object.__setattr__(self, "diagonal_eps", check_eps(self.diagonal_eps, "diagonal_eps"))
         if self.eps_mode not in EPS_MODES:
             raise InvalidShampooArgumentError("eps_mode", self.eps_mode, f"one of {EPS_MODES}")
         if self.psd is not None and self.psd not in PSD_POLICIES:
-            raise ValueError(
-                f"psd must be one of {PSD_POLICIES} (see matroots.core.psd) or None (the root solver "
-                f"config's own policy), got {self.psd!r}"
+            raise InvalidShampooArgumentError(
+                "psd",
+                self.psd,
+                f"one of {PSD_POLICIES} (see matroots.core.psd) or None (the root solver config's own policy)",
             )
         object.__setattr__(self, "weight_decay", check_eps(self.weight_decay, "weight_decay"))
         flags = ("decoupled_weight_decay", "nesterov", "use_bias_correction", "merge_dims")
@@ -302,7 +305,9 @@ class GroupOptions:
                 raise InvalidShampooArgumentError(name, getattr(self, name), "True or False")
         check_beta(self.momentum, "momentum", allow_one=False)
         if self.nesterov and self.momentum <= 0:
-            raise ValueError("nesterov=True needs momentum > 0 (heavy-ball momentum on the search direction)")
+            raise InvalidShampooArgumentError(
+                "nesterov", self.nesterov, "False when momentum is 0 (Nesterov needs heavy-ball momentum > 0)"
+            )
         if not isinstance(self.max_preconditioner_dim, int) or self.max_preconditioner_dim < 1:
             raise InvalidShampooArgumentError(
                 "max_preconditioner_dim", self.max_preconditioner_dim, "an int >= 1"
@@ -313,9 +318,11 @@ class GroupOptions:
             )
         r = self.row_shards
         if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 1):
-            raise ValueError(
-                f"row_shards must be None (as the parameters are sharded) or an int >= 1 (cut dim 0 into "
-                f"that many torch.chunk pieces before blocking), got {r!r}"
+            raise InvalidShampooArgumentError(
+                "row_shards",
+                r,
+                "None (as the parameters are sharded) or an int >= 1 (cut dim 0 into that many "
+                "torch.chunk pieces before blocking)",
             )
         if not isinstance(self.precondition_frequency, int) or self.precondition_frequency < 1:
             raise InvalidShampooArgumentError(
@@ -326,15 +333,15 @@ class GroupOptions:
             raise InvalidShampooArgumentError("start_preconditioning_step", s, "an int >= 1")
         k = self.statistics_frequency
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(
-                f"statistics_frequency must be an int >= 1 (update the Kronecker factors every k steps), "
-                f"got {k!r}"
+            raise InvalidShampooArgumentError(
+                "statistics_frequency", k, "an int >= 1 (update the Kronecker factors every k steps)"
             )
         sd = self.statistics_dtype
         if sd is not None and sd not in STATISTICS_DTYPES:
-            raise ValueError(
-                f"statistics_dtype must be None (G G^T in factor_dtype) or torch.bfloat16 (bf16 inputs, "
-                f"accumulation in factor_dtype), got {sd!r}"
+            raise InvalidShampooArgumentError(
+                "statistics_dtype",
+                sd,
+                "None (G G^T in factor_dtype) or torch.bfloat16 (bf16 inputs, accumulation in factor_dtype)",
             )
         if sd is not None and self.factor_dtype not in (torch.float32, torch.float64):
             raise ValueError(
@@ -346,16 +353,17 @@ class GroupOptions:
             if dt not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
                 raise InvalidShampooArgumentError(name, dt, "a floating torch dtype")
         if not isinstance(self.root_solver, SolverConfig):
-            raise ValueError(f"root_solver must be a matroots SolverConfig, got {self.root_solver!r}")
+            raise InvalidShampooArgumentError("root_solver", self.root_solver, "a matroots SolverConfig")
         if not isinstance(self.grafting, GraftingConfig):
-            raise ValueError(f"grafting must be a GraftingConfig, got {self.grafting!r}")
+            raise InvalidShampooArgumentError("grafting", self.grafting, "a GraftingConfig")
         if not isinstance(self.failure, FailurePolicy):
-            raise ValueError(f"failure must be a FailurePolicy, got {self.failure!r}")
+            raise InvalidShampooArgumentError("failure", self.failure, "a FailurePolicy")
         if self.preconditioner is not None and not isinstance(self.preconditioner, Preconditioner):
-            raise ValueError(
-                f"preconditioner must be a per-block transform (shampoo.transforms.Preconditioner: init, "
-                f"update, direction, bind, ready, refresh, accumulators; a subclass of it inherits the "
-                f"last four) or None; {self.preconditioner!r} is not one"
+            raise InvalidShampooArgumentError(
+                "preconditioner",
+                self.preconditioner,
+                "a per-block transform (shampoo.transforms.Preconditioner: init, update, direction, bind, "
+                "ready, refresh, accumulators; a subclass of it inherits the last four) or None",
             )
 
     @property
@@ -388,12 +396,12 @@ class GroupOptions:
     def from_group(cls, group: Mapping[str, Any]) -> GroupOptions:
         """Build from a torch param-group dict (already normalised by :func:`normalise_group`)."""
         kw = {f.name: group[f.name] for f in dataclasses.fields(cls) if f.name in group}
-        kw["lr"] = _number(kw["lr"], "lr must be a finite number >= 0")
+        kw["lr"] = _number(kw["lr"], "lr", "a finite number >= 0")
         betas = kw["betas"]
         if not isinstance(betas, tuple | list) or len(betas) != 2:
-            raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
-        what = "betas must be a pair (beta1, beta2) of numbers in [0, 1)"
-        kw["betas"] = (_number(betas[0], what), _number(betas[1], what))
+            raise InvalidShampooArgumentError("betas", betas, "a pair (beta1, beta2)")
+        what = "a pair (beta1, beta2) of numbers in [0, 1)"
+        kw["betas"] = (_number(betas[0], "betas", what), _number(betas[1], "betas", what))
         return cls(**kw)
 
 
@@ -410,8 +418,8 @@ def normalise_group(group: dict[str, Any], device: torch.device | None) -> None:
         try:
             group["statistics_dtype"] = precision.as_dtype(group["statistics_dtype"])
         except ValueError as exc:
-            raise ValueError(
-                f"statistics_dtype must be None or torch.bfloat16, got {group['statistics_dtype']!r} ({exc})"
+            raise InvalidShampooArgumentError(
+                "statistics_dtype", group["statistics_dtype"], "None or torch.bfloat16"
             ) from exc
     if group["failure"] is None:
         group["failure"] = FailurePolicy()

@@ -56,6 +56,7 @@ from .comm import (
 )
 from .config import GroupOptions
 from .engine import GroupPlan, PlannedBlock, layout_group
+from .errors import InvalidShampooArgumentError
 from .state import ParamState, merge_shards
 
 logger = logging.getLogger(__name__)
@@ -81,9 +82,9 @@ def _as_timedelta(value: Any) -> datetime.timedelta:
     elif isinstance(value, int | float) and not isinstance(value, bool):
         td = datetime.timedelta(seconds=float(value))
     else:
-        raise ValueError(f"timeout must be a datetime.timedelta or seconds, got {value!r}")
+        raise InvalidShampooArgumentError("timeout", value, "a datetime.timedelta or seconds")
     if td.total_seconds() <= 0:
-        raise ValueError(f"timeout must be positive, got {td}")
+        raise InvalidShampooArgumentError("timeout", value, "positive")
     return td
 
 
@@ -117,16 +118,16 @@ class DDPConfig:
         dt = self.communication_dtype
         if isinstance(dt, str):
             if dt.lower() not in COMM_DTYPES:
-                raise ValueError(f"communication_dtype must be one of fp32/bf16/fp16, got {dt!r}")
+                raise InvalidShampooArgumentError("communication_dtype", dt, "one of fp32/bf16/fp16")
             dt = COMM_DTYPES[dt.lower()]
         if dt not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"communication_dtype must be torch.float32/bfloat16/float16, got {dt!r}")
+            raise InvalidShampooArgumentError("communication_dtype", dt, "torch.float32/bfloat16/float16")
         object.__setattr__(self, "communication_dtype", dt)
         if self.cost_model not in COST_MODELS:
-            raise ValueError(f"cost_model must be one of {COST_MODELS}, got {self.cost_model!r}")
+            raise InvalidShampooArgumentError("cost_model", self.cost_model, f"one of {COST_MODELS}")
         if self.process_group is not None and not isinstance(self.process_group, dist.ProcessGroup):
-            raise ValueError(
-                f"process_group must be a torch.distributed.ProcessGroup or None, got {self.process_group!r}"
+            raise InvalidShampooArgumentError(
+                "process_group", self.process_group, "a torch.distributed.ProcessGroup or None"
             )
         object.__setattr__(self, "timeout", _as_timedelta(self.timeout))
 
@@ -155,7 +156,7 @@ def block_key(spec: BlockSpec) -> BlockKey:
 def block_cost(spec: BlockSpec, cost_model: str = "roots") -> float:
     """Estimated cost of a block under ``cost_model`` (see :class:`DDPConfig`)."""
     if cost_model not in COST_MODELS:
-        raise ValueError(f"cost_model must be one of {COST_MODELS}, got {cost_model!r}")
+        raise InvalidShampooArgumentError("cost_model", cost_model, f"one of {COST_MODELS}")
     power = 3 if cost_model == "roots" else 2
     factors = spec.factor_dims if spec.kind is BlockKind.SHAMPOO else ()
     return float(sum(spec.shape[i] ** power for i in factors) + spec.numel)

@@ -56,6 +56,7 @@ from .comm import DistributedError, RemoteRankError, all_gather_flat
 from .config import GroupOptions
 from .distributed import BlockSharding, CommStats, DDPConfig, _as_timedelta
 from .engine import GroupEngine, GroupPlan, state_dtype
+from .errors import InvalidShampooArgumentError
 
 logger = logging.getLogger(__name__)
 
@@ -115,16 +116,16 @@ class FSDPConfig:
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+            raise InvalidShampooArgumentError("strategy", self.strategy, f"one of {STRATEGIES}")
         # checked (and normalised) as DDPConfig checks them
         ddp = DDPConfig(communication_dtype=self.communication_dtype, cost_model=self.cost_model)
         object.__setattr__(self, "communication_dtype", ddp.communication_dtype)
         for name in ("status_check", "consistent_skips", "share_roots"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+                raise InvalidShampooArgumentError(name, getattr(self, name), "True or False")
         if self.process_group is not None and not isinstance(self.process_group, dist.ProcessGroup):
-            raise ValueError(
-                f"process_group must be a torch.distributed.ProcessGroup or None, got {self.process_group!r}"
+            raise InvalidShampooArgumentError(
+                "process_group", self.process_group, "a torch.distributed.ProcessGroup or None"
             )
         object.__setattr__(self, "timeout", _as_timedelta(self.timeout))
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from .checks import check_beta, check_eps
+from .errors import InvalidShampooArgumentError
 from .transforms.base import Grafting, Stack, StepContext, block_norms, reuse_buffer
 from .transforms.moments import SecondMoment
 
@@ -344,7 +345,7 @@ def resolve_grafting(value: str | GraftingConfig | None) -> GraftingConfig:
         return value
     if isinstance(value, str) and value.lower() in GRAFTINGS:
         return GRAFTINGS[value.lower()]()
-    raise ValueError(f"grafting must be one of {sorted(GRAFTINGS)} or a GraftingConfig, got {value!r}")
+    raise InvalidShampooArgumentError("grafting", value, f"one of {sorted(GRAFTINGS)} or a GraftingConfig")
 
 
 __all__ = [

@@ -34,6 +34,23 @@ def _make(**kw) -> shampoo.Shampoo:
         ({"distributed": "ddp"}, "distributed", "a shampoo.DDPConfig"),
         ({"diagnostics": {}}, "diagnostics", "a shampoo.DiagnosticsConfig"),
         ({"implementation": {"fused_adam": False}}, "implementation", "a shampoo.ShampooImplementation"),
+        ({"root_solver": 3}, "root_solver", "a matroots solver name or config"),
+        ({"grafting": 3}, "grafting", "or a GraftingConfig"),
+        ({"failure": "strict"}, "failure", "a FailurePolicy"),
+        ({"betas": (0.9,)}, "betas", "a pair (beta1, beta2)"),
+        ({"betas": ("a", 0.9)}, "betas", "a pair (beta1, beta2) of numbers in [0, 1)"),
+        ({"betas": (0.9, 0.0)}, "betas[1]", "> 0"),
+        ({"lr": "1e-3"}, "lr", "a finite number >= 0"),
+        ({"psd": "clip"}, "psd", "(see matroots.core.psd) or None"),
+        ({"nesterov": True}, "nesterov", "False when momentum is 0"),
+        ({"row_shards": 0}, "row_shards", "None (as the parameters are sharded) or an int >= 1"),
+        ({"statistics_frequency": 0}, "statistics_frequency", "an int >= 1"),
+        ({"statistics_dtype": torch.float16}, "statistics_dtype", "None (G G^T in factor_dtype) or"),
+        ({"statistics_dtype": "int8"}, "statistics_dtype", "None or torch.bfloat16"),
+        ({"preconditioner": 3}, "preconditioner", "a per-block transform"),
+        ({"exponent_override": [0.25]}, "exponent_override", "a mapping order -> exponent(s)"),
+        ({"exponent_override": {2: -1.0}}, "exponent_override exponent", "finite and >= 0"),
+        ({"exponent_override": {2: {5: 0.25}}}, "exponent_override dim (order 2)", "an int in [0, 2)"),
     ],
 )
 def test_a_bad_argument_is_a_typed_error_naming_argument_value_and_what_is_allowed(kw, name, allowed) -> None:
@@ -88,6 +105,36 @@ def test_grafting_config_errors_are_typed(make, name) -> None:
     """The grafting configs share shampoo.checks with the group options: the same typed error."""
     with pytest.raises(shampoo.InvalidShampooArgumentError, match=f"^{name.replace('.', '[.]')} must be "):
         make()
+
+
+@pytest.mark.parametrize(
+    ("make", "name", "allowed"),
+    [
+        (lambda: shampoo.FailurePolicy(max_consecutive_failures=0), "max_consecutive_failures", "an int >= 1"),
+        (lambda: shampoo.FailurePolicy(max_consecutive_primary_failures=0), "max_consecutive_primary_failures", "None or"),
+        (lambda: shampoo.DiagnosticsConfig(dump_every=-1), "dump_every", "an int >= 0"),
+        (lambda: shampoo.DiagnosticsConfig(dump_every=2), "dump_dir", "a directory when dump_every > 0"),
+        (lambda: shampoo.DiagnosticsConfig(kappa_power_iters=0), "kappa_power_iters", ">= 1"),
+        (lambda: shampoo.DDPConfig(communication_dtype="fp8"), "communication_dtype", "one of fp32/bf16/fp16"),
+        (lambda: shampoo.DDPConfig(communication_dtype=torch.int8), "communication_dtype", "torch.float32/bfloat16/float16"),
+        (lambda: shampoo.DDPConfig(cost_model="flops"), "cost_model", "one of"),
+        (lambda: shampoo.DDPConfig(process_group=3), "process_group", "a torch.distributed.ProcessGroup or None"),
+        (lambda: shampoo.DDPConfig(timeout="10m"), "timeout", "a datetime.timedelta or seconds"),
+        (lambda: shampoo.DDPConfig(timeout=-1.0), "timeout", "positive"),
+        (lambda: shampoo.FSDPConfig(strategy="gather"), "strategy", "one of"),
+        (lambda: shampoo.FSDPConfig(status_check=1), "status_check", "True or False"),
+    ],
+)  # fmt: skip
+def test_config_object_errors_are_typed(make, name, allowed) -> None:
+    """The configs passed to Shampoo (failure, diagnostics, distributed) refuse a bad field with the
+    same typed error as Shampoo's own arguments: the field, the value and what is allowed."""
+    with pytest.raises(shampoo.InvalidShampooArgumentError) as info:
+        make()
+    err = info.value
+    assert isinstance(err, ValueError) and isinstance(err, InvalidArgumentError)
+    msg = str(err)
+    assert "\n" not in msg and msg.startswith(f"{name} must be ") and allowed in msg
+    assert err.name == name and f"got {err.value!r}" in msg
 
 
 @pytest.mark.parametrize("bad", [True, float("inf"), "1e-8", torch.ones(2)])
