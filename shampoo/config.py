@@ -196,8 +196,8 @@ def _number(value: Any, name: str, allowed: str) -> float:
 class GroupOptions:
     """Validated options of one param group. See :class:`shampoo.Shampoo` for their meaning.
 
-    Options that reduce the statistics work (off by default; costs measured with
-    experiments/configs/validate_options.toml and experiments/bench_work_options.py):
+    Options that reduce the statistics work (off by default; their measured costs and effect on the
+    validation loss are in docs/design.md §6, "Cheaper statistics"):
 
     ``statistics_frequency`` (int k >= 1, default 1): the Kronecker factors are updated only at the
     parameter steps t with ``(t - start_preconditioning_step) % k == 0``, as Google's scalable_shampoo
@@ -221,26 +221,17 @@ class GroupOptions:
     * Checkpoints and distribution: the schedule is a closed form of the parameter step, k and
       ``start % k`` (no extra state), so a run resumed mid-period is bitwise the uninterrupted one,
       and every rank updates the same steps. k and start % k are fixed once the group has state.
-    * Measured (CPU, one thread): W1's optimizer step 122-128 ms -> 100-109 ms with k = 5 (3.4% of the
-      whole training step; k = 10 saves no more: the roots and grafting remain); final validation
-      loss within +0.7% of k = 1 for k <= 5 on digits, bytes_lm and W1 (2, 2, 1 seeds), k = 10 +10.7%
-      on digits (steps to AdamW's target 80 -> 110).
 
     ``statistics_dtype`` (None or torch.bfloat16, default None): G is rounded to bf16 and G G^T is
     accumulated and stored in ``factor_dtype`` (fp32): a bf16 GEMM with fp32 accumulation. The
     products of bf16 values are exact in fp32, so the only new error is the rounding of G (at most
     2^-8 relative per entry, so at most ~2^-7 (|G| |G|^T)_ij per factor entry); the GEMM's sums are
-    fp32 as before. Measured: final validation loss within seed spread (digits +0.2%, bytes_lm
-    +0.1%, W1 -0.9%). On CUDA one ``baddbmm`` with bf16 inputs and ``out_dtype`` fp32 (tensor cores;
-    not run: no GPU was available); on CPU torch has no bf16 x bf16 -> fp32 kernel, so the rounded
-    G goes through the fp32 kernel: same result, no saving (1.1-1.2x the fp32 update in isolation,
-    +-1% of W1's optimizer step).
+    fp32 as before. On CUDA one ``baddbmm`` with bf16 inputs and ``out_dtype`` fp32 (tensor cores);
+    on CPU torch has no bf16 x bf16 -> fp32 kernel, so the rounded G goes through the fp32 kernel:
+    same result, no saving.
 
-    A symmetric-product path for G G^T (BLAS ``?syrk`` through scipy, upper triangle only) was
-    measured and is not offered: 0.58-0.72x baddbmm's time at n 256-1024 in isolation with its BLAS
-    pinned to one thread, but no saving in W1's optimizer step even pinned (-0.3%, within noise) and
-    2-25x slower steps under OpenBLAS's default thread pool (the validation runner, W1); see
-    experiments/bench_work_options.py.
+    A symmetric-product path for G G^T (BLAS ``?syrk``) is not offered: its thread pool fights
+    torch's (see docs/design.md §6).
     """
 
     lr: float

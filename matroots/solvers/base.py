@@ -232,8 +232,8 @@ def _check_zero_roots(name: str, prob: Problem, amax: torch.Tensor, info: dict, 
     A p-th root X of M (X^p = M) is 0 only when M is: the forward root of a zero matrix with no shift.
     A zero root of any other matrix is an underflow to 0 (the same rule as eigh's root eigenvalues,
     :func:`~matroots.solvers.eigh._check_root_spectrum`), which :func:`check_root_range` cannot tell
-    from a legitimate zero by the entries alone: before, the fp16 forward root of A + 1e-16 I with
-    A = 0 in a batch whose other matrix set the scale came back as 0, converged. ``amax``: the (b,)
+    from a legitimate zero by the entries alone (e.g. the fp16 forward root of A + 1e-16 I with A = 0,
+    in a batch whose other matrix sets the scale, is 0 and would read converged). ``amax``: the (b,)
     max|root| per matrix; ``info["regularisation_abs"]``: the whole shift of the matrix solved.
     """
     zero = (amax == 0).nonzero().flatten()

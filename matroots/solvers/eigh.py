@@ -485,7 +485,7 @@ def _check_root_spectrum(
     X = Q diag(f) Q^T has |X_ij| <= max f, so max f decides the range (:func:`_log2_top`): an
     overflowing f reads inf, and an underflowing one 0, which where the eigenvalue was ``powered``
     (not zeroed by the rank policy) is an underflow: a zero root would otherwise be returned as
-    converged (before, (4 I)^(-1/0.01) came back as 0, converged). The b maxima are read to Python
+    converged (e.g. (4 I)^(-1/0.01) = 2^-200 I, which is 0 in fp32). The b maxima are read to Python
     floats once: when their sum is finite and the least is positive, every row's max is positive and
     finite and its log2 is taken in Python (float64, as :func:`_log2_top`'s fast path); else
     :func:`_log2_top` reads the rows entrywise.

@@ -1,11 +1,9 @@
 """Reusable (b, n, n) work buffers for the batched solvers: no page faults for every call's scratch.
 
-Fresh large tensors are expensive on CPU: every page is faulted in on first touch (about 4 ms per
-4 MiB at n = 1024), and glibc hands a freed multi-MiB block back to the kernel, so a batched solve
-pays ~500 faults per 2 MiB buffer on every call. Measured (torch 2.13 CPU, one thread, fp32,
-``ru_minflt``): a coupled Newton solve of a 32 x 128 or 8 x 256 stack took 4000-4800 faults per call
-(3-5 ms of 55-100 ms), the loop over its blocks ~150 in all, because a block's small buffers stay in
-the heap. That made batching lose a part of what it saves.
+Fresh large tensors are expensive on CPU: every page is faulted in on first touch, and glibc hands a
+freed multi-MiB block back to the kernel, so a batched solve would pay ~500 faults per 2 MiB buffer
+on every call, where the loop over its blocks keeps its small buffers in the heap (the measurement
+is in docs/design.md §3, "Work buffers").
 
 :class:`Buffers` keeps the scratch tensors of one shape, dtype and device per thread between calls:
 the most recent two sets whose total size is at most ``CACHE_BYTES`` (48 MiB each: the nine buffers
