@@ -268,6 +268,13 @@ class GroupOptions:
     row_shards: int | None = None
 
     def __post_init__(self) -> None:
+        self._check_update_rule()
+        self._check_blocking_and_schedule()
+        self._check_formats_and_configs()
+
+    def _check_update_rule(self) -> None:
+        """lr, betas, eps (stored as the float matroots' rule returns), eps_mode, psd, weight decay,
+        the flags and momentum."""
         if not (isinstance(self.lr, int | float | torch.Tensor) and 0.0 <= float(self.lr) < math.inf):
             raise InvalidShampooArgumentError("lr", self.lr, "a finite number >= 0")
         if len(self.betas) != 2:
@@ -299,6 +306,9 @@ class GroupOptions:
             raise InvalidShampooArgumentError(
                 "nesterov", self.nesterov, "False when momentum is 0 (Nesterov needs heavy-ball momentum > 0)"
             )
+
+    def _check_blocking_and_schedule(self) -> None:
+        """Block sizes, vectors and row shards; the root and statistics schedules and formats."""
         if not isinstance(self.max_preconditioner_dim, int) or self.max_preconditioner_dim < 1:
             raise InvalidShampooArgumentError(
                 "max_preconditioner_dim", self.max_preconditioner_dim, "an int >= 1"
@@ -339,6 +349,10 @@ class GroupOptions:
                 f"statistics_dtype={sd} needs factor_dtype float32 or float64 (the accumulation format), "
                 f"got factor_dtype={self.factor_dtype}"
             )
+
+    def _check_formats_and_configs(self) -> None:
+        """The factor and root dtypes and the config objects (root solver, grafting, failure,
+        preconditioner)."""
         for name in ("factor_dtype", "root_dtype"):
             dt = getattr(self, name)
             if dt not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
