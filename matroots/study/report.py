@@ -119,6 +119,64 @@ def _cost_column(df: pd.DataFrame) -> str:
     return "seconds"
 
 
+def _solver_stats(grp: pd.DataFrame, accuracy: float, cost: str) -> pd.DataFrame:
+    """One row per solver of a cell (a group of :func:`best_solver_table`): whether every case
+    succeeded within ``accuracy`` (``ok``), the median ``cost``, seconds and matmuls of its successful
+    cases, its worst error (inf for a failed case) and worst successful error, and its failure rate."""
+    stats = []
+    for solver, s in grp.groupby("solver"):
+        ok = not s["_failed"].any() and bool((s["_err"] <= accuracy).all())
+        good = s[~s["_failed"]]
+        stats.append(
+            {
+                "solver": solver,
+                "ok": ok,
+                "cost": float(good[cost].median()) if len(good) else np.nan,
+                "max_error": float(s["_err"].max()),
+                "max_ok_error": float(good["_err"].max()) if len(good) else np.nan,
+                "failure_rate": float(s["_failed"].mean()),
+                "median_seconds": float(good["seconds"].median()) if len(good) else np.nan,
+                "median_matmuls": float(good["matmuls"].median())
+                if len(good) and "matmuls" in good
+                else np.nan,
+            }
+        )
+    return pd.DataFrame(stats)
+
+
+def _cell_choice(st: pd.DataFrame, accuracy: float, cost: str, where: str) -> dict[str, Any]:
+    """A cell's decision from its :func:`_solver_stats`: the cheapest solver meeting ``accuracy`` on
+    every case and the runner-up, or "NA" with the reason naming the most accurate solver (``where``:
+    the cell, as the reason prints it)."""
+    passing = st[st["ok"]].sort_values(["cost", "max_error"])
+    if len(passing):
+        b, r = passing.iloc[0], passing.iloc[1] if len(passing) > 1 else None
+        return {
+            "best_solver": b["solver"],
+            f"median_{cost}": b["cost"],
+            "median_seconds": b["median_seconds"],
+            "max_error": b["max_error"],
+            "median_matmuls": b["median_matmuls"],
+            "runner_up": r["solver"] if r is not None else "NA",
+            f"runner_up_{cost}": r["cost"] if r is not None else np.nan,
+            "reason": f"cheapest of {len(passing)} solvers meeting {accuracy:g} on every case",
+        }
+    be = st.sort_values(["failure_rate", "max_ok_error"]).iloc[0]
+    err = be["max_error"] if np.isfinite(be["max_error"]) else be["max_ok_error"]
+    fails = f" (fails {be['failure_rate']:.0%} of cases)" if be["failure_rate"] > 0 else ""
+    err_txt = "NA" if not np.isfinite(err) else f"{err:.2g}"
+    return {
+        "best_solver": "NA",
+        f"median_{cost}": np.nan,
+        "median_seconds": np.nan,
+        "max_error": np.nan,
+        "median_matmuls": np.nan,
+        "runner_up": "NA",
+        f"runner_up_{cost}": np.nan,
+        "reason": f"no solver meets {accuracy:g} at {where}; best is {be['solver']} at {err_txt}{fails}",
+    }
+
+
 def best_solver_table(df: pd.DataFrame, accuracy: float = DEFAULT_ACCURACY) -> pd.DataFrame:
     """Cheapest solver meeting ``accuracy`` per (dtype, p, kappa band, eps), a decision table.
 
@@ -145,26 +203,7 @@ def best_solver_table(df: pd.DataFrame, accuracy: float = DEFAULT_ACCURACY) -> p
     for (dtype, p, klo, band, eps_v, eps), grp in d.groupby(
         ["dtype", "p", "_klo", "band", "eps", "eps_label"], sort=True
     ):
-        stats = []
-        for solver, s in grp.groupby("solver"):
-            ok = not s["_failed"].any() and bool((s["_err"] <= accuracy).all())
-            good = s[~s["_failed"]]
-            stats.append(
-                {
-                    "solver": solver,
-                    "ok": ok,
-                    "cost": float(good[cost].median()) if len(good) else np.nan,
-                    "max_error": float(s["_err"].max()),
-                    "max_ok_error": float(good["_err"].max()) if len(good) else np.nan,
-                    "failure_rate": float(s["_failed"].mean()),
-                    "median_seconds": float(good["seconds"].median()) if len(good) else np.nan,
-                    "median_matmuls": float(good["matmuls"].median())
-                    if len(good) and "matmuls" in good
-                    else np.nan,
-                }
-            )
-        st = pd.DataFrame(stats)
-        passing = st[st["ok"]].sort_values(["cost", "max_error"])
+        st = _solver_stats(grp, accuracy, cost)
         where = f"{dtype} p={int(p)} kappa {band.split(' ')[0]}" + ("" if eps == "0" else f" eps {eps}")
         base = {
             "dtype": dtype,
@@ -175,39 +214,7 @@ def best_solver_table(df: pd.DataFrame, accuracy: float = DEFAULT_ACCURACY) -> p
             "kappa_lo": float(klo),
             "eps_value": float(eps_v),
         }
-        if len(passing):
-            b, r = passing.iloc[0], passing.iloc[1] if len(passing) > 1 else None
-            rows.append(
-                base
-                | {
-                    "best_solver": b["solver"],
-                    f"median_{cost}": b["cost"],
-                    "median_seconds": b["median_seconds"],
-                    "max_error": b["max_error"],
-                    "median_matmuls": b["median_matmuls"],
-                    "runner_up": r["solver"] if r is not None else "NA",
-                    f"runner_up_{cost}": r["cost"] if r is not None else np.nan,
-                    "reason": f"cheapest of {len(passing)} solvers meeting {accuracy:g} on every case",
-                }
-            )
-        else:
-            be = st.sort_values(["failure_rate", "max_ok_error"]).iloc[0]
-            err = be["max_error"] if np.isfinite(be["max_error"]) else be["max_ok_error"]
-            fails = f" (fails {be['failure_rate']:.0%} of cases)" if be["failure_rate"] > 0 else ""
-            err_txt = "NA" if not np.isfinite(err) else f"{err:.2g}"
-            rows.append(
-                base
-                | {
-                    "best_solver": "NA",
-                    f"median_{cost}": np.nan,
-                    "median_seconds": np.nan,
-                    "max_error": np.nan,
-                    "median_matmuls": np.nan,
-                    "runner_up": "NA",
-                    f"runner_up_{cost}": np.nan,
-                    "reason": f"no solver meets {accuracy:g} at {where}; best is {be['solver']} at {err_txt}{fails}",
-                }
-            )
+        rows.append(base | _cell_choice(st, accuracy, cost, where))
     out = pd.DataFrame(rows)
     if out.empty:
         return out
