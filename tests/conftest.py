@@ -14,14 +14,24 @@ if _TESTS not in sys.path:
 
 def _share_the_cores() -> None:
     """Under pytest-xdist (``make test`` runs the files on one process per core), each worker gets its
-    share of the cores as torch's intra-op threads, so N workers do not each start a thread per core
-    (N x cores threads on cores cores). Every result the suite asserts holds at any thread count: the
-    tests that depend on it set the count themselves (tests/_dist.py, test_distributed_equivalence)."""
+    share of the cores as torch's intra-op threads and as the BLAS threads of numpy and scipy (OpenBLAS;
+    scipy.linalg.eigh/schur in schur_newton, the references), so N workers do not each start a thread
+    per core (N x cores threads on cores cores). OpenBLAS threads on an oversubscribed core wait
+    busily: a 256 x 256 ``scipy.linalg.eigh(driver="evd")`` took 5 ms on one thread and 100 ms on two
+    beside one busy process (2 cores), and a byte-LM Shampoo test with schur_newton 141 s instead of
+    about 10. Every result the suite asserts holds at any thread count: the tests that depend on it set
+    the count themselves (tests/_dist.py, test_distributed_equivalence)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers > 1:
+        share = max(1, (os.cpu_count() or 1) // workers)
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", str(share))  # read by OpenBLAS when it loads
+        import numpy  # noqa: F401  (load the BLAS libraries, then limit the ones already loaded)
+        import scipy.linalg  # noqa: F401
         import torch
+        from threadpoolctl import threadpool_limits
 
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        torch.set_num_threads(share)
+        threadpool_limits(limits=share, user_api="blas")
 
 
 _share_the_cores()
