@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ...core import arguments
 from ...core.errors import InvalidArgumentError
 from .. import grid as gridmod
 
@@ -126,10 +127,11 @@ def _numbers(raw: dict[str, Any], key: str, kind: type = float, inf: bool = Fals
 
 
 def _scalar(raw: dict[str, Any], key: str, default: float) -> float:
-    v = raw.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise _bad(f"{key} must be a finite number, got {v!r}")
-    return float(v)
+    """``raw[key]`` (or ``default``) as a finite number (core.arguments.real, the one rule)."""
+    try:
+        return arguments.real(key, raw.get(key, default))
+    except InvalidArgumentError as e:
+        raise _bad(str(e)) from None
 
 
 def _tables(raw: dict[str, Any], key: str, hint: str) -> list[Any]:

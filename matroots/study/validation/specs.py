@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...core import arguments
 from ...core.errors import InvalidArgumentError
 from . import protocol as proto
 from .tasks import TASKS
@@ -167,28 +168,25 @@ def _table(value: Any, where: str, what: str) -> dict[str, Any]:
 
 
 def _str(value: Any, where: str, allowed: Any = None) -> str:
-    """A string (one of ``allowed`` when given: a collection of names)."""
-    if not isinstance(value, str) or (allowed is not None and value not in allowed):
-        what = f"one of {sorted(allowed)}" if allowed is not None else "a string"
-        raise bad_config(f"{where} must be {what}, got {value!r}")
+    """A string (one of ``allowed`` when given: a collection of names; matroots' one choice rule)."""
+    if allowed is not None:
+        try:
+            return arguments.choice(where, value, sorted(allowed))
+        except InvalidArgumentError as e:
+            raise bad_config(str(e)) from None
+    if not isinstance(value, str):
+        raise bad_config(f"{where} must be a string, got {value!r}")
     return value
 
 
 def _number(value: Any, where: str, lo: float = -math.inf, hi: float = math.inf) -> float:
-    """A finite number in [lo, hi]."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not lo <= value <= hi
-    ):
-        rule = (
-            f" in [{lo:g}, {hi:g}]"
-            if math.isfinite(lo) and math.isfinite(hi)
-            else (f" >= {lo:g}" if math.isfinite(lo) else "")
+    """A finite number in [lo, hi] (matroots' one rule for real arguments: core.arguments.real)."""
+    try:
+        return arguments.real(
+            where, value, minimum=lo if math.isfinite(lo) else None, maximum=hi if math.isfinite(hi) else None
         )
-        raise bad_config(f"{where} must be a finite number{rule}, got {value!r}")
-    return float(value)
+    except InvalidArgumentError as e:
+        raise bad_config(str(e)) from None
 
 
 def _task_names(value: Any, where: str) -> tuple[str, ...]:
