@@ -14,6 +14,14 @@ models trained on the same batches, their ``step()`` calls interleaved and timed
     python experiments/bench_call_overhead.py --sizes 128 --profile
     python experiments/bench_call_overhead.py --sizes 128 --mlp 600
     python experiments/bench_call_overhead.py --sizes 16 128 --dtype fp32 --auto
+    OMP_NUM_THREADS=1 python experiments/bench_call_overhead.py --sizes 128 --dtype fp32 --mlp 600 \
+        --mlp-solver eigh auto --mlp-old /tmp/old     # /tmp/old/shampoo_old: another version, interleaved
+
+``--mlp-old DIR`` adds another version of the ``shampoo`` package (a snapshot renamed
+``shampoo_old``, as for ``experiments/bench_step_ab.py``: ``git archive <commit> shampoo | tar -x -C
+DIR && mv DIR/shampoo DIR/shampoo_old``), its steps interleaved with the other two on a third copy of
+the model, and whether the two versions trained the same weights bit for bit. Per-step profiles
+of the MLP's step (phases, torch operations, Python calls): ``experiments/profile_mlp_step.py``.
 
 ``--auto`` adds, in the same interleaved rounds, ``method="auto"`` and the configuration it chose
 (called directly with the same solve options): the ratio auto / chosen is auto's own per-call cost
@@ -26,11 +34,14 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib
 import os
 import pstats
 import statistics
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -116,24 +127,30 @@ def _load() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def mlp_step_ratio(steps: int, root_solver: str = "eigh") -> dict[str, float]:
-    """Median CPU time of Shampoo's and AdamW's ``step()`` on a 20-64-2 MLP, and their ratio."""
+def mlp_step_ratio(steps: int, root_solver: str = "eigh", old: object = None) -> dict[str, float]:
+    """Mean CPU time of Shampoo's and AdamW's ``step()`` on a 20-64-2 MLP, and their ratio; with
+    ``old`` (another version's ``shampoo`` module) also that version's Shampoo, interleaved step by
+    step with the two (``old_us``, ``old_ratio``: its time and its ratio to AdamW)."""
     import shampoo
 
     torch.manual_seed(0)
     make = lambda: torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2))  # noqa: E731
-    models = [make(), make()]
-    models[1].load_state_dict(models[0].state_dict())
+    models = [make(), make(), make()]
+    for m in models[1:]:
+        m.load_state_dict(models[0].state_dict())
     opts = {
         "shampoo": shampoo.Shampoo(models[0].parameters(), lr=1e-3, root_solver=root_solver),
         "adamw": torch.optim.AdamW(models[1].parameters(), lr=1e-3),
     }
+    if old is not None:
+        opts["old"] = old.Shampoo(models[2].parameters(), lr=1e-3, root_solver=root_solver)  # type: ignore[attr-defined]
     g = torch.Generator().manual_seed(1)
     times: dict[str, list[float]] = {k: [] for k in opts}
     for _ in range(steps):
         x = torch.randn(64, 20, generator=g)
         y = torch.randn(64, 2, generator=g)
-        for model, (k, opt) in zip(models, opts.items(), strict=True):
+        pairs = list(zip(models, opts.items(), strict=False))  # the models of the optimizers made
+        for model, (k, opt) in pairs if len(times["shampoo"]) % 2 == 0 else pairs[::-1]:
             opt.zero_grad()
             (model(x) - y).square().mean().backward()
             t0 = time.process_time()
@@ -141,8 +158,24 @@ def mlp_step_ratio(steps: int, root_solver: str = "eigh") -> dict[str, float]:
             times[k].append(time.process_time() - t0)
     # the mean, not the median: the root rounds (every 100 steps) are part of Shampoo's cost
     mean = {k: statistics.fmean(v) for k, v in times.items()}
-    return {"shampoo_us": mean["shampoo"] * 1e6, "adamw_us": mean["adamw"] * 1e6,
-            "ratio": mean["shampoo"] / mean["adamw"]}  # fmt: skip
+    out = {"shampoo_us": mean["shampoo"] * 1e6, "adamw_us": mean["adamw"] * 1e6,
+           "ratio": mean["shampoo"] / mean["adamw"]}  # fmt: skip
+    # the first root round (step 100) alone: one-time costs (auto loads its table once per process,
+    # in whichever optimizer gets there first)
+    rest = {k: statistics.fmean(v[:99] + v[100:]) for k, v in times.items()} if steps > 100 else mean
+    if steps > 100:
+        out.update(
+            first_round_ms=times["shampoo"][99] * 1e3, ratio_after_first=rest["shampoo"] / rest["adamw"]
+        )
+    if old is not None:  # the same training, so the same weights bit for bit where numerics are kept
+        same = all(
+            torch.equal(a, b) for a, b in zip(models[0].parameters(), models[2].parameters(), strict=True)
+        )
+        out.update(old_us=mean["old"] * 1e6, old_ratio=mean["old"] / mean["adamw"], bitwise=float(same))
+        out.update(
+            after_before=mean["shampoo"] / mean["old"], after_before_rest=rest["shampoo"] / rest["old"]
+        )
+    return out
 
 
 def main() -> None:
@@ -154,6 +187,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: stable CPU times under load)")
     ap.add_argument("--mlp", type=int, default=0, metavar="STEPS", help="also time the MLP steps")
+    ap.add_argument("--mlp-solver", nargs="+", default=["eigh"], help="Shampoo's root_solver(s) there")
+    ap.add_argument(
+        "--mlp-old", type=Path, default=None, metavar="DIR",
+        help="also another version's Shampoo, interleaved: DIR holds it as the package shampoo_old",
+    )  # fmt: skip
     ap.add_argument("--profile", action="store_true", help="cProfile the matroots calls at the first size")
     ap.add_argument("--auto", action="store_true", help="also method='auto' against the solver it picks")
     args = ap.parse_args()
@@ -177,10 +215,21 @@ def main() -> None:
             print(line)
     print("(bare and matroots in GEMM-equivalents: CPU time / one n x n GEMM's; ratio: matroots / bare)")
     print(_load())
-    if args.mlp:
-        r = mlp_step_ratio(args.mlp)
-        print(f"20-64-2 MLP, {args.mlp} steps, mean step CPU time: Shampoo (eigh, defaults) "
+    old = None
+    if args.mlp and args.mlp_old is not None:
+        sys.path.insert(0, str(args.mlp_old))
+        old = importlib.import_module("shampoo_old")
+    for solver in args.mlp_solver if args.mlp else []:
+        r = mlp_step_ratio(args.mlp, solver, old)
+        print(f"20-64-2 MLP, {args.mlp} steps, mean step CPU time: Shampoo ({solver}, defaults) "
               f"{r['shampoo_us']:.0f} us, AdamW {r['adamw_us']:.0f} us, ratio {r['ratio']:.2f}")  # fmt: skip
+        if "first_round_ms" in r:
+            print(f"  the first root round (step 100) {r['first_round_ms']:.1f} ms; "
+                  f"ratio without that step {r['ratio_after_first']:.2f}")  # fmt: skip
+        if old is not None:
+            print(f"  {args.mlp_old}'s Shampoo, interleaved: {r['old_us']:.0f} us, ratio {r['old_ratio']:.2f}; "
+                  f"after/before {r['after_before']:.2f} (without step 100: {r['after_before_rest']:.2f}); "
+                  f"same weights bit for bit: {bool(r['bitwise'])}")  # fmt: skip
     if args.profile:
         A = _spd(args.sizes[0], DTYPES[args.dtype[0]])
         prof = cProfile.Profile()
