@@ -26,6 +26,7 @@ The layout says *which blocks exist and what they cost*; who computes them is de
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Mapping
@@ -178,13 +179,16 @@ class ParamLayout:
     merged: tuple[MergedDim, ...]
     blocks: tuple[BlockSpec, ...]
 
-    @property
+    @functools.cached_property
     def merged_shape(self) -> tuple[int, ...]:
         return tuple(m.size for m in self.merged) or (1,)
 
     def merged_view(self, t: torch.Tensor) -> torch.Tensor:
-        """``t`` (the parameter's shape) viewed in the merged shape (a copy only if not viewable)."""
-        return t.reshape(self.merged_shape)
+        """``t`` (the parameter's shape) viewed in the merged shape (a copy only if not viewable);
+        ``t`` itself when it has that shape already (a matrix: the same sizes and strides as its
+        view, without the operation)."""
+        shape = self.merged_shape
+        return t if t.shape == shape else t.reshape(shape)
 
 
 def merge_dims(

@@ -10,6 +10,7 @@ one strided copy per evenly tiled parameter.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,6 +93,7 @@ class Segment:
     tiling: tuple[tuple[int, ...], tuple[int, ...]] | None
 
 
+@functools.cache
 def state_dtype(param_dtype: torch.dtype) -> torch.dtype:
     """The dtype of a parameter's optimizer state: float32 for fp16/bf16 parameters, else its own.
 
@@ -109,8 +111,25 @@ def _rounded(scale: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
     directions ``like``, as :meth:`GroupEngine.scatter` rounds it."""
     b = like.shape[0]
     if isinstance(scale, torch.Tensor):
-        return scale.reshape(-1).to(device=like.device, dtype=like.dtype).expand(b)
+        flat = scale if scale.shape == (b,) else scale.reshape(-1).expand(b)
+        return flat.to(device=like.device, dtype=like.dtype)
     return torch.full((b,), scale, dtype=torch.float64, device=like.device).to(like.dtype)
+
+
+def _bounds(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """The bounds ||D_j|| |f_j| of (norms, factors) pairs, in float64, as one vector: the products
+    of the pairs' float64 copies (exact conversions; the concatenation promotes as ``double()`` does),
+    in three operations however many pairs there are."""
+    if len(pairs) == 1:
+        norms, f = pairs[0]
+        return norms.double() * f.double().abs()
+    norms = torch.cat([n for n, _ in pairs]).double()
+    return norms * torch.cat([f for _, f in pairs]).double().abs()
+
+
+def _times(scale: torch.Tensor | float, alpha: float, like: torch.Tensor) -> torch.Tensor | float:
+    """alpha s rounded once to ``like``'s dtype (a float scale: the float alpha s)."""
+    return (scale * alpha).to(like.dtype) if isinstance(scale, torch.Tensor) else scale * alpha
 
 
 class BucketDirections(NamedTuple):
@@ -170,6 +189,7 @@ class GroupEngine:
         self.segments = [self._segments(b, m) for b, m in zip(self.buckets, self.members, strict=True)]
         self.directions = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
         self.plan = self._make_plan()
+        self._targets: dict[int, list[torch.Tensor | None]] = {}
 
     def _make_plan(self) -> GroupPlan:
         planned = {
@@ -212,15 +232,40 @@ class GroupEngine:
             G = torch.stack([merged[members[j]][bucket.blocks[j].spec.slices] for j in positions])
             return G if G.dtype == bucket.dtype else G.to(bucket.dtype)
         buf = bucket.grad_buffer
-        for seg in self.segments[bi]:
+        for seg, dst in zip(self.segments[bi], self._gather_targets(bi), strict=True):
             src = merged[seg.param]
-            if seg.tiling is not None:
+            if dst is not None:  # a whole tiled parameter; one block: its merged view is the block
+                assert seg.tiling is not None
                 grid, shape = seg.tiling
-                buf[seg.start : seg.start + seg.count].view(*grid, *shape).copy_(tiled_view(src, grid, shape))
+                dst.copy_(src if seg.count == 1 else tiled_view(src, grid, shape))
             else:
                 for j in range(seg.start, seg.start + seg.count):
                     buf[j].copy_(src[bucket.blocks[j].spec.slices])
         return buf
+
+    def _gather_targets(self, bi: int) -> list[torch.Tensor | None]:
+        """Per segment of bucket ``bi``, where :meth:`gather` copies a tiled parameter's gradient:
+        its rows of the bucket's gradient buffer viewed as (*grid, *block shape) (None: not tiled).
+        Built at the first gather and kept (the buffer lives as long as the bucket); not pickled,
+        since a copy's buffer is another tensor (:meth:`__getstate__`)."""
+        targets = self._targets.get(bi)
+        if targets is None:
+            buf = self.buckets[bi].grad_buffer
+            targets = self._targets[bi] = [
+                None
+                if seg.tiling is None
+                else buf[seg.start : seg.start + seg.count].view(*seg.tiling[0], *seg.tiling[1])
+                for seg in self.segments[bi]
+            ]
+        return targets
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything but the cached views of :meth:`_gather_targets` (rebuilt on first use)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_targets"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._targets = {}
 
     def scatter(
         self,
@@ -231,19 +276,21 @@ class GroupEngine:
         views: dict[int, torch.Tensor],
         alpha: float | None = None,
         skip: frozenset[int] = frozenset(),
+        factor: torch.Tensor | float | None = None,
     ) -> None:
         """Write s_j D_j into the direction views of the parameters (the inverse of :meth:`gather`).
 
         ``alpha``: add alpha s_j D_j to the views instead (the parameters themselves: the update
         applied straight from the bucket, see :func:`shampoo.update.apply_from_buckets`), one
-        ``add_``/``addcmul_`` per tiled parameter. ``skip``: parameters left untouched.
+        ``add_``/``addcmul_`` per tiled parameter. ``skip``: parameters left untouched. ``factor``:
+        alpha s_j as :meth:`update_factors` rounded it (None: rounded here, the same way).
         """
         bucket, members = self.buckets[bi], self.members[bi]
         sc: torch.Tensor | float
         if alpha is None:
             sc = scale.to(D.dtype) if isinstance(scale, torch.Tensor) else scale
         else:  # alpha s_j rounded once (float64 -> D's dtype)
-            sc = (scale * alpha).to(D.dtype) if isinstance(scale, torch.Tensor) else scale * alpha
+            sc = factor if factor is not None else _times(scale, alpha, D)
 
         def emit(out: torch.Tensor, src: torch.Tensor, s: torch.Tensor | float) -> None:
             if alpha is not None:
@@ -259,6 +306,10 @@ class GroupEngine:
         if len(positions) == len(members):
             for seg in self.segments[bi]:
                 if seg.tiling is None or seg.param in skip:
+                    continue
+                if seg.count == 1:  # the parameter is one block: its merged view is the block
+                    s1 = sc[seg.start : seg.start + 1] if isinstance(sc, torch.Tensor) else sc
+                    emit(views[seg.param], D[seg.start], s1)  # (the tiled views' sizes less 1s)
                     continue
                 grid, shape = seg.tiling
                 src = D[seg.start : seg.start + seg.count].view(*grid, *shape)
@@ -283,12 +334,19 @@ class GroupEngine:
             out = views[members[j]][bucket.blocks[j].spec.slices]
             emit(out, D[k], sc[k] if isinstance(sc, torch.Tensor) else sc)
 
+    @staticmethod
+    def update_factors(outputs: list[BucketDirections], alpha: float) -> list[torch.Tensor | float]:
+        """Per output, alpha s_j rounded to its directions' dtype: the factor :meth:`scatter` adds
+        alpha s_j D_j with, computed once for it and :meth:`finite_directions`."""
+        return [_times(out.scale, alpha, out.D) for out in outputs]
+
     def finite_directions(
         self,
         present: list[int],
         outputs: list[BucketDirections],
         alpha: float | None = None,
         written: bool = True,
+        factors: list[torch.Tensor | float] | None = None,
     ) -> list[bool]:
         """Per present parameter: whether every entry of its direction, s_j D_j rounded to the
         parameter's dtype, is finite (a parameter without blocks here: True); with ``alpha``, also
@@ -301,18 +359,29 @@ class GroupEngine:
         it (``shampoo.grafting``). Blocks without norms get theirs computed (one pass, as the sum test
         of the directions costs); a block whose bound fails is tested entrywise. In fp16 the bound is
         ||s_j D_j||_F <= 32752: exceeded only by directions of entries ~1e2 (Adam-grafted ones are ~1).
+        ``factors``: the outputs' alpha s_j from :meth:`update_factors` (None: computed here).
         """
-        bad: set[int] = set()
-        for out in outputs:
+        checks = []  # per output: (its big, norms, the factors its bound multiplies)
+        for k, out in enumerate(outputs):
             members = self.members[out.bucket]
             big = torch.finfo(self.params[members[out.positions[0]]].dtype).max / 2
             # norms computed here are summed in float64: fp32 squares of entries below ~1e-23 vanish
             norms = out.norms if out.norms is not None else block_norms(out.D, torch.float64)
-            b = out.D.shape[0]
-            factors = [_rounded(out.scale, out.D)] if written or alpha is None else []
+            fs = [_rounded(out.scale, out.D)] if written or alpha is None else []
             if alpha is not None:
-                factors.append(_rounded(out.scale * alpha, out.D))
-            ok = torch.ones(b, dtype=torch.bool, device=out.D.device)
+                fs.append(_rounded(out.scale * alpha if factors is None else factors[k], out.D))
+            checks.append((big, norms, fs))
+        # all bounds of one big and device at once: one host sync per parameter dtype and device
+        # (one, usually); a bound <= big is finite (NaN and +inf compare False; norms, |f| >= 0)
+        kinds: dict[tuple[float, torch.device], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for big, norms, factors in checks:
+            kinds.setdefault((big, norms.device), []).extend((norms, f) for f in factors)
+        if all(bool((_bounds(pairs) <= big).all()) for (big, _), pairs in kinds.items()):
+            return [True] * len(present)
+        bad: set[int] = set()
+        for out, (big, norms, factors) in zip(outputs, checks, strict=True):
+            members = self.members[out.bucket]
+            ok = torch.ones(out.D.shape[0], dtype=torch.bool, device=out.D.device)
             for f in factors:
                 bound = norms.double() * f.double().abs()
                 ok &= torch.isfinite(bound) & (bound <= big)

@@ -26,7 +26,7 @@ import torch
 
 from .checks import check_beta, check_eps
 from .errors import InvalidShampooArgumentError
-from .transforms.base import Grafting, Stack, StepContext, block_norms, reuse_buffer
+from .transforms.base import Grafting, Stack, StepContext, block_norms, constant, reuse_buffer
 from .transforms.moments import SecondMoment
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ class _Graft:
         gn = block_norms(d)
         gs = gn * d_scale if isinstance(d_scale, torch.Tensor) or d_scale != 1.0 else gn
         pn = block_norms(pre)
-        return torch.where(pn > 0, gs / pn, torch.zeros_like(pn)), pn, gn
+        return torch.where(pn > 0, gs / pn, constant(0.0, pn.dtype, pn.device)), pn, gn
 
     def fused_update(
         self, state: GraftState | None, m: torch.Tensor, G: torch.Tensor, ctx: StepContext, beta1: float
@@ -226,11 +226,12 @@ class AdamGraft(RMSpropGraft):
         steps = ctx.steps
         kw = dict(lr=-1.0, beta1=beta1, beta2=self.beta2, weight_decay=0.0, eps=self.eps)
         if all(t == steps[0] for t in steps):
-            step = [torch.tensor(float(steps[0]), device=v.device)]
+            # torch._fused_adam_ reads the step, never writes it (torch.optim increments its own)
+            step = [constant(float(steps[0]), torch.get_default_dtype(), v.device)]
             torch._fused_adam_([P], [G], [m], [v], [], step, amsgrad=False, maximize=False, **kw)
         else:  # per-block steps: one kernel over the blocks' views
             n = len(steps)
-            step = [torch.tensor(float(t), device=v.device) for t in steps]
+            step = [constant(float(t), torch.get_default_dtype(), v.device) for t in steps]
             torch._fused_adam_(
                 [P[j] for j in range(n)], [G[j] for j in range(n)], [m[j] for j in range(n)],
                 [v[j] for j in range(n)], [], step, amsgrad=False, maximize=False, **kw,

@@ -420,9 +420,10 @@ class Shampoo(torch.optim.Optimizer):
                 finite = self._agreed(idx, finite, len(params), "search directions")
             update.apply_directions(eng, opts, idx, plist, self._fsdp.local_rows(gi, idx, dirs), finite)
         elif path == "buckets":
-            finite = eng.finite_directions(idx, outputs, -opts.lr, written=False)  # from grafting norms
-            finite = self._agreed(idx, finite, len(params), "search directions")
-            update.apply_from_buckets(eng, opts, idx, plist, outputs, finite)
+            factors = eng.update_factors(outputs, -opts.lr)  # -lr s_j, rounded once for both
+            finite = eng.finite_directions(idx, outputs, -opts.lr, written=False, factors=factors)
+            finite = self._agreed(idx, finite, len(params), "search directions")  # from grafting norms
+            update.apply_from_buckets(eng, opts, idx, plist, outputs, finite, factors)
         else:  # without momentum the update is -lr d: its overflow skips the parameter too
             alpha = -opts.lr if opts.momentum == 0 else None
             finite = self._agreed(

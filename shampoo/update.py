@@ -8,6 +8,7 @@ counted warning). Which path a group takes is chosen once per group and step
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 
 import torch
@@ -35,8 +36,8 @@ def all_finite(tensors: list[torch.Tensor]) -> list[bool]:
     overflow for the gradients of practice (a 2-norm overflows for large fp16 gradients; an
     inf-norm costs ten times as much on CPU).
     """
-    sums = [t.sum(dtype=torch.promote_types(t.dtype, torch.float32)) for t in tensors]
-    return torch.isfinite(torch.stack(sums)).tolist()
+    sums = [t.sum(dtype=state_dtype(t.dtype)) for t in tensors]  # at least float32
+    return [math.isfinite(s) for s in torch.stack(sums).tolist()]  # one read, no isfinite kernels
 
 
 def skip(states: list[ParamState], what: str) -> None:
@@ -60,11 +61,13 @@ def apply_from_buckets(
     params: list[torch.Tensor],
     outputs: list[BucketDirections],
     finite: list[bool],
+    factors: list[torch.Tensor | float] | None = None,
 ) -> None:
     """Stage 5-6 in one pass without momentum: decoupled weight decay, then w <- w - lr s_j D_j
     added straight from the buckets into the parameters' block views (no direction tensor is
     written and read back). ``finite``: per parameter, from :meth:`GroupEngine.finite_directions`;
-    a parameter with a non-finite direction is skipped, as in :func:`apply_directions`."""
+    a parameter with a non-finite direction is skipped, as in :func:`apply_directions`. ``factors``:
+    the outputs' -lr s_j from :meth:`GroupEngine.update_factors` (None: rounded by the scatter)."""
     skipped = frozenset(i for i, ok in zip(idx, finite, strict=True) if not ok)
     if skipped:
         skip([eng.states[i] for i in idx if i in skipped], "update")
@@ -74,8 +77,11 @@ def apply_from_buckets(
     if opts.weight_decay and opts.decoupled_weight_decay:
         torch._foreach_mul_(keep, 1.0 - opts.lr * opts.weight_decay)
     views = {i: eng.states[i].layout.merged_view(p) for i, p in zip(idx, params, strict=True)}
-    for out in outputs:
-        eng.scatter(out.bucket, out.positions, out.D, out.scale, views, alpha=-opts.lr, skip=skipped)
+    for k, out in enumerate(outputs):
+        f = None if factors is None else factors[k]
+        eng.scatter(
+            out.bucket, out.positions, out.D, out.scale, views, alpha=-opts.lr, skip=skipped, factor=f
+        )
 
 
 def apply_directions(

@@ -284,9 +284,26 @@ def per_block(values: list[float], ndim: int, device: torch.device) -> float | t
     return torch.tensor(values, dtype=torch.float64, device=device).view(-1, *([1] * (ndim - 1)))
 
 
+_CONSTANTS: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def constant(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 0-d tensor holding ``value``, for kernels that only read it (a step count, a fill value):
+    one per value, dtype and device, shared by every bucket and step (the last few kept), instead
+    of a new one per use. Never written to."""
+    key = (value, dtype, device)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        if len(_CONSTANTS) >= 16:
+            _CONSTANTS.clear()
+        t = _CONSTANTS[key] = torch.tensor(value, dtype=dtype, device=device)
+    return t
+
+
 def block_norms(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Frobenius norm of each block of a stack, shape (b,) (accumulated in ``dtype`` if given)."""
-    return torch.linalg.vector_norm(x.reshape(x.shape[0], -1), dim=1, dtype=dtype)
+    flat = x if x.ndim == 2 else x.reshape(x.shape[0], -1)  # a (b, n) stack is its own reshape
+    return torch.linalg.vector_norm(flat, dim=1, dtype=dtype)
 
 
 __all__ = [
@@ -299,6 +316,7 @@ __all__ = [
     "StepOptions",
     "block_norms",
     "col",
+    "constant",
     "per_block",
 ]
 
