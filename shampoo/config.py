@@ -8,6 +8,7 @@ failure policy, exponent override) are frozen dataclasses, never mutable singlet
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -184,6 +185,11 @@ CONFIG_KEYS = (
 STATISTICS_DTYPES = (torch.bfloat16,)
 
 
+def _check_lr(lr: Any) -> None:
+    if not (isinstance(lr, int | float | torch.Tensor) and 0.0 <= float(lr) < math.inf):
+        raise InvalidShampooArgumentError("lr", lr, "a finite number >= 0")
+
+
 def _number(value: Any, name: str, allowed: str) -> float:
     """``value`` (a real number or a one-element tensor) as a float; InvalidShampooArgumentError otherwise."""
     ok = isinstance(value, int | float) or (isinstance(value, torch.Tensor) and value.numel() == 1)
@@ -275,8 +281,7 @@ class GroupOptions:
     def _check_update_rule(self) -> None:
         """lr, betas, eps (stored as the float matroots' rule returns), eps_mode, psd, weight decay,
         the flags and momentum."""
-        if not (isinstance(self.lr, int | float | torch.Tensor) and 0.0 <= float(self.lr) < math.inf):
-            raise InvalidShampooArgumentError("lr", self.lr, "a finite number >= 0")
+        _check_lr(self.lr)
         if len(self.betas) != 2:
             raise InvalidShampooArgumentError("betas", self.betas, "a pair (beta1, beta2)")
         check_beta(self.betas[0], "betas[0] (gradient EMA)", allow_one=False)
@@ -370,6 +375,15 @@ class GroupOptions:
                 "a per-block transform (shampoo.transforms.Preconditioner: init, update, direction, bind, "
                 "ready, refresh, accumulators; a subclass of it inherits the last four) or None",
             )
+
+    def with_lr(self, lr: Any) -> GroupOptions:
+        """These options with another ``lr``, checked as :meth:`from_group` checks it, without
+        validating the other values again (what an LR scheduler changes every step)."""
+        new = copy.copy(self)
+        value = _number(lr, "lr", "a finite number >= 0")
+        _check_lr(value)
+        object.__setattr__(new, "lr", value)
+        return new
 
     @property
     def beta1(self) -> float:

@@ -56,6 +56,7 @@ from .engine import BucketDirections, GroupEngine
 from .errors import ShampooError
 from .fsdp import FSDPConfig, FSDPSharding
 from .implementation import ShampooImplementation, resolve_implementation
+from .option_cache import OptionsCache
 from .root_pipeline import GroupRounds, RootPipeline, RootStatus, check_schedule
 from .state_dict import (
     check_state_dict,
@@ -238,6 +239,7 @@ class Shampoo(torch.optim.Optimizer):
             RootPipeline(max_root_delay, root_threads, root_timeout) if root_schedule == "async" else None
         )
         self._engines: list[GroupEngine | None] = []
+        self._options: list[OptionsCache] = []  # per group: its GroupOptions, rebuilt when it changes
         self._global_step = 0
         self.timing = StepTiming()
         # the hyperparameters are the fields of GroupOptions (one definition; validated there)
@@ -261,6 +263,8 @@ class Shampoo(torch.optim.Optimizer):
         roots = state.get("_roots")
         state = {**state, "_roots": None}
         super().__setstate__(state)  # restores the hook dicts and the step-function patching
+        if "_options" not in self.__dict__:  # pickled before the options were cached
+            self._options = [OptionsCache() for _ in self.param_groups]
         if roots is not None:  # the copy solves its rounds in flight again and installs them on time
             delay, threads, timeout, data = roots
             self._roots = RootPipeline(delay, threads, timeout)
@@ -281,6 +285,7 @@ class Shampoo(torch.optim.Optimizer):
         device = group["params"][0].device if group["params"] else None
         normalise_group(group, device)
         self._engines.append(None)
+        self._options.append(OptionsCache())
 
     def _param_keys(self) -> list[list[str | int]]:
         """Per group, the state-dict key of each parameter: its name, or its global position."""
@@ -347,8 +352,7 @@ class Shampoo(torch.optim.Optimizer):
         self._global_step += 1
         try:
             for gi, group in enumerate(self.param_groups):
-                opts = GroupOptions.from_group(group)
-                self._step_group(gi, group, opts)
+                self._step_group(gi, group, self._options[gi].get(group))
         except ShampooError as err:
             if self._fsdp is not None:
                 self._fsdp.status(err)  # the other ranks raise instead of waiting
