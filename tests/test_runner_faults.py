@@ -95,16 +95,19 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _workers_of(pid: int) -> list[int]:
-    """Pool worker processes (multiprocessing spawn children) of ``pid``, not its resource tracker."""
-    out = []
+    """Pool worker processes of ``pid``: the children of its multiprocessing forkserver (the runner's
+    pool context), or its spawn children; not the forkserver itself, nor the resource tracker."""
+    procs: dict[int, tuple[int, bytes]] = {}
     for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == pid and b"spawn_main" in (d / "cmdline").read_bytes():
-                out.append(int(d.name))
-    return out
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                procs[int(d.name)] = (ppid, (d / "cmdline").read_bytes())
+    servers = {q for q, (pp, cmd) in procs.items() if pp == pid and b"forkserver" in cmd}
+    return [
+        q for q, (pp, cmd) in procs.items()
+        if pp in servers or (pp == pid and b"spawn_main" in cmd)
+    ]  # fmt: skip
 
 
 def test_outside_kills_charge_nobody_and_resume_recomputes(tmp_path: Path) -> None:

@@ -164,6 +164,36 @@ def test_generic_units_with_a_crashing_unit(tmp_path: Path) -> None:
         runner.open_run(out, kind="toy", config={}, config_hash="other", resume=True)
 
 
+def _env_job(unit: _Toy) -> list[dict[str, object]]:
+    value = os.environ.get("MATROOTS_TEST_RUNNER_ENV", "unset")
+    return [{"x": unit.x, "value": value, "pid": os.getpid(), "ppid": os.getppid()}]
+
+
+def test_workers_see_the_environment_of_each_run_and_start_without_reimporting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool's workers are forked from a forkserver that this process started at its first run; a
+    variable set after that is still seen by the next run's workers (as by spawned ones), and one
+    removed is gone. Where the platform has a forkserver, the workers are its children (forked from
+    one server with torch imported), not spawned children of this process."""
+    units = [_Toy(key=f"u{i}", x=i) for i in range(3)]
+    values, parents = [], []
+    for i, value in enumerate(["first", "second", None]):
+        if value is None:
+            monkeypatch.delenv("MATROOTS_TEST_RUNNER_ENV")
+        else:
+            monkeypatch.setenv("MATROOTS_TEST_RUNNER_ENV", value)
+        out = runner.open_run(tmp_path / f"env{i}", kind="toy", config={}, config_hash="h", resume=False)
+        runner.run_units(units, _env_job, out, workers=2, progress=False)
+        df = runner.read_parts(out)
+        assert len(df) == 3 and (df["pid"] != os.getpid()).all()  # computed in worker processes
+        values.append(set(df["value"]))
+        parents.append(set(df["ppid"]))
+    assert values == [{"first"}, {"second"}, {"unset"}]
+    if runner._pool_context(_env_job).get_start_method() == "forkserver":
+        assert len(set.union(*parents)) == 1 and os.getpid() not in set.union(*parents)  # one server
+
+
 # --- dask --------------------------------------------------------------------------------------------
 
 
