@@ -45,6 +45,7 @@ from torch import nn
 
 import shampoo
 from matroots.solvers import CoupledNewtonConfig, SolverConfig, registry
+from matroots.study import forkserver
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 STEPS = 6
@@ -218,9 +219,7 @@ def run_case(case: Case) -> dict[str, Any]:
             port = int(s.getsockname()[1])
         # ranks fork from a forkserver that imported torch and shampoo once, not fresh interpreters
         # (seconds of CPU each); the ranks' computation is the same either way
-        method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-        if method == "forkserver":
-            mp.set_forkserver_preload(["torch", "torch.distributed", "shampoo", __name__])
+        method = forkserver.start_method(["torch", "torch.distributed", "shampoo", __name__])
         with tempfile.TemporaryDirectory() as tmp:
             mp.start_processes(
                 _rank_body, args=(case.ranks, case, port, tmp), nprocs=case.ranks, start_method=method

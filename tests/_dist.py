@@ -9,17 +9,16 @@ call with its traceback; a run that exceeds ``timeout`` is killed and fails.
 Ranks are forked from a multiprocessing *forkserver* that has imported torch, shampoo and matroots once
 (per pytest process), instead of spawned fresh interpreters: a spawned rank spends 4.4-4.6 s of CPU
 importing them (``python -c "import torch, torch.distributed, shampoo, matroots"``), which was most of
-the cost of the suite's distributed tests (test_distributed_gather: 76 s -> 32 s wall). The forkserver is a fresh process (no threads, no OpenMP pool, no process
-group), started from this process's environment, so a forked rank sees the same libraries and settings
-as a spawned one; what it does not see is an environment variable set in this process after the server
+the cost of the suite's distributed tests (test_distributed_gather: 76 s -> 32 s wall). The forkserver
+(``matroots.study.forkserver``, reaped at exit so that the ranks' CPU time is counted) is a fresh
+process started from this process's environment, so a forked rank sees the same libraries and
+settings as a spawned one; what it does not see is an environment variable set here after the server
 started, which no caller of ``run_ranks`` does.
 """
 
 from __future__ import annotations
 
 import datetime
-import multiprocessing
-import multiprocessing.forkserver
 import os
 import socket
 import tempfile
@@ -32,16 +31,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from matroots.study import forkserver
+
 # imported once in the forkserver; each rank is a fork of it (see the module docstring)
 PRELOAD = ["torch", "torch.distributed", "matroots", "shampoo", "_dist"]
-
-
-def _start_method() -> str:
-    """``forkserver`` with :data:`PRELOAD` where the platform has it (Linux, macOS), else ``spawn``."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return "spawn"
-    multiprocessing.forkserver.set_forkserver_preload(PRELOAD)  # no-op once the server runs
-    return "forkserver"
 
 
 def free_port() -> int:
@@ -89,7 +82,7 @@ def run_ranks(fn: Any, world_size: int, *args: Any, timeout: float = 120.0, pg_t
             args=(fn, world_size, free_port(), tmp, pg_timeout, args),
             nprocs=world_size,
             join=False,
-            start_method=_start_method(),
+            start_method=forkserver.start_method(PRELOAD),
         )
         deadline = timeout
         t0 = time.monotonic()

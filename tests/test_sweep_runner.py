@@ -194,6 +194,34 @@ def test_workers_see_the_environment_of_each_run_and_start_without_reimporting(
         assert len(set.union(*parents)) == 1 and os.getpid() not in set.union(*parents)  # one server
 
 
+def _burn_job(unit: _Toy) -> list[dict[str, float]]:
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.5:
+        pass
+    return [{"x": unit.x, "cpu": time.process_time() - t0}]
+
+
+def test_the_workers_cpu_time_reaches_the_caller_once_the_server_is_reaped(tmp_path: Path) -> None:
+    """The workers' CPU time is counted in this process's RUSAGE_CHILDREN (what `time` and
+    experiments/time_claims.py read) once the forkserver is stopped and waited for, as its exit
+    handler does: Python leaves its forkserver unwaited, which lost every worker's CPU time."""
+    import resource
+
+    from matroots.study import forkserver
+
+    def children() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    units = [_Toy(key=f"u{i}", x=i) for i in range(4)]
+    before = children()
+    out = runner.open_run(tmp_path / "burn", kind="toy", config={}, config_hash="h", resume=False)
+    runner.run_units(units, _burn_job, out, workers=2, progress=False)
+    forkserver._stop_server()  # what the exit handler runs
+    burnt = float(runner.read_parts(out)["cpu"].sum())
+    assert burnt >= 2.0 and children() - before >= burnt  # every worker's 0.5 s, and more (imports)
+
+
 # --- dask --------------------------------------------------------------------------------------------
 
 

@@ -41,7 +41,6 @@ import concurrent.futures as cf
 import contextlib
 import json
 import logging
-import multiprocessing as mp
 import os
 import re
 import shutil
@@ -57,7 +56,7 @@ from typing import Any, NoReturn
 import pandas as pd
 
 from ..core.errors import MatrootsInputError
-from . import atomic, provenance
+from . import atomic, forkserver, provenance
 
 log = logging.getLogger("matroots.study.runner")
 
@@ -508,8 +507,8 @@ def _worker_init(environ: dict[str, str]) -> None:
     decides what stops (it terminates the workers), so no worker goes on to its next unit.
 
     A worker forked from the forkserver (see :func:`_pool_context`) would otherwise carry the
-    environment of the moment that server started; it takes the parent's environment of now, which a
-    spawned worker would have had."""
+    environment of the moment that server started; it takes the parent's environment of now, as a
+    spawned worker would (the runner's test hooks and the reference cache read it at run time)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if os.environ != environ:
         os.environ.clear()
@@ -517,23 +516,12 @@ def _worker_init(environ: dict[str, str]) -> None:
 
 
 def _pool_context(job_fn: JobFn) -> Any:
-    """The multiprocessing context of the local pool: ``forkserver`` where the platform has it.
-
-    A spawned worker spends seconds of CPU importing torch, matroots and the job's modules (4.4-4.6 s
-    of CPU for ``python -c "import torch, shampoo, matroots"`` on this project's 2-core machine), and
-    the pool starts a worker per unit whenever one died. The forkserver imports them once per process and forks each worker from that
-    clean, single-threaded server, which is what Python 3.14 does by default on Linux. Variables that
-    torch reads at import (``OMP_NUM_THREADS``, ``ATEN_CPU_CAPABILITY``, ``MKL_*``) therefore apply as
-    they were at a process's first local run, as for torch in the parent; the rest of the environment
-    is the parent's current one (:func:`_worker_init`). Where there is no forkserver (Windows), spawn."""
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
+    """The local pool's multiprocessing context: workers forked from a forkserver that has imported
+    torch, this runner and the job's module (:mod:`matroots.study.forkserver`: seconds of CPU saved per
+    worker, and the pool starts a worker per unit whenever one died), spawn where there is none. The
+    workers take the parent's current environment (:func:`_worker_init`)."""
     func = getattr(job_fn, "func", job_fn)  # a functools.partial's function
-    module = getattr(func, "__module__", None)
-    preload = ["torch", "matroots.study.runner"] + ([module] if module and module != "__main__" else [])
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(preload)  # takes effect when this process first starts the server
-    return ctx
+    return forkserver.context(["torch", "matroots.study.runner", getattr(func, "__module__", "")])
 
 
 def _stop_pool(pool: cf.ProcessPoolExecutor) -> None:
