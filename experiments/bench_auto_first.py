@@ -1,12 +1,19 @@
-"""method="auto" decomposing first (matroots.solvers.auto_first) against estimating first (main's
-path: auto's _first_decision disabled), interleaved in one process, as auto / chosen solver cost
-(process CPU time, medians over rounds of --reps calls) for n = 128, p = 4:
-  default  fp32, G G^T / 2n + 1e-3 I (bench_call_overhead's well-conditioned factor; eigh chosen)
-  fp32-1e5 fp32 randsvd kappa 1e5 (polar_express chosen; lambda_min within fp32's bound)
-  fp64-1e3 fp64 randsvd kappa 1e3 (lowest band eigh[clamp], kappa's band eigh[perturb])
-Also decomposing first without the Cholesky test before it (auto_first.likely_certain).
+"""method="auto" decomposing first (matroots.solvers.auto_first) against the paths it replaced, as auto /
+chosen solver cost (process CPU time, medians over interleaved rounds of --reps calls), n = 128, p = 4:
+
+  chosen          the configuration auto picked, called directly with the same solve options
+  estimate_first  the float64 estimate first, then the chosen solve (auto_first disabled)
+  cholesky_test   decomposing first only where a Cholesky of A - c I passes (until 2026-12-03:
+                  c = ||A||_F (1 / K + 4 (n + 2) u), K the lowest band edge whose solve cannot reuse
+                  the decomposition; the function is kept here, `_likely_certain`)
+  auto            method="auto" as it is (decomposing first, no test)
+
+Cases: ``default`` (fp32 G G^T / 2n + 1e-3 I, bench_call_overhead's factor) and randsvd matrices of
+each --dtypes x --kappas (exactly symmetric). Every variant's root is asserted bitwise the chosen one's.
 
   OMP_NUM_THREADS=1 PYTHONPATH=. python experiments/bench_auto_first.py --rounds 31
+  OMP_NUM_THREADS=1 PYTHONPATH=. python experiments/bench_auto_first.py --dtypes fp32 fp64 \\
+      --kappas 10 300 3000 3e4 3e5 1e6 --rounds 21
 """
 
 from __future__ import annotations
@@ -17,27 +24,64 @@ import warnings
 
 import numpy as np
 import torch
+from scipy.linalg import lapack
 
+from matroots.core import precision
 from matroots.solvers.auto import AutoConfig
 from matroots.solvers.auto_candidates import candidate
-from matroots.solvers.auto_first import first_decision
+from matroots.solvers.auto_first import first_decision, reuses
 from matroots.solvers.auto_table import load_table
 from matroots.study import matrices
 
+DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
-def _cases(n: int) -> dict[str, torch.Tensor]:
+
+def _cases(n: int, dtypes: list[str], kappas: list[float]) -> dict[str, torch.Tensor]:
     G = torch.randn(n, 2 * n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     default = (G @ G.T / (2 * n) + 1e-3 * torch.eye(n, dtype=torch.float64)).float()
+    out = {"default": torch.maximum(default, default.mT)}
+    for dt in dtypes:
+        for k in kappas:
+            A = torch.from_numpy(matrices.generate("randsvd", n, k, np.random.default_rng(1))[0]).to(
+                DTYPES[dt]
+            )
+            out[f"{dt}-{k:g}"] = torch.maximum(A, A.mT)
+    return out
 
-    def rs(kappa: float, dtype: torch.dtype) -> torch.Tensor:
-        A = torch.from_numpy(matrices.generate("randsvd", n, kappa, np.random.default_rng(1))[0]).to(dtype)
-        return torch.maximum(A, A.mT)
 
-    return {
-        "default": torch.maximum(default, default.mT),
-        "fp32-1e5": rs(1e5, torch.float32),
-        "fp64-1e3": rs(1e3, torch.float64),
-    }
+def _limit(plan, first) -> float:
+    """The lowest band edge from which the table decides a solve that cannot reuse ``first``'s."""
+    for edge in plan.edges.tolist():
+        if edge > 1.0 and not reuses(plan.decision(edge), first):
+            return float(edge)
+    return float("inf")
+
+
+def _likely_certain(det: torch.Tensor, limit: float, dt: torch.dtype) -> bool:
+    """The Cholesky test auto ran before decomposing first until 2026-12-03 (fp32 / fp64, CPU)."""
+    n = det.shape[-1]
+    scale = 1.0 / limit + 4.0 * (n + 2) * precision.unit_roundoff(dt)
+    potrf = lapack.spotrf if dt == torch.float32 else lapack.dpotrf
+    for a in det.numpy():
+        m = np.array(a.T, order="F")
+        flat = a.reshape(-1)
+        m.T.reshape(-1)[:: n + 1] -= float(np.sqrt(flat.dot(flat))) * scale
+        if potrf(m, lower=1, clean=0, overwrite_a=1)[1] != 0:
+            return False
+    return True
+
+
+def _with_test(cfg: AutoConfig) -> AutoConfig:
+    def first_if_test_passes(call, plan, opts):
+        psd = opts.psd if opts.psd is not None else cfg.psd
+        first = first_decision(plan, call.b, call.n, psd, call.exact_sym, call.wdtype != call.t.dtype)
+        if first is None:
+            return None
+        lap = precision.lapack_dtype(call.wdtype)
+        return first if _likely_certain(call.det, _limit(plan, first), lap) else None
+
+    object.__setattr__(cfg, "_first_decision", first_if_test_passes)  # shadows the method
+    return cfg
 
 
 def main() -> None:
@@ -46,32 +90,27 @@ def main() -> None:
     ap.add_argument("-p", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=31)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--dtypes", nargs="+", default=["fp32", "fp64"], choices=sorted(DTYPES))
+    ap.add_argument("--kappas", type=float, nargs="+", default=[1e5, 1e3])
     args = ap.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     estimate_first = AutoConfig()
-    # main's path: always the float64 estimate first (the instance attribute shadows the method)
-    object.__setattr__(estimate_first, "_first_decision", lambda *a: None)
-    first = AutoConfig()
-    untested = AutoConfig()  # decomposing first without the Cholesky test (the branch's first commit)
-
-    def no_test(call, plan, opts):  # AutoConfig._first_decision without likely_certain
-        psd = opts.psd if opts.psd is not None else untested.psd
-        return first_decision(plan, call.b, call.n, psd, call.exact_sym, call.wdtype != call.t.dtype)
-
-    object.__setattr__(untested, "_first_decision", no_test)
-    for name, A in _cases(args.n).items():
-        res = first.solve(A, args.p)
+    object.__setattr__(estimate_first, "_first_decision", lambda *a: None)  # always the estimate first
+    tested, auto = _with_test(AutoConfig()), AutoConfig()
+    for name, A in _cases(args.n, args.dtypes, args.kappas).items():
+        res = auto.solve(A, args.p)
         label = res.info["auto"]["chosen"][0]
-        ref = estimate_first.solve(A, args.p)
         cfg, sopts = candidate(load_table(), label)
         direct = cfg.solve(A, args.p, **sopts)
-        assert torch.equal(res.root, direct.root) and torch.equal(ref.root, direct.root), name
+        for other in (estimate_first, tested):
+            assert torch.equal(other.solve(A, args.p).root, direct.root), name
+        assert torch.equal(res.root, direct.root), name
         calls = {
             "chosen": lambda A=A, cfg=cfg, sopts=sopts: cfg.solve(A, args.p, **sopts),
             "estimate_first": lambda A=A: estimate_first.solve(A, args.p),
-            "decompose_first": lambda A=A: first.solve(A, args.p),
-            "untested": lambda A=A: untested.solve(A, args.p),
+            "cholesky_test": lambda A=A: tested.solve(A, args.p),
+            "auto": lambda A=A: auto.solve(A, args.p),
         }
         times: dict[str, list[float]] = {k: [] for k in calls}
         for f in calls.values():
@@ -85,11 +124,12 @@ def main() -> None:
                     calls[k]()
                 times[k].append((time.process_time() - t0) / args.reps)
         med = {k: float(np.median(v)) for k, v in times.items()}
+        rel = {k: med[k] / med["chosen"] for k in calls}
         print(
-            f"{name:9s} chosen {label:28s} {med['chosen'] * 1e3:7.3f} ms  auto/chosen: estimate first (main) "
-            f"{med['estimate_first'] / med['chosen']:.3f}, this branch {med['decompose_first'] / med['chosen']:.3f}"
-            f" (no Cholesky test {med['untested'] / med['chosen']:.3f})"
-            f"  [kappa_source: {res.info['auto']['kappa_source'][:40]}]"
+            f"{name:10s} {label:32s} chosen {med['chosen'] * 1e3:7.3f} ms  auto/chosen: estimate first "
+            f"{rel['estimate_first']:.3f}, Cholesky test {rel['cholesky_test']:.3f}, auto {rel['auto']:.3f}"
+            f"  [{res.info['auto']['kappa_source'][:32]}]",
+            flush=True,
         )
 
 

@@ -14,6 +14,7 @@ models trained on the same batches, their ``step()`` calls interleaved and timed
     python experiments/bench_call_overhead.py --sizes 128 --profile
     python experiments/bench_call_overhead.py --sizes 128 --mlp 600
     python experiments/bench_call_overhead.py --sizes 16 128 --dtype fp32 --auto
+    OMP_NUM_THREADS=1 python experiments/bench_call_overhead.py --sizes 128 --auto --kappa 10 3e3 3e5
     OMP_NUM_THREADS=1 python experiments/bench_call_overhead.py --sizes 128 --dtype fp32 --mlp 600 \
         --mlp-solver eigh auto --mlp-old /tmp/old     # /tmp/old/shampoo_old: another version, interleaved
 
@@ -50,7 +51,16 @@ import matroots
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
 
-def _spd(n: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+def _spd(n: int, dtype: torch.dtype, seed: int = 0, kappa: float | None = None) -> torch.Tensor:
+    """G G^T / 2n + 1e-3 I (kappa ~30 at n = 128), or with ``kappa`` an exactly symmetric randsvd
+    matrix of that condition number (matroots.study.matrices)."""
+    if kappa is not None:
+        import numpy as np
+
+        from matroots.study import matrices
+
+        A = torch.from_numpy(matrices.generate("randsvd", n, kappa, np.random.default_rng(seed))[0])
+        return torch.maximum(A, A.mT).to(dtype)
     g = torch.Generator().manual_seed(seed)
     G = torch.randn(n, 2 * n, generator=g, dtype=torch.float64)
     A = G @ G.T / (2 * n) + 1e-3 * torch.eye(n, dtype=torch.float64)
@@ -82,8 +92,10 @@ def _auto_pair(A: torch.Tensor, p: int) -> tuple[object, str]:
     return (lambda: cfg.solve(A, p, **sopts)), label
 
 
-def measure(n: int, dtype: torch.dtype, p: int, rounds: int, reps: int, auto: bool = False) -> dict:
-    A = _spd(n, dtype)
+def measure(
+    n: int, dtype: torch.dtype, p: int, rounds: int, reps: int, auto: bool = False, kappa: float | None = None
+) -> dict:
+    A = _spd(n, dtype, kappa=kappa)
     B = torch.randn(n, n, dtype=dtype)
     fns = {
         "gemm": lambda: A @ B,
@@ -194,6 +206,10 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--profile", action="store_true", help="cProfile the matroots calls at the first size")
     ap.add_argument("--auto", action="store_true", help="also method='auto' against the solver it picks")
+    ap.add_argument(
+        "--kappa", type=float, nargs="+", default=[None],
+        help="randsvd matrices of these condition numbers instead of the G G^T factor",
+    )  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")  # auto's TargetWarning at a kappa it cannot promise
@@ -204,10 +220,11 @@ def main() -> None:
         head += f"  {'auto/chosen':>11} {'(wall)':>6}  chosen"
     print(head)
     for dt in args.dtype:
-        for n in args.sizes:
-            r = measure(n, DTYPES[dt], args.p, args.rounds, args.reps, auto=args.auto)
+        for n, kappa in ((n, k) for n in args.sizes for k in args.kappa):
+            r = measure(n, DTYPES[dt], args.p, args.rounds, args.reps, auto=args.auto, kappa=kappa)
             line = (
-                f"{n:>5} {dt:>5} {r['gemm_us']:>8.1f} {r['bare_gemms']:>7.1f} {r['matroots_gemms']:>9.1f} "
+                ("" if kappa is None else f"kappa {kappa:g}: ")
+                + f"{n:>5} {dt:>5} {r['gemm_us']:>8.1f} {r['bare_gemms']:>7.1f} {r['matroots_gemms']:>9.1f} "
                 f"{r['ratio']:>6.2f} {r['ratio_wall']:>6.2f} {r['overhead_us']:>11.0f}"
             )
             if args.auto:

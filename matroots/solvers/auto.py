@@ -80,14 +80,7 @@ from ..core.psd import check_policy, floor_level
 from ..core.result import RootResult
 from . import auto_table, kappa_estimate, registry
 from .auto_candidates import SOLVE_OPTIONS, default_safe
-from .auto_first import (
-    SOURCE_ELSEWHERE,
-    eigh_limit,
-    first_decision,
-    likely_certain,
-    reuses,
-    spectrum_estimate,
-)
+from .auto_first import SOURCE_ELSEWHERE, Decomposed, first_decision, reusing, spectrum_estimate
 from .auto_plan import Decision, Plan, decide, group_decisions, plan_for
 from .auto_result import Estimate, merge, question, report, spectrum_kappa
 from .auto_targets import TargetWarning, default_target_of, expected_error, target_message
@@ -260,11 +253,19 @@ class AutoConfig(SolverConfig):
         if call.sym and (call.hint is not None or all_finite(call.det)):
             est = None
             first = None if call.hint is not None else self._first_decision(call, plan, opts)
+            kept = None
             if first is not None:  # the lowest band decomposes: eigh first, kappa from its eigenvalues
-                done, est = self._decompose_first(first, A, call, plan, opts, t0)
+                done, est, kept = self._decompose_first(first, A, call, plan, opts, t0)
                 if done is not None:
                     return done
             est = est or self._estimate(call, opts)
+            # the eigenvalues left the band uncertain: where the float64 estimate (exact here:
+            # first_decision) chose an eigh that reuses the decomposition, it solves from it
+            hit = reusing(plan, est.kappa, kept.first) if kept is not None and est.exact else None
+            if hit is not None:
+                done = self._from_first(kept, hit, call, plan, est, time.perf_counter() - t0, opts, t0)
+                if done is not None:
+                    return done
         est_seconds = time.perf_counter() - t0
         # the estimate errs low unless it is exact (eigenvalues): the lookup uses kappa * kappa_safety
         safety = 1.0 if est.exact else self.kappa_safety
@@ -281,23 +282,21 @@ class AutoConfig(SolverConfig):
 
     def _first_decision(self, call: _Call, plan: Plan, opts: SolveOptions) -> Decision | None:
         """The lowest band's eigh decision when auto can decompose first
-        (:func:`matroots.solvers.auto_first.first_decision`), else None."""
+        (:func:`matroots.solvers.auto_first.first_decision`), else None. No test before it: the
+        Cholesky pre-test it had cost more than the eigh it saved (auto_first's docstring)."""
         psd = opts.psd if opts.psd is not None else self.psd
         rounded = call.wdtype != call.t.dtype
-        first = first_decision(plan, call.b, call.n, psd, call.exact_sym, rounded)
-        if first is None:
-            return None
-        lapack = precision.lapack_dtype(call.wdtype)
-        return first if likely_certain(call.det, eigh_limit(plan, first), lapack) else None
+        return first_decision(plan, call.b, call.n, psd, call.exact_sym, rounded)
 
     def _decompose_first(
         self, first: Decision, A: object, call: _Call, plan: Plan, opts: SolveOptions, t0: float
-    ) -> tuple[RootResult | None, Estimate | None]:
+    ) -> tuple[RootResult | None, Estimate | None, Decomposed | None]:
         """The eigh of the lowest band on the whole batch, run before kappa is known
-        (:mod:`matroots.solvers.auto_first`): (the result, its kappa) when every element's certain band
-        decides that same solve, finalised as that solve's own template would; else (None, kappa
-        from the eigenvalues, or None where some band is uncertain or the eigh raised), for the usual
-        path to go on with."""
+        (:mod:`matroots.solvers.auto_first`): (the result, its kappa, None) when every element's
+        certain band decides that same solve (or one reusing it), finalised as that solve's own
+        template would; else (None, kappa from the eigenvalues or None, the decomposition when some
+        band was uncertain), for the usual path to go on with: None where the eigh raised, or where
+        the eigenvalues proved another solve."""
         idx = list(range(call.b))
         sub, pp, group = self._group_call(first, A, call, idx, opts)
         # auto proved the input exactly symmetric (first_decision) and finite (_solve): the eigh
@@ -311,31 +310,50 @@ class AutoConfig(SolverConfig):
             notes = dict(dec.info)  # the decomposition's notes, for another rank policy's spectrum
             sp = cfg.spectrum_of(prob, dec, inverse=group.inverse)  # adds its notes to dec.info
         except MatrootsNumericalError:  # the usual path decides (and re-solves or raises) as before
-            return None, None
+            return None, None, None
+        kept = Decomposed(first, prob, dec, notes, sp, group, t1)
         t_est = time.perf_counter()
         est = spectrum_estimate(plan, dec.info, call.n, precision.lapack_dtype(prob.compute_dtype))
         est_seconds = time.perf_counter() - t_est
-        if est is None:
-            return None, None
-        decided = group_decisions(plan, est.kappa)  # exact: no safety factor
-        if len(decided) != 1 or not reuses(decided[0][0], first):
-            return None, Estimate(est.kappa, SOURCE_ELSEWHERE, 0.0, True)
-        d, _, cells = decided[0]
+        if est is None:  # uncertain: the float64 estimate decides, and may still choose a reusing eigh
+            return None, None, kept
+        hit = reusing(plan, est.kappa, first)  # exact: no safety factor
+        if hit is None:
+            return None, Estimate(est.kappa, SOURCE_ELSEWHERE, 0.0, True), None
+        done = self._from_first(kept, hit, call, plan, est, est_seconds, opts, t0)
+        return done, (est if done is not None else None), None
+
+    def _from_first(
+        self,
+        kept: Decomposed,
+        hit: tuple,
+        call: _Call,
+        plan: Plan,
+        est: Estimate,
+        est_seconds: float,
+        opts: SolveOptions,
+        t0: float,
+    ) -> RootResult | None:
+        """The result of decision ``hit`` (:func:`~matroots.solvers.auto_first.reusing`) from the
+        decomposition decomposing first computed, finalised as that solve's own template would;
+        None where it raises (the usual path then re-solves it, and its own solve raises the same)."""
+        d, idx, cells = hit
         chosen = d.config  # first's, or an eigh differing in the rank policy only (reuses)
-        if chosen != cfg:  # its own spectrum, from the decomposition's notes alone
-            dec.info, sp = notes, None
+        prob, dec, group, sp = kept.prob, kept.dec, kept.group, kept.spectrum
+        if chosen != kept.first.config:  # its own spectrum, from the decomposition's notes alone
+            dec.info, sp = kept.notes, None
         try:  # chosen._run's second phase: what its own solve does after the same decomposition
             raw = chosen._from_decomposition(prob, dec, inverse=group.inverse, spectrum=sp)
-        except MatrootsNumericalError:  # as above (its own solve raises the same: the usual path
-            return None, None  # re-solves it, then the safe choice)
+        except MatrootsNumericalError:
+            return None
         res = chosen._finalise(
-            prob, raw, inverse=group.inverse, seconds=time.perf_counter() - t1, quiet=group.quiet
+            prob, raw, inverse=group.inverse, seconds=time.perf_counter() - kept.t1, quiet=group.quiet
         )
         expected, source = expected_error(
             d, False, True, est.kappa, call.det, idx, call.frac, opts.inverse, call.wdtype
         )
         groups = [(d, idx, res, d.label, "", cells, expected, source)]
-        return self._finish(call, plan, est, est_seconds, 1.0, groups, t0), est
+        return self._finish(call, plan, est, est_seconds, 1.0, groups, t0)
 
     def _finish(
         self,

@@ -10,14 +10,23 @@ returned: bitwise what the chosen configuration's own solve returns for the inpu
 same template steps on the same input). Otherwise the
 eigenvalues still give the kappa of every element whose band they decide, and the usual path
 (decisions, group solves) runs on them; where some band is uncertain, or the eigh raised, the usual
-path estimates kappa as before.
+path estimates kappa as before, and where that estimate (exact, float64) decides a solve that reuses
+the decomposition, it solves from it (:func:`reusing`), instead of decomposing the matrix again.
 
-Before decomposing, one Cholesky of A - c I (:func:`likely_certain`, c from ||A||_F and the lowest
-band edge whose solve cannot reuse the decomposition, :func:`eigh_limit`) tells whether the
-eigenvalues are likely to prove such a band; where it fails (kappa likely at or above that edge, or
-lambda_min within the error bound) auto estimates kappa first, as it does without a decomposing band,
-and no decomposition is wasted. The test decides the cost only: either path returns what the solver
-it runs returns.
+Nothing is tested before decomposing. Until 2026-12-03 one Cholesky of A - c I (c from ||A||_F and
+the lowest band edge whose solve cannot reuse the decomposition) decided whether to decompose first or
+to estimate first; it decided the cost only (either path returns what the solver it runs returns),
+and it cost more than it saved. n = 128, p = 4, randsvd, auto / chosen CPU time, interleaved
+(``OMP_NUM_THREADS=1 python experiments/bench_auto_first.py --kappas ...``, load 4-5; the numbers are
+in docs/design.md §7): the test took 150-300 us after the previous call's eigh (potrf ~60-95 us, its
+numpy conversions, copy and norm the rest: an eigh leaves the caches cold), 6-11% of an eigh solve,
+on every call whose kappa is below the edge; with ||A||_F for lambda_max and its rounding term it also
+failed on fp32 matrices of kappa ~3e3 (the band goes to 1e4), which then paid the float64 estimate and
+the eigh (1.57x). What it saved above the edge is the eigh less the float64 ``eigvalsh`` it replaces
+(whose kappa the eigenvalues give where they prove the band): ~0.5 ms (fp32) to ~1.5 ms (fp64), a few
+percent of the matmul solve the table names there (7-9x an eigh's cost in the shipped table).
+No guarantee rested on the test: what certifies a decision is the band test on the computed
+eigenvalues below (:func:`spectrum_estimate`), and where it cannot, the float64 estimate decides.
 
 Applies only where the usual path's estimate is exact too (one float64 ``eigvalsh``:
 ``b n^3 <= EXACT_MAX_WORK``), to exactly symmetric input solved in its own format with no psd
@@ -37,14 +46,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import torch
-from scipy.linalg import lapack as lapack_routines
-
 from ..core import precision
-from .auto_plan import Decision, Plan
+from .auto_plan import Decision, Plan, group_decisions
 from .auto_result import Estimate
 from .eigh import EighConfig
 from .kappa_estimate import EXACT_MAX_WORK
@@ -107,51 +113,27 @@ def reuses(d: Decision, first: Decision) -> bool:
 _RANK_FIELDS = frozenset({"rank_policy", "atol", "rtol"})
 
 
-def eigh_limit(plan: Plan, first: Decision) -> float:
-    """The lowest kappa band edge from which the table decides a solve that cannot reuse ``first``'s
-    decomposition (:func:`reuses`); inf when none does. Memoised on the plan."""
-    hit = plan.limits.get(first.label)
-    if hit is None:
-        hit = math.inf
-        for edge in plan.edges.tolist():
-            if edge > 1.0 and not reuses(plan.decision(edge), first):  # kappa = edge: the band above it
-                hit = float(edge)
-                break
-        plan.limits[first.label] = hit
-    return hit
+def reusing(plan: Plan, kappa: list[float], first: Decision) -> tuple | None:
+    """The one group of decisions for ``kappa`` (exact, per element) when it solves from ``first``'s
+    decomposition (:func:`reuses`), as :func:`~matroots.solvers.auto_plan.group_decisions` gives it;
+    else None (several groups, or a solve that cannot reuse it)."""
+    decided = group_decisions(plan, kappa)
+    return decided[0] if len(decided) == 1 and reuses(decided[0][0], first) else None
 
 
-def likely_certain(det: torch.Tensor, limit: float, lapack: torch.dtype) -> bool:
-    """The cheap test before decomposing first (performance only: either path returns what the
-    chosen solver returns): whether A - c I is positive definite for every element (one Cholesky),
-    c = ||A||_F (1 / limit + 4 (n + 2) u). Passing means (up to the Cholesky's own rounding)
-    lambda_min > lambda_max / limit + 2 delta (||A||_F >= lambda_max; delta: the band test's bound),
-    so the eigenvalues will likely prove a band below ``limit``, one whose solve reuses the
-    decomposition; failing, auto estimates kappa first as it does without a decomposing band."""
-    n = det.shape[-1]
-    det = det if det.dtype == lapack else det.to(lapack)  # fp16 / bf16: the format eigh runs in
-    scale = 1.0 / limit + 4.0 * (n + 2) * precision.unit_roundoff(lapack)
-    if det.device.type != "cpu" or det.dtype not in _POTRF:
-        c = torch.linalg.matrix_norm(det) * scale
-        M = det.clone()
-        M.diagonal(dim1=-2, dim2=-1).sub_(c.unsqueeze(-1))
-        return not bool(torch.linalg.cholesky_ex(M).info.any())
-    # on the CPU, LAPACK's potrf itself (a third of torch's cholesky_ex at n = 128 in fp32), per element
-    potrf = getattr(lapack_routines, _POTRF[det.dtype])
-    for a in det.numpy():
-        m = np.array(a.T, order="F")  # A^T = A (exactly symmetric): a plain copy, column-major
-        # the diagonal through a strided view of the buffer (m.T is row-major: reshape is a view), and
-        # ||A||_F as np.linalg.norm forms it (sqrt of the flat dot product): the same numbers as
-        # m.flat[:: n + 1] -= np.linalg.norm(a) * scale, without the flat iterator's per-element
-        # indexing and norm's dispatch (~70 us of a ~140 us test at n = 128 after an eigh)
-        flat = a.reshape(-1)
-        m.T.reshape(-1)[:: n + 1] -= float(np.sqrt(flat.dot(flat))) * scale
-        if potrf(m, lower=1, clean=0, overwrite_a=1)[1] != 0:
-            return False
-    return True
+@dataclass(slots=True)
+class Decomposed:
+    """What decomposing first computed, kept for the solve that reuses it: the lowest band's
+    decision, the chosen template's problem, the decomposition, its notes before ``first``'s
+    spectrum, that spectrum, the group's options and the start time of the solve."""
 
-
-_POTRF = {torch.float32: "spotrf", torch.float64: "dpotrf"}
+    first: Decision
+    prob: Any
+    dec: Any
+    notes: dict
+    spectrum: Any
+    group: Any
+    t1: float
 
 
 def same_solve(d: Decision, first: Decision) -> bool:
@@ -167,10 +149,10 @@ def same_solve(d: Decision, first: Decision) -> bool:
 __all__ = [
     "SOURCE",
     "SOURCE_ELSEWHERE",
-    "eigh_limit",
+    "Decomposed",
     "first_decision",
-    "likely_certain",
     "reuses",
+    "reusing",
     "same_solve",
     "spectrum_estimate",
 ]

@@ -88,7 +88,6 @@ class Plan:
     sym: bool
     safe: SolverConfig
     memo: dict[object, Decision] = field(default_factory=dict)
-    limits: dict[str, float] = field(default_factory=dict)  # auto_first.eigh_limit per lowest decision
     edge_list: list[float] | None = None
 
     @property
