@@ -97,3 +97,38 @@ def test_importing_plots_does_not_force_a_backend() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_residual_figure_with_outliers_in_every_panel_is_laid_out_and_its_notes_fit(tmp_path: Path) -> None:
+    """Outlier notes in all four panels (what `make demo` draws): the figure is laid out (no
+    "constrained_layout not applied" warning: counted as decorations, the notes' width at 8 pt once
+    left the panels none) and each note lies inside its panel."""
+    import warnings
+
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import pandas as pd
+
+    from matroots.study import plots
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for t in ("fp64", "fp32", "bf16", "fp16"):
+        for k in range(60):
+            err = 10.0 ** rng.uniform(-15, -2)
+            res = err * 10.0 ** (4 if k % 3 == 0 else (-4 if k % 3 == 1 else 0))
+            rows.append(
+                dict(dtype=t, failure="", relative_forward_error=err, residual=res, cond_rel=10.0**k % 1e9)
+            )
+    df = pd.DataFrame(rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = plots.fig_residual_vs_error(df)
+        plots.save(fig, tmp_path, "residual_vs_error", close=False)
+    renderer = fig.canvas.get_renderer()
+    notes = [(ax, t) for ax in fig.axes for t in ax.texts if "outliers" in t.get_text()]
+    assert len(notes) == 8  # both kinds in each of the 4 panels
+    for ax, t in notes:
+        box, panel = t.get_window_extent(renderer), ax.get_window_extent(renderer)
+        assert panel.x0 - 1 <= box.x0 and box.x1 <= panel.x1 + 1 and box.y0 >= panel.y0 - 1, t.get_text()
+    plt.close(fig)
