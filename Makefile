@@ -39,7 +39,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) experiments/bench_solvers.py --quick
 
-# Small default (1.5 CPU-minutes; experiments/time_claims.py); `make figures FULL=1` draws the full set from the
+# Small default (1.9 CPU-minutes; experiments/time_claims.py); `make figures FULL=1` draws the full set from the
 # shipped results/ (minutes; `python paper_figs/figures.py --full --recompute` reruns the study: hours).
 figures: $(STAMP)
 	$(PY) paper_figs/figures.py $(if $(FULL),--full,)

@@ -15,7 +15,9 @@ Without ``--make`` the targets' commands run with this interpreter (no .venv set
 folders under ``--out`` with a cold reference cache (so nothing is resumed or reused). Each result is
 merged into ``--record`` (default ``experiments/time_claims.json``, the file the README's numbers are
 taken from and tests/test_readme.py checks them against), keyed by target, with the date, commit and
-machine of its own measurement: measuring one target keeps the others' last results.
+machine of its own measurement: measuring one target keeps the others' last results. Each result also
+counts the warning lines the commands printed (:func:`warning_lines`; tests/test_quiet_output.py holds
+`make demo` to one: its summary of the solves that failed).
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ("demo", "figures", "validate_demo", "validate_dry_run", "test")
@@ -80,33 +84,49 @@ class _LoadSampler(threading.Thread):
             self.samples.append(os.getloadavg()[0])
 
 
-def measure(cmds: list[list[str]], cache: Path, log: Path | None = None) -> dict[str, float]:
-    """Wall and CPU time of ``cmds`` run one after the other; their output to ``log`` (or discarded)."""
-    sink = log.open("ab") if log else None
+#: what counts as a warning line in a target's output (issue 29: one summary line per run, no more)
+WARNING_MARKS = ("warning", "did not converge")
+
+
+def warning_lines(text: str) -> list[str]:
+    """The lines of ``text`` (progress bars' carriage returns split) that a person reads as warnings."""
+    lines = text.replace("\r", "\n").splitlines()
+    return [line.strip() for line in lines if any(m in line.lower() for m in WARNING_MARKS)]
+
+
+def measure(cmds: list[list[str]], cache: Path, log: Path | None = None) -> dict[str, Any]:
+    """Wall and CPU time of ``cmds`` run one after the other, and the warning lines they printed
+    (count and the first few); their output is appended to ``log`` when given."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     sampler = _LoadSampler()
     sampler.start()
     t0 = time.perf_counter()
-    try:
-        for cmd in cmds:
-            subprocess.run(
-                cmd,
-                cwd=ROOT,
-                check=True,
-                stdout=sink or subprocess.DEVNULL,
-                stderr=subprocess.STDOUT if sink else subprocess.DEVNULL,
-                env={**os.environ, "MATROOTS_CACHE_DIR": str(cache)},  # cold references, as on a fresh clone
-            )
-    finally:
-        wall = time.perf_counter() - t0
-        sampler.stop.set()
-        sampler.join()
-        if sink:
-            sink.close()
+    with tempfile.TemporaryFile() as sink:
+        try:
+            for cmd in cmds:  # with a cold reference cache, as on a fresh clone
+                subprocess.run(
+                    cmd,
+                    cwd=ROOT,
+                    check=True,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, "MATROOTS_CACHE_DIR": str(cache)},
+                )
+        finally:
+            wall = time.perf_counter() - t0
+            sampler.stop.set()
+            sampler.join()
+            sink.seek(0)
+            text = sink.read().decode(errors="replace")
+            if log:
+                with log.open("a") as f:
+                    f.write(text)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     s = [*sampler.samples, os.getloadavg()[0]]
-    return {"wall_s": wall, "cpu_s": cpu, "load_start": s[0], "load_end": s[-1], "load_mean": sum(s) / len(s)}
+    warned = warning_lines(text)
+    return {"wall_s": wall, "cpu_s": cpu, "load_start": s[0], "load_end": s[-1], "load_mean": sum(s) / len(s),
+            "warning_lines": len(warned), "warnings": warned[:5]}  # fmt: skip
 
 
 def _commit() -> str:
@@ -150,7 +170,8 @@ def main() -> None:
         record[name] = r
         print(
             f"{name:13s} wall {r['wall_s'] / 60:6.1f} min   CPU {r['cpu_s'] / 60:6.1f} min   load average "
-            f"{r['load_start']:.1f} -> {r['load_end']:.1f} (mean {r['load_mean']:.1f}) on {machine['cores']} cores",
+            f"{r['load_start']:.1f} -> {r['load_end']:.1f} (mean {r['load_mean']:.1f}) on {machine['cores']} cores; "
+            f"{r['warning_lines']} warning line(s)",
             flush=True,
         )
         args.record.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
