@@ -96,12 +96,13 @@ def warning_lines(text: str) -> list[str]:
 
 def measure(cmds: list[list[str]], cache: Path, log: Path | None = None) -> dict[str, Any]:
     """Wall and CPU time of ``cmds`` run one after the other, and the warning lines they printed
-    (count and the first few); their output is appended to ``log`` when given."""
+    (count and the first few); their output goes to ``log`` as it comes (appended), when given."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     sampler = _LoadSampler()
     sampler.start()
     t0 = time.perf_counter()
-    with tempfile.TemporaryFile() as sink:
+    with log.open("a+b") if log else tempfile.TemporaryFile() as sink:
+        start = sink.seek(0, os.SEEK_END)
         try:
             for cmd in cmds:  # with a cold reference cache, as on a fresh clone
                 subprocess.run(
@@ -116,11 +117,8 @@ def measure(cmds: list[list[str]], cache: Path, log: Path | None = None) -> dict
             wall = time.perf_counter() - t0
             sampler.stop.set()
             sampler.join()
-            sink.seek(0)
-            text = sink.read().decode(errors="replace")
-            if log:
-                with log.open("a") as f:
-                    f.write(text)
+        sink.seek(start)
+        text = sink.read().decode(errors="replace")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     s = [*sampler.samples, os.getloadavg()[0]]
