@@ -383,7 +383,7 @@ class GroupEngine:
             members = self.members[out.bucket]
             ok = torch.ones(out.D.shape[0], dtype=torch.bool, device=out.D.device)
             for f in factors:
-                bound = norms.double() * f.double().abs()
+                bound = _bounds([(norms, f)])
                 ok &= torch.isfinite(bound) & (bound <= big)
             if bool(ok.all()):
                 continue

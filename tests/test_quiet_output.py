@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from _scripts import load_script
 
 from matroots.study import report
 
@@ -103,13 +104,7 @@ def test_solve_prints_a_summary_of_eigenvectors_and_json_prints_them(tmp_path: P
 
 
 def _time_claims():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("time_claims", ROOT / "experiments" / "time_claims.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("experiments/time_claims.py")
 
 
 def test_warning_lines_split_progress_bars_and_match_both_kinds() -> None:

@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+from _scripts import load_script
+
 import matroots
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,12 +62,7 @@ def test_the_readme_durations_are_the_latest_measured_ones() -> None:
 
 
 def _time_claims():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("time_claims", ROOT / "experiments" / "time_claims.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("experiments/time_claims.py")
 
 
 def test_every_time_claims_target_has_a_readme_label_and_the_dry_run_runs_nothing(tmp_path) -> None:

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import multiprocessing
 import multiprocessing.forkserver
 from collections.abc import Sequence
 from typing import Any
-
-_REAPER: list[bool] = []  # the exit handler is registered once per process
 
 
 def _stop_server() -> None:
@@ -41,15 +40,19 @@ def _stop_server() -> None:
             stop()
 
 
+@functools.cache
+def _reap_at_exit() -> None:
+    """Register :func:`_stop_server` at exit, once per process."""
+    atexit.register(_stop_server)
+
+
 def start_method(preload: Sequence[str]) -> str:
     """``"forkserver"`` with ``preload`` imported in the server (when this process first starts it),
     reaped at exit; ``"spawn"`` where the platform has no forkserver."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
     multiprocessing.forkserver.set_forkserver_preload([m for m in preload if m and m != "__main__"])
-    if not _REAPER:
-        atexit.register(_stop_server)
-        _REAPER.append(True)
+    _reap_at_exit()
     return "forkserver"
 
 
