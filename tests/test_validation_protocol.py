@@ -256,3 +256,48 @@ def test_each_task_finishes_its_final_seeds_before_the_next_task_starts(tmp_path
     assert len(order) == len(grid.units()) + len(
         grid.final_units(protocol.select(run.load(tmp_path / "run")["runs"]))
     )
+
+
+def _to_target_by_definition(loss: np.ndarray, cpu: np.ndarray, steps: np.ndarray, target: float, idx):
+    """The module docstring's definition, seed set by seed set: the first step where the median over
+    the seeds ``idx`` of the held-out loss is <= target, and the median of their finite CPU times there."""
+    med = np.median(loss[idx], axis=0)
+    hit = np.flatnonzero(med <= target)
+    if not hit.size:
+        return math.inf, math.inf
+    c = cpu[idx, hit[0]]
+    c = c[np.isfinite(c)]
+    return float(steps[hit[0]]), float(np.median(c)) if c.size else math.nan
+
+
+def test_resampled_steps_and_cpu_to_target_are_the_definition_for_every_resample() -> None:
+    """``Curves.to_target_many`` (all resamples at once) against the definition applied to each resample
+    on its own, bit for bit: curves with stopped seeds (+inf from a step on), missing CPU times (NaN),
+    even and odd seed counts, a target some resamples never reach; and ``resamples`` draws exactly the
+    indices ``bootstrap`` hands its statistic."""
+    rng = np.random.default_rng(7)
+    for seeds in (1, 2, 3, 4, 5):
+        steps = np.arange(0, 60, 5)
+        frames = []
+        for s in range(seeds):
+            loss = 2.0 * np.exp(-rng.uniform(0.01, 0.08) * steps) + rng.normal(0, 0.02, steps.size)
+            cpu = np.cumsum(rng.uniform(0.5, 1.5, steps.size))
+            if s == 1:
+                cpu[rng.integers(0, steps.size, 3)] = math.nan  # a lost timing
+            keep = steps.size - (4 if s == 2 else 0)  # seed 2 stopped: its curve ends early
+            frames.append(pd.DataFrame({"seed": s, "step": steps[:keep], "test_loss": loss[:keep],
+                                        "cpu_s": cpu[:keep]}))  # fmt: skip
+        cur = protocol_report.Curves(pd.concat(frames, ignore_index=True), steps)
+        (idx,) = protocol_report.resamples([seeds], b=300, seed=seeds)
+        drawn: list[np.ndarray] = []
+        protocol_report.bootstrap([seeds], lambda i, d=drawn: d.append(i.copy()) or 0.0, b=300, seed=seeds)
+        assert np.array_equal(np.stack(drawn), idx)
+        for target in (float(np.median(cur.loss[:, -1])), 1.0, 0.5, -1.0, math.inf):
+            st, ct = cur.to_target_many(target, idx)
+            for r in range(idx.shape[0]):
+                want = _to_target_by_definition(cur.loss, cur.cpu, steps, target, idx[r])
+                got = (float(st[r]), float(ct[r]))
+                if not math.isfinite(target):
+                    want = (math.inf, math.inf)
+                assert got == want or (got[0] == want[0] and math.isnan(got[1]) and math.isnan(want[1]))
+            assert cur.to_target(target, idx[0]) == (float(st[0]), float(ct[0])) or math.isnan(ct[0])

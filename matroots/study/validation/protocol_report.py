@@ -47,16 +47,26 @@ def percentile_interval(stats: np.ndarray, alpha: float = 0.05) -> tuple[float, 
     return float(lo), float(hi)
 
 
+def resamples(groups: list[int], *, b: int = B_DEFAULT, seed: int = RNG_SEED) -> list[np.ndarray]:
+    """The ``b`` resamples of :func:`bootstrap`, one ``(b, groups[g])`` index array per group: row i of
+    array g is the i-th replicate's resample of ``range(groups[g])``, drawn in the order
+    :func:`bootstrap` draws them (replicate by replicate, group by group) from
+    ``np.random.default_rng(seed)``."""
+    rng = np.random.default_rng(seed)
+    out = [np.empty((b, n), dtype=np.int64) for n in groups]
+    for i in range(b):
+        for g, n in enumerate(groups):
+            out[g][i] = rng.integers(0, n, n)
+    return out
+
+
 def bootstrap(
     groups: list[int], stat: Callable[..., float], *, b: int = B_DEFAULT, seed: int = RNG_SEED
 ) -> np.ndarray:
     """``b`` replicates of ``stat(idx_0, idx_1, ...)``, each ``idx_g`` a resample with replacement of
     ``range(groups[g])`` (groups resampled independently), from ``np.random.default_rng(seed)``."""
-    rng = np.random.default_rng(seed)
-    out = np.empty(b)
-    for i in range(b):
-        out[i] = stat(*(rng.integers(0, n, n) for n in groups))
-    return out
+    idx = resamples(groups, b=b, seed=seed)
+    return np.array([stat(*(r[i] for r in idx)) for i in range(b)], dtype=float).reshape(b)
 
 
 class Curves:
@@ -75,23 +85,41 @@ class Curves:
 
     def to_target(self, target: float, idx: np.ndarray | None = None) -> tuple[float, float]:
         """(steps, CPU seconds) to ``target`` of the seeds ``idx`` (all by default)."""
-        idx = np.arange(len(self.seeds)) if idx is None else idx
-        if not len(idx) or not math.isfinite(target):
-            return math.inf, math.inf
-        med = np.median(self.loss[idx], axis=0)
-        hit = np.flatnonzero(med <= target)
-        if not hit.size:
-            return math.inf, math.inf
-        j = hit[0]
-        c = self.cpu[idx, j]
-        c = c[np.isfinite(c)]
-        return float(self.steps[j]), float(np.median(c)) if c.size else math.nan
+        idx = np.arange(len(self.seeds)) if idx is None else np.asarray(idx)
+        steps, cpu = self.to_target_many(target, idx[None, :])
+        return float(steps[0]), float(cpu[0])
+
+    def to_target_many(self, target: float, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`to_target` of every row of ``idx`` (resamples x seeds) at once: the steps and CPU
+        seconds to ``target`` per row (+inf, +inf where the median curve never reaches it; CPU NaN where
+        no seed has a finite CPU time at that step). The medians are numpy's, row by row, so each row's
+        values are those of the one-row call bit for bit."""
+        rows = idx.shape[0]
+        if not idx.shape[1] or not math.isfinite(target) or not self.steps.size:
+            return np.full(rows, math.inf), np.full(rows, math.inf)
+        med = np.median(self.loss[idx], axis=1)  # rows x steps
+        hit = med <= target
+        reached = hit.any(axis=1)
+        j = hit.argmax(axis=1)
+        c = np.sort(np.where(np.isfinite(cpu := self.cpu[idx, j[:, None]]), cpu, np.inf), axis=1)
+        m = np.isfinite(c).sum(axis=1)  # finite CPU times per row, sorted first
+        lo, hi = c[np.arange(rows), np.maximum((m - 1) // 2, 0)], c[np.arange(rows), np.maximum(m // 2, 0)]
+        with np.errstate(invalid="ignore"):  # rows without a finite time (m = 0) are NaN below
+            mid = np.where(m % 2 == 1, hi, (lo + hi) / 2)  # numpy's median: the mean of the middle two
+        steps = np.where(reached, self.steps[j], math.inf).astype(float)
+        cpu_t = np.where(reached, np.where(m > 0, mid, math.nan), math.inf)
+        return steps, cpu_t
 
 
 def _ratio(a: float, b: float) -> float:
     if math.isinf(a):
         return math.inf
     return a / b if b > 0 else math.nan
+
+
+def _ratios(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`_ratio` elementwise."""
+    return np.array([_ratio(float(x), float(y)) for x, y in zip(a, b, strict=True)])
 
 
 def _q(v: pd.Series, q: float) -> float:
@@ -144,21 +172,10 @@ def protocol_summary(
             row.update(steps_to_target=st, cpu_to_target_s=ct)
             if base is not None and len(base.seeds) and len(cur.seeds):
                 row.update(steps_ratio=_ratio(st, base_t[0]), cpu_ratio=_ratio(ct, base_t[1]))
-                for k, name in ((0, "steps_ratio"), (1, "cpu_ratio")):
-
-                    def stat(
-                        i: np.ndarray,
-                        j: np.ndarray,
-                        k: int = k,
-                        a: Curves = cur,
-                        z: Curves = base,
-                        t: float = target,
-                    ) -> float:
-                        return _ratio(a.to_target(t, i)[k], z.to_target(t, j)[k])
-
-                    lo, hi = percentile_interval(
-                        bootstrap([len(cur.seeds), len(base.seeds)], stat, b=b, seed=seed)
-                    )
+                i, j = resamples([len(cur.seeds), len(base.seeds)], b=b, seed=seed)
+                reps = zip(cur.to_target_many(target, i), base.to_target_many(target, j), strict=True)
+                for name, (a, z) in zip(("steps_ratio", "cpu_ratio"), reps, strict=True):
+                    lo, hi = percentile_interval(_ratios(a, z))
                     row.update({f"{name}_lo": lo, f"{name}_hi": hi})
             rows.append(row)
     return pd.DataFrame(rows)
@@ -209,4 +226,11 @@ def format_protocol_report(summary: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["Curves", "bootstrap", "format_protocol_report", "percentile_interval", "protocol_summary"]
+__all__ = [
+    "Curves",
+    "bootstrap",
+    "format_protocol_report",
+    "percentile_interval",
+    "protocol_summary",
+    "resamples",
+]
