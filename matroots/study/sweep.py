@@ -39,6 +39,7 @@ from ..core.errors import MatrootsError
 from ..truth import metrics
 from . import atomic, provenance, runner
 from . import grid as gridmod
+from .threads import one_thread
 from .tuning.cost import gemm_seconds, require_device, timed
 
 log = logging.getLogger("matroots.study.sweep")
@@ -71,7 +72,7 @@ class _Case:
 
 def run_unit(grid: gridmod.GridSpec, unit: gridmod.Unit) -> list[dict[str, Any]]:
     """Run every (solver, dtype) pair of one unit; return its rows (never raises on solver failure)."""
-    torch.set_num_threads(1)
+    one_thread()
     case, base, kappa = _unit_case(grid, unit)
     rows = []
     for dtype in grid.dtypes:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..threads import one_thread
 from .config import Unit, ValidationGrid
 from .preflight import check
 
@@ -101,7 +102,7 @@ def probe_task(unit: Unit, builder: TaskBuilder | None = None) -> TaskProbe:
     """Build ``unit``'s task (or take it from ``builder``) and a model, evaluate once, and take
     ``1 + GRADIENT_SETS`` AdamW steps (the first creates AdamW's state and is not timed), timing
     forward + backward and ``step()`` apart."""
-    torch.set_num_threads(1)
+    one_thread()
     builder = builder or TaskBuilder()
     builder(unit.task.name, **unit.task.size)
     task, task_s, task_cpu_s = builder.built[task_key(unit)]
@@ -143,7 +144,7 @@ def probe_optimizer(unit: Unit, tp: TaskProbe) -> dict[str, float]:
     from .peers import PeerUnavailableError
     from .training import make_optimizer
 
-    torch.set_num_threads(1)
+    one_thread()
     model = tp.task.build_model(tp.seed)  # its build time is the task probe's
     params = list(model.parameters())
     clock = _Clock()

@@ -41,6 +41,7 @@ import torch
 
 from ...core.regularize import absolute_shift
 from .. import provenance
+from ..threads import one_thread
 from .config import Unit
 from .tasks import Task, get_task
 
@@ -361,7 +362,7 @@ def identity(unit: Unit) -> dict[str, Any]:
 
 def run_unit(unit: Unit) -> list[dict[str, Any]]:
     """Train one unit and return its curve, run and root rows (see the module docstring)."""
-    torch.set_num_threads(1)
+    one_thread()
     from .peers import PeerUnavailableError
 
     task = get_task(unit.task.name, **unit.task.size)
