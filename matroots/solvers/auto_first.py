@@ -13,6 +13,15 @@ eigenvalues still give the kappa of every element whose band they decide, and th
 path estimates kappa as before, and where that estimate (exact, float64) decides a solve that reuses
 the decomposition, it solves from it (:func:`reusing`), instead of decomposing the matrix again.
 
+The band test reads only the ends of the computed spectrum (:func:`decomposed_ends`); no
+configuration's root spectrum is computed until the band has decided which configuration solves
+(until 2026-12-03 the lowest band's was computed first and dropped where another rank policy solved:
+fp64 n = 128 kappa 1e2-1e6, eigh[clamp] decomposes and eigh[perturb] solves; auto / chosen at kappa
+300: 1.14 -> 1.05). Where Weyl's bound below leaves a band open, the eigenpairs' certificate
+(:mod:`matroots.solvers.auto_certificate`: Rayleigh quotients, Kato-Temple, one float64 Cholesky)
+tries to close it before the float64 estimate is taken (fp32 n = 128 kappa ~7.6e3-1.45e4 around the
+1e4 edge).
+
 Nothing is tested before decomposing. Until 2026-12-03 one Cholesky of A - c I (c from ||A||_F and
 the lowest band edge whose solve cannot reuse the decomposition) decided whether to decompose first or
 to estimate first; it decided the cost only (either path returns what the solver it runs returns),
@@ -46,19 +55,30 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..core import precision
 from .auto_plan import Decision, Plan, group_decisions
 from .auto_result import Estimate
-from .eigh import EighConfig
+from .eigh import EighConfig, _ends
 from .kappa_estimate import EXACT_MAX_WORK
 
 SOURCE = "eigenvalues of the matrix solved (eigh, decomposed first: no separate estimate)"
+#: the source when Weyl's bound left some band open and the eigenpairs' certificate closed it
+SOURCE_CERTIFIED = (
+    "eigenpairs of the matrix solved (eigh, decomposed first; the band certified by Rayleigh quotients, "
+    "Kato-Temple or a float64 Cholesky: no separate estimate)"
+)
 #: the source when the eigenvalues proved a band whose decision is another solve (then run as usual)
 SOURCE_ELSEWHERE = (
     "eigenvalues of the lowest band's eigh (decomposed first; the band they prove chose another solve)"
+)
+#: the same where the eigenpairs' certificate proved some band (the source of :data:`SOURCE_CERTIFIED`)
+SOURCE_ELSEWHERE_CERTIFIED = (
+    "eigenpairs of the lowest band's eigh (decomposed first; certified by Rayleigh quotients, "
+    "Kato-Temple or a float64 Cholesky; the band they prove chose another solve)"
 )
 
 
@@ -78,23 +98,63 @@ def first_decision(
     return d
 
 
-def spectrum_estimate(plan: Plan, info: dict[str, Any], n: int, lapack: Any) -> Estimate | None:
+def decomposed_ends(prob: Any, w: Any) -> dict[str, list[float]]:
+    """``lambda_min``, ``lambda_max`` and ``eps_abs`` per element (float64, user units) of a
+    decomposition's ascending eigenvalues ``w``, the numbers :meth:`EighConfig._root_spectrum`
+    records (no psd policy here: :func:`first_decision`), from one strided copy read in one
+    ``tolist``: the band is decided before any configuration's spectrum is computed, so only the
+    chosen one's is (the lowest band's eigh[clamp] at fp64 computed one that eigh[perturb] dropped)."""
+    s = prob.prescale  # a power of two: the divisions are exact, as the tensor path's
+    lows, highs, shifts = [], [], []
+    for lo, hi in _ends(w).tolist():
+        eps_abs = 0.0
+        if prob.eps > 0:  # regularize.working_shift / s, on the same float64 roundings
+            eps_abs = float(prob.eps) * abs(hi) / s if prob.eps_mode == "relative" else float(prob.eps)
+        lows.append(lo / s)
+        highs.append(hi / s)
+        shifts.append(eps_abs)
+    return {"lambda_min": lows, "lambda_max": highs, "eps_abs": shifts}
+
+
+def spectrum_estimate(
+    plan: Plan,
+    info: dict[str, Any],
+    n: int,
+    lapack: Any,
+    certify: Callable[[list[int]], list[float | None]] | None = None,
+) -> Estimate | None:
     """kappa(A + eps_abs I) per element from an eigh run's ``lambda_min``, ``lambda_max`` and
-    ``eps_abs`` (float64, user units), when each element's band is certain (the module docstring's
-    bound, ``lapack``: the format eigh ran in); None when some element's is not."""
+    ``eps_abs`` (float64, user units; tensors or lists), when each element's band is certain (the
+    module docstring's bound, ``lapack``: the format eigh ran in); None when some element's is not.
+    ``certify``: for the elements that bound leaves open, their kappa where a sharper certificate
+    proves the band, else None (:func:`matroots.solvers.auto_certificate.certified_kappa`)."""
     u = precision.unit_roundoff(lapack)
-    lows, highs, shifts = (info[k].tolist() for k in ("lambda_min", "lambda_max", "eps_abs"))  # (b,) each
-    kappa = []
-    for lo_, hi_, s in zip(lows, highs, shifts, strict=True):
+    lows, highs, shifts = (_floats(info[k]) for k in ("lambda_min", "lambda_max", "eps_abs"))  # (b,) each
+    kappa: list[float] = []
+    open_rows = []
+    for i, (lo_, hi_, s) in enumerate(zip(lows, highs, shifts, strict=True)):
         lo, hi = lo_ + s, hi_ + s  # float64, as the usual path's estimate forms them
         delta = 2.0 * (n + 2) * u * abs(hi)
-        if not (math.isfinite(hi) and lo - delta > 0):
+        if math.isfinite(hi) and lo - delta > 0:
+            k_lo = max(1.0, (hi - delta) / (lo + delta))
+            if plan.band(k_lo) == plan.band((hi + delta) / (lo - delta)):
+                kappa.append(hi / lo)
+                continue
+        if certify is None:
             return None
-        k_lo = max(1.0, (hi - delta) / (lo + delta))
-        if plan.band(k_lo) != plan.band((hi + delta) / (lo - delta)):
+        kappa.append(math.nan)
+        open_rows.append(i)
+    if not open_rows:
+        return Estimate(kappa, SOURCE, 0.0, True)
+    for i, k in zip(open_rows, certify(open_rows), strict=True):
+        if k is None:
             return None
-        kappa.append(hi / lo)
-    return Estimate(kappa, SOURCE, 0.0, True)
+        kappa[i] = k
+    return Estimate(kappa, SOURCE_CERTIFIED, 0.0, True)
+
+
+def _floats(v: Any) -> list[float]:
+    return v.tolist() if hasattr(v, "tolist") else list(v)
 
 
 def reuses(d: Decision, first: Decision) -> bool:
@@ -124,14 +184,12 @@ def reusing(plan: Plan, kappa: list[float], first: Decision) -> tuple | None:
 @dataclass(slots=True)
 class Decomposed:
     """What decomposing first computed, kept for the solve that reuses it: the lowest band's
-    decision, the chosen template's problem, the decomposition, its notes before ``first``'s
-    spectrum, that spectrum, the group's options and the start time of the solve."""
+    decision, the chosen template's problem, the decomposition (its notes so far: no
+    configuration's spectrum yet), the group's options and the start time of the solve."""
 
     first: Decision
     prob: Any
     dec: Any
-    notes: dict
-    spectrum: Any
     group: Any
     t1: float
 
@@ -148,8 +206,11 @@ def same_solve(d: Decision, first: Decision) -> bool:
 
 __all__ = [
     "SOURCE",
+    "SOURCE_CERTIFIED",
     "SOURCE_ELSEWHERE",
+    "SOURCE_ELSEWHERE_CERTIFIED",
     "Decomposed",
+    "decomposed_ends",
     "first_decision",
     "reuses",
     "reusing",
