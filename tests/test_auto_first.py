@@ -307,3 +307,24 @@ def test_the_shipped_table_at_n_128_decides_as_the_float64_estimate(dtype, kappa
     assert torch.equal(res.root, cfg.solve(A, 4, **sopts).root)
     own = _eighs(lambda: cfg.solve(A, 4, **sopts))  # the chosen solve's own (1 for eigh)
     assert _eighs(lambda: matroots.inverse_root(A, 4, method="auto")) == own + spare
+
+
+@pytest.mark.parametrize(
+    ("dtype", "kappa"), [(torch.float64, 300.0), (torch.float64, 10.0), (torch.float32, 10.0)]
+)
+def test_only_the_chosen_eighs_root_spectrum_is_computed(dtype, kappa) -> None:
+    """Shipped table, n = 128, p = 4: fp64 kappa 300 decomposes for eigh[clamp] (the lowest band) and
+    solves with eigh[perturb]; only perturb's root spectrum is computed (one pow: until 2026-12-03
+    clamp's was computed too and dropped, 17 operations beyond the chosen solve's instead of 5). auto
+    adds at most 5 dispatched operations to the chosen solve's own (the exact-symmetry test, the
+    finiteness sum, the batch view, the spectrum's ends)."""
+    A = _spd(kappa, n=128).to(dtype)
+    res = matroots.inverse_root(A, 4, method="auto")
+    cfg, sopts = candidate(load_table(), res.info["auto"]["chosen"][0])
+    assert res.info["auto"]["kappa_source"] == SOURCE and torch.equal(res.root, cfg.solve(A, 4, **sopts).root)
+    with OpCount() as mine:
+        matroots.inverse_root(A, 4, method="auto")
+    with OpCount() as own:
+        cfg.solve(A, 4, **sopts)
+    assert mine.ops["aten.pow.Tensor_Scalar"] == own.ops["aten.pow.Tensor_Scalar"] == 1
+    assert sum(mine.ops.values()) - sum(own.ops.values()) <= 5, mine.ops - own.ops

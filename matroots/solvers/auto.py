@@ -90,6 +90,7 @@ from .auto_first import (
     first_decision,
     reusing,
     spectrum_estimate,
+    spectrum_first,
 )
 from .auto_plan import Decision, Plan, decide, group_decisions, plan_for
 from .auto_result import Estimate, merge, question, report, spectrum_kappa
@@ -314,17 +315,20 @@ class AutoConfig(SolverConfig):
         group = group.trusting()
         cfg = first.config
         t1 = time.perf_counter()
-        try:  # cfg._solve's template up to the decomposition; the chosen one's spectrum comes after
+        notes, sp = None, None
+        try:  # cfg._solve's template up to the decomposition (and its spectrum: spectrum_first)
             prob = cfg._prepare(sub, pp, group)
             dec = cfg._decompose(prob)
+            lapack = precision.lapack_dtype(prob.compute_dtype)
+            if spectrum_first(plan, first, call.n, lapack):  # solves reusing it read first's spectrum
+                notes = dict(dec.info)  # the decomposition's notes, for another rank policy's spectrum
+                sp = cfg.spectrum_of(prob, dec, inverse=group.inverse)  # adds its notes to dec.info
         except MatrootsNumericalError:  # the usual path decides (and re-solves or raises) as before
             return None, None, None
-        kept = Decomposed(first, prob, dec, group, t1)
+        kept = Decomposed(first, prob, dec, group, t1, notes, sp)
         t_est = time.perf_counter()
-        lapack = precision.lapack_dtype(prob.compute_dtype)
-        est = spectrum_estimate(
-            plan, decomposed_ends(prob, dec.w), call.n, lapack, self._certifier(plan, prob, dec, lapack)
-        )
+        ends = dec.info if sp is not None else decomposed_ends(prob, dec.w)
+        est = spectrum_estimate(plan, ends, call.n, lapack, self._certifier(plan, prob, dec, lapack))
         est_seconds = time.perf_counter() - t_est
         if est is None:  # uncertain: the float64 estimate decides, and may still choose a reusing eigh
             return None, None, kept
@@ -361,9 +365,11 @@ class AutoConfig(SolverConfig):
         None where it raises (the usual path then re-solves it, and its own solve raises the same)."""
         d, idx, cells = hit
         chosen = d.config  # first's, or an eigh differing in the rank policy only (reuses)
-        prob, dec, group = kept.prob, kept.dec, kept.group
-        try:  # chosen._run's second phase (its spectrum included): what its own solve does after it
-            raw = chosen._from_decomposition(prob, dec, inverse=group.inverse)
+        prob, dec, group, sp = kept.prob, kept.dec, kept.group, kept.spectrum
+        if sp is not None and chosen != kept.first.config:  # its own spectrum, from the notes alone
+            dec.info, sp = kept.notes, None
+        try:  # chosen._run's second phase: what its own solve does after the same decomposition
+            raw = chosen._from_decomposition(prob, dec, inverse=group.inverse, spectrum=sp)
         except MatrootsNumericalError:
             return None
         res = chosen._finalise(

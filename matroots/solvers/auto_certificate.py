@@ -60,9 +60,9 @@ Numerical Algorithms*, 2nd ed., 2002, §3.1, (3.4)-(3.11)).
 Order (:func:`certified_kappa`): where the computed eigenvalues put kappa below the edge K inside
 Weyl's interval, the Cholesky runs first and alone decides it (one float64 copy of A and one potrf,
 ~60 us at n = 128 against ~600 us for the float64 ``eigvalsh`` it replaces, plus ~100 us of numpy
-calls); else 1-2 first (one matrix-vector product with two vectors). At n = 128, p = 4, fp32 randsvd
-kappa 9e3, auto / chosen CPU time 1.56 -> 1.28 (``experiments/bench_auto_first.py``, docs/design.md
-§7).
+calls); else 1-2 first (one matrix-vector product with two vectors). At n = 128, p = 4, fp32 kappa
+9e3, auto / chosen CPU time 1.51 -> 1.23 (randsvd), 1.55 -> 1.24 (G G^T + eps I)
+(``experiments/bench_auto_first.py``, docs/design.md §7).
 
 Every bound is evaluated in float64 with a few more roundings, each within u of a quantity of size
 <= 2F: each is widened by pad = 64 u F, more than their sum. kappa's interval is then formed from the

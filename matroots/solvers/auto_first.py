@@ -13,11 +13,12 @@ eigenvalues still give the kappa of every element whose band they decide, and th
 path estimates kappa as before, and where that estimate (exact, float64) decides a solve that reuses
 the decomposition, it solves from it (:func:`reusing`), instead of decomposing the matrix again.
 
-The band test reads only the ends of the computed spectrum (:func:`decomposed_ends`); no
-configuration's root spectrum is computed until the band has decided which configuration solves
-(until 2026-12-03 the lowest band's was computed first and dropped where another rank policy solved:
-fp64 n = 128 kappa 1e2-1e6, eigh[clamp] decomposes and eigh[perturb] solves; auto / chosen at kappa
-300: 1.14 -> 1.05). Where Weyl's bound below leaves a band open, the eigenpairs' certificate
+Where another rank policy of the same eigh decides some band (:func:`spectrum_first`; fp64 in the
+shipped table: eigh[clamp] decomposes, eigh[perturb] solves from kappa 1e2), the band test reads only
+the ends of the computed spectrum (:func:`decomposed_ends`) and only the chosen configuration's root
+spectrum is computed; until 2026-12-03 the lowest band's was computed first and dropped there (fp64
+n = 128 kappa 300: auto / chosen 1.14 -> 1.05, 17 operations beyond the chosen solve's -> 5).
+Elsewhere (fp32) the lowest band's spectrum is computed with the decomposition and reused, as before. Where Weyl's bound below leaves a band open, the eigenpairs' certificate
 (:mod:`matroots.solvers.auto_certificate`: Rayleigh quotients, Kato-Temple, one float64 Cholesky)
 tries to close it before the float64 estimate is taken (fp32 n = 128 kappa ~7.6e3-1.45e4 around the
 1e4 edge).
@@ -58,6 +59,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ..core import precision
 from .auto_plan import Decision, Plan, group_decisions
@@ -105,8 +108,13 @@ def decomposed_ends(prob: Any, w: Any) -> dict[str, list[float]]:
     ``tolist``: the band is decided before any configuration's spectrum is computed, so only the
     chosen one's is (the lowest band's eigh[clamp] at fp64 computed one that eigh[perturb] dropped)."""
     s = prob.prescale  # a power of two: the divisions are exact, as the tensor path's
+    if w.device.type == "cpu":  # numpy views: no torch dispatch (the float64 values of _ends(w))
+        wn = w.detach().numpy()
+        pairs = zip(wn[:, 0].astype(np.float64).tolist(), wn[:, -1].astype(np.float64).tolist(), strict=True)
+    else:
+        pairs = _ends(w).tolist()
     lows, highs, shifts = [], [], []
-    for lo, hi in _ends(w).tolist():
+    for lo, hi in pairs:
         eps_abs = 0.0
         if prob.eps > 0:  # regularize.working_shift / s, on the same float64 roundings
             eps_abs = float(prob.eps) * abs(hi) / s if prob.eps_mode == "relative" else float(prob.eps)
@@ -184,14 +192,36 @@ def reusing(plan: Plan, kappa: list[float], first: Decision) -> tuple | None:
 @dataclass(slots=True)
 class Decomposed:
     """What decomposing first computed, kept for the solve that reuses it: the lowest band's
-    decision, the chosen template's problem, the decomposition (its notes so far: no
-    configuration's spectrum yet), the group's options and the start time of the solve."""
+    decision, the chosen template's problem, the decomposition, the group's options, the start
+    time of the solve, and (where :func:`spectrum_first`) the decomposition's notes before
+    ``first``'s spectrum and that spectrum (else None: no configuration's spectrum yet)."""
 
     first: Decision
     prob: Any
     dec: Any
     group: Any
     t1: float
+    notes: dict | None = None
+    spectrum: Any = None
+
+
+def spectrum_first(plan: Plan, first: Decision, n: int, lapack: Any) -> bool:
+    """Whether ``first``'s own root spectrum is computed with the decomposition (as its solve does),
+    before the band is known: where no band below kappa ``limit`` decides another rank policy of the
+    same eigh, the solves that reuse the decomposition there are ``first``'s, and the band test reads
+    that spectrum's notes (fp32 in the shipped table). Else the band is read off the ends of the
+    eigenvalues (:func:`decomposed_ends`) and only the chosen configuration's spectrum is computed
+    (fp64: eigh[clamp] below kappa 1e2, eigh[perturb] above). ``limit`` = 1 / (2 (n + 2) u),
+    ``lapack`` the format eigh runs in: past it the computed eigenvalues prove no band (lambda_min
+    within delta), and a band up there (fp32: the best effort eigh[clamp] from 1e10) rarely reuses
+    the decomposition. Memoised on the plan (one n, one format)."""
+    if plan.first_spectrum is None:
+        limit = 1.0 / (2.0 * (n + 2) * precision.unit_roundoff(lapack))
+        below = [1.0, *(k for k in plan.edges.tolist() if k < limit)]
+        plan.first_spectrum = not any(
+            d.config != first.config and reuses(d, first) for d in map(plan.decision, below)
+        )
+    return plan.first_spectrum
 
 
 def same_solve(d: Decision, first: Decision) -> bool:
@@ -216,4 +246,5 @@ __all__ = [
     "reusing",
     "same_solve",
     "spectrum_estimate",
+    "spectrum_first",
 ]
