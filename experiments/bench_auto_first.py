@@ -4,8 +4,8 @@ chosen solver cost (process CPU time, medians over interleaved rounds of --reps 
   chosen          the configuration auto picked, called directly with the same solve options
   estimate_first  the float64 estimate first, then the chosen solve (auto_first disabled)
   weyl_only       decomposing first with Weyl's bound on the computed eigenvalues alone (the
-                  eigenpairs' certificate, matroots.solvers.auto_certificate, disabled: auto until
-                  2026-12-03 evening, but for the spectrum it computes once now)
+                  eigenpairs' certificate, matroots.solvers.auto_certificate, disabled; all else as
+                  auto: where Weyl decides, the same path)
   cholesky_test   (--cholesky-test) decomposing first only where a Cholesky of A - c I passes (until
                   2026-12-03: c = ||A||_F (1 / K + 4 (n + 2) u), K the lowest band edge whose solve
                   cannot reuse the decomposition; the function is kept here, `_likely_certain`)

@@ -65,7 +65,8 @@ calls); else 1-2 first (one matrix-vector product with two vectors). At n = 128,
 (``experiments/bench_auto_first.py``, docs/design.md §7).
 
 Every bound is evaluated in float64 with a few more roundings, each within u of a quantity of size
-<= 2F: each is widened by pad = 64 u F, more than their sum. kappa's interval is then formed from the
+<= 2F: each is widened by pad = 64 u F, more than their sum (plus 2 n^2 2^-1074 for products that
+underflow: the gamma bounds assume none does). kappa's interval is then formed from the
 eigenvalue intervals at the corners (kappa increases with lambda_n and decreases with lambda_1 while
 lambda_1 + s > 0), each end widened by 8 u of its terms.
 """
@@ -138,7 +139,7 @@ def _box(
 ) -> EigenBox | None:
     if not all(math.isfinite(v) for v in (*W, *rho, *N, *S, F)) or min(S) <= 0:
         return None
-    pad = 64.0 * _U * F
+    pad = 64.0 * _U * F + 2 * n * n * _TINY  # the evaluation's roundings; gradual underflow
     e_rho = 4.0 * _gamma(n + 1) * F + pad
     e_eta = [
         math.sqrt(max(N[k], 0.0) / S[k]) * (1.0 + 2.0 * _gamma(n + 2)) + 2.0 * _gamma(n + 1) * F + pad
@@ -171,13 +172,16 @@ def _tau(d: np.ndarray, n: int) -> float:
     return (g1 * (1.0 + _gamma(n)) + _U / (1.0 - _U)) * float(np.abs(d).sum()) + 2 * n * n * _TINY
 
 
-def cholesky_lower_bound(a: np.ndarray, c: float, overwrite: bool = False) -> float | None:
+def cholesky_lower_bound(
+    a: np.ndarray, c: float, overwrite: bool = False, diag: np.ndarray | None = None
+) -> float | None:
     """A lower bound c - tau (less its evaluation's rounding) on lambda_1 of the symmetric float64
     matrix ``a`` (n, n) when LAPACK's Cholesky of fl(a - c I) runs to completion, else None (module
-    docstring, 3). ``overwrite``: factorise ``a`` itself (C-contiguous), not a copy."""
+    docstring, 3). ``overwrite``: factorise ``a`` itself (C-contiguous), not a copy; ``diag``: a's
+    diagonal when the caller has it (a strided pass fewer)."""
     n = a.shape[-1]
     B = a if overwrite else a.copy()  # C order; symmetric, so B.T is the same matrix in Fortran order
-    d = np.diagonal(a) - c  # fl(a_ii - c): B's diagonal (a copy, taken before B is written)
+    d = (np.diagonal(a) if diag is None else diag) - c  # fl(a_ii - c): B's diagonal (a new array)
     np.fill_diagonal(B, d)
     tau = _tau(d, n)
     _, info = _lapack.dpotrf(B.T, lower=0, clean=0, overwrite_a=1)
@@ -248,9 +252,10 @@ def certified_kappa(
                 # c: m_star plus twice tau there (sum |a_ii - m_star| <= |tr A| + n |m_star| for the
                 # a_ii >= lambda_1 > m_star of a matrix the factorisation can succeed on); rigour is
                 # cholesky_lower_bound's: a c too small only leaves the band open
-                est = (abs(float(np.trace(a))) + n * abs(m_star)) * 2 * _gamma(n + 1)
+                diag = np.diagonal(a).copy()
+                est = (abs(float(diag.sum())) + n * abs(m_star)) * 2 * _gamma(n + 1)
                 c = m_star + 2.0 * est + 16 * _U * abs(m_star)
-                bound = cholesky_lower_bound(a, c, overwrite=True)
+                bound = cholesky_lower_bound(a, c, overwrite=True, diag=diag)
                 a = None  # factorised in place
                 if bound is None:
                     continue
