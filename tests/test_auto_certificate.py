@@ -18,7 +18,15 @@ from matroots.solvers import kappa_estimate
 from matroots.solvers.auto import AutoConfig
 from matroots.solvers.auto_candidates import candidate
 from matroots.solvers.auto_certificate import cholesky_lower_bound, extreme_bounds
-from matroots.solvers.auto_first import SOURCE, SOURCE_CERTIFIED, SOURCE_ELSEWHERE, SOURCE_ELSEWHERE_CERTIFIED
+from matroots.solvers.auto_first import (
+    MAX_CERTIFIED,
+    SOURCE,
+    SOURCE_CERTIFIED,
+    SOURCE_ELSEWHERE,
+    SOURCE_ELSEWHERE_CERTIFIED,
+    spectrum_estimate,
+)
+from matroots.solvers.auto_plan import plan_for
 from matroots.solvers.auto_table import load_table
 from matroots.study import matrices
 
@@ -234,3 +242,24 @@ def test_an_indefinite_matrix_near_the_edge_keeps_the_usual_path() -> None:
     res = AutoConfig(fallback=matroots.EighConfig(rank_policy="clamp")).solve(A, 4)
     a = res.info["auto"]
     assert a["kappa_source"] == "eigenvalues (float64 eigvalsh)" and a["kappa_estimate"] == [math.inf]
+
+
+def test_past_a_few_open_elements_the_batched_estimate_decides() -> None:
+    """The certificate runs per element: with more than MAX_CERTIFIED elements open, spectrum_estimate
+    leaves the batch to the float64 estimate (None) without calling it; with fewer it is asked for
+    exactly the open ones."""
+    plan = plan_for(object(), None, matroots.EighConfig(), "cpu", torch.float32, N, 4, 1e-3, True)
+    asked: list[list[int]] = []
+
+    def certify(rows: list[int]) -> list[float]:
+        asked.append(rows)
+        return [9e3] * len(rows)
+
+    def info(b: int) -> dict:  # kappa 1e4 - 1: Weyl's interval straddles the edge; element 0 kappa 10
+        lo = [0.1] + [1.0 / (1e4 - 1)] * (b - 1)
+        return {"lambda_min": lo, "lambda_max": [1.0] * b, "eps_abs": [0.0] * b}
+
+    assert spectrum_estimate(plan, info(MAX_CERTIFIED + 2), N, torch.float32, certify) is None and not asked
+    est = spectrum_estimate(plan, info(MAX_CERTIFIED + 1), N, torch.float32, certify)
+    assert asked == [list(range(1, MAX_CERTIFIED + 1))] and est.source == SOURCE_CERTIFIED
+    assert est.kappa == [10.0] + [9e3] * MAX_CERTIFIED
