@@ -64,6 +64,13 @@ calls); else 1-2 first (one matrix-vector product with two vectors). At n = 128,
 9e3, auto / chosen CPU time 1.51 -> 1.23 (randsvd), 1.55 -> 1.24 (G G^T + eps I)
 (``experiments/bench_auto_first.py``, docs/design.md §7).
 
+What rests on what: the bounds of 1 and 3 (lambda_1 <= rho^_1 + e_rho, lambda_n >= rho^_n - e_rho,
+lambda_1 >= c - tau) follow from A's entries and float64 rounding alone; Weyl's intervals, beta,
+alpha, and so the upper bound on lambda_n, rest on the backward-stability bound delta of the band
+test itself (auto_first), as every band decision of decomposing first does. Proving kappa < K uses
+the upper bound on lambda_n: a second Cholesky, of c' I - A, would make that end independent of delta
+too, at the cost of the first.
+
 Every bound is evaluated in float64 with a few more roundings, each within u of a quantity of size
 <= 2F: each is widened by pad = 64 u F, more than their sum (plus 2 n^2 2^-1074 for products that
 underflow: the gamma bounds assume none does). kappa's interval is then formed from the
