@@ -3,17 +3,22 @@ chosen solver cost (process CPU time, medians over interleaved rounds of --reps 
 
   chosen          the configuration auto picked, called directly with the same solve options
   estimate_first  the float64 estimate first, then the chosen solve (auto_first disabled)
-  cholesky_test   decomposing first only where a Cholesky of A - c I passes (until 2026-12-03:
-                  c = ||A||_F (1 / K + 4 (n + 2) u), K the lowest band edge whose solve cannot reuse
-                  the decomposition; the function is kept here, `_likely_certain`)
-  auto            method="auto" as it is (decomposing first, no test)
+  weyl_only       decomposing first with Weyl's bound on the computed eigenvalues alone (the
+                  eigenpairs' certificate, matroots.solvers.auto_certificate, disabled; all else as
+                  auto: where Weyl decides, the same path)
+  cholesky_test   (--cholesky-test) decomposing first only where a Cholesky of A - c I passes (until
+                  2026-12-03: c = ||A||_F (1 / K + 4 (n + 2) u), K the lowest band edge whose solve
+                  cannot reuse the decomposition; the function is kept here, `_likely_certain`)
+  auto            method="auto" as it is (decomposing first, the certificate where Weyl's bound is open)
 
-Cases: ``default`` (fp32 G G^T / 2n + 1e-3 I, bench_call_overhead's factor) and randsvd matrices of
-each --dtypes x --kappas (exactly symmetric). Every variant's root is asserted bitwise the chosen one's.
+Cases: ``default`` (fp32 G G^T / 2n + 1e-3 I, bench_call_overhead's factor), randsvd matrices of each
+--dtypes x --kappas (exactly symmetric), and fp32 rank-deficient Shampoo-like factors
+G G^T + eps I (G: n x n/4, fp32, baddbmm; eps for kappa ~K) for each --ggt-kappas K. Every variant's
+root is asserted bitwise the chosen one's.
 
   OMP_NUM_THREADS=1 PYTHONPATH=. python experiments/bench_auto_first.py --rounds 31
   OMP_NUM_THREADS=1 PYTHONPATH=. python experiments/bench_auto_first.py --dtypes fp32 fp64 \\
-      --kappas 10 300 3000 3e4 3e5 1e6 --rounds 21
+      --kappas 10 300 3000 9000 1.3e4 3e4 3e5 1e6 --ggt-kappas 9000 1.3e4 --rounds 21 --reps 3
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from matroots.study import matrices
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
 
-def _cases(n: int, dtypes: list[str], kappas: list[float]) -> dict[str, torch.Tensor]:
+def _cases(n: int, dtypes: list[str], kappas: list[float], ggt: list[float]) -> dict[str, torch.Tensor]:
     G = torch.randn(n, 2 * n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     default = (G @ G.T / (2 * n) + 1e-3 * torch.eye(n, dtype=torch.float64)).float()
     out = {"default": torch.maximum(default, default.mT)}
@@ -46,6 +51,11 @@ def _cases(n: int, dtypes: list[str], kappas: list[float]) -> dict[str, torch.Te
                 DTYPES[dt]
             )
             out[f"{dt}-{k:g}"] = torch.maximum(A, A.mT)
+    for k in ggt:
+        G = torch.randn(1, n, n // 4, generator=torch.Generator().manual_seed(1))
+        eps = float(np.linalg.eigvalsh((G @ G.mT).double().numpy())[0, -1]) / k
+        F = torch.baddbmm(eps * torch.eye(n).expand(1, n, n), G, G.mT)[0]
+        out[f"ggt32-{k:g}"] = torch.maximum(F, F.mT)
     return out
 
 
@@ -92,26 +102,33 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "fp64"], choices=sorted(DTYPES))
     ap.add_argument("--kappas", type=float, nargs="+", default=[1e5, 1e3])
+    ap.add_argument("--ggt-kappas", type=float, nargs="*", default=[])
+    ap.add_argument("--cholesky-test", action="store_true", help="also time the pre-test path")
     args = ap.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     estimate_first = AutoConfig()
     object.__setattr__(estimate_first, "_first_decision", lambda *a: None)  # always the estimate first
+    weyl_only = AutoConfig()
+    object.__setattr__(weyl_only, "_certifier", lambda *a: None)  # spectrum_estimate without certify
     tested, auto = _with_test(AutoConfig()), AutoConfig()
-    for name, A in _cases(args.n, args.dtypes, args.kappas).items():
+    for name, A in _cases(args.n, args.dtypes, args.kappas, args.ggt_kappas).items():
         res = auto.solve(A, args.p)
         label = res.info["auto"]["chosen"][0]
         cfg, sopts = candidate(load_table(), label)
         direct = cfg.solve(A, args.p, **sopts)
-        for other in (estimate_first, tested):
+        for other in (estimate_first, weyl_only, tested):
             assert torch.equal(other.solve(A, args.p).root, direct.root), name
         assert torch.equal(res.root, direct.root), name
         calls = {
             "chosen": lambda A=A, cfg=cfg, sopts=sopts: cfg.solve(A, args.p, **sopts),
             "estimate_first": lambda A=A: estimate_first.solve(A, args.p),
+            "weyl_only": lambda A=A: weyl_only.solve(A, args.p),
             "cholesky_test": lambda A=A: tested.solve(A, args.p),
             "auto": lambda A=A: auto.solve(A, args.p),
         }
+        if not args.cholesky_test:
+            del calls["cholesky_test"]
         times: dict[str, list[float]] = {k: [] for k in calls}
         for f in calls.values():
             f()
@@ -125,10 +142,10 @@ def main() -> None:
                 times[k].append((time.process_time() - t0) / args.reps)
         med = {k: float(np.median(v)) for k, v in times.items()}
         rel = {k: med[k] / med["chosen"] for k in calls}
+        others = ", ".join(f"{k} {rel[k]:.3f}" for k in calls if k != "chosen")
         print(
-            f"{name:10s} {label:32s} chosen {med['chosen'] * 1e3:7.3f} ms  auto/chosen: estimate first "
-            f"{rel['estimate_first']:.3f}, Cholesky test {rel['cholesky_test']:.3f}, auto {rel['auto']:.3f}"
-            f"  [{res.info['auto']['kappa_source'][:32]}]",
+            f"{name:12s} {label:32s} chosen {med['chosen'] * 1e3:7.3f} ms  auto/chosen: {others}"
+            f"  [{res.info['auto']['kappa_source'][:40]}]",
             flush=True,
         )
 

@@ -22,7 +22,9 @@ from matroots.solvers.auto import AutoConfig
 from matroots.solvers.auto_candidates import candidate
 from matroots.solvers.auto_first import (
     SOURCE,
+    SOURCE_CERTIFIED,
     SOURCE_ELSEWHERE,
+    SOURCE_ELSEWHERE_CERTIFIED,
     spectrum_estimate,
 )
 from matroots.solvers.auto_plan import plan_for
@@ -260,15 +262,16 @@ def test_the_shipped_table_at_n_128_fp32_is_one_eigh_bitwise_the_chosen_solve() 
 # (dtype, kappa, kappa_source, eighs besides the chosen solve's own) on the shipped table, n = 128,
 # p = 4, at the default targets: around the edge of the eigh bands (fp32 1e4, fp64 1e6), where the
 # Cholesky test that decided the path until 2026-12-03 mattered (it failed from fp32 kappa ~3e3), and
-# beyond it, where the fp32 eigenvalues cannot prove a band (kappa > 1 / (2 (n + 2) u) ~ 6e4)
+# beyond it, where the fp32 eigenvalues alone cannot prove a band (kappa > 1 / (2 (n + 2) u) ~ 6e4)
 SHIPPED_128 = [
     (torch.float32, 10.0, SOURCE, 0),
     (torch.float32, 3e3, SOURCE, 0),  # the test failed here: estimate first, then the eigh
-    # the interval straddles 1e4: the float64 estimate decides, the eigh solves from the decomposition
-    (torch.float32, 9e3, ESTIMATED, 1),
+    # Weyl's interval straddles 1e4; the eigenpairs' certificate (a float64 Cholesky) proves kappa < 1e4
+    (torch.float32, 9e3, SOURCE_CERTIFIED, 0),
     (torch.float32, 2e4, SOURCE_ELSEWHERE, 1),  # polar_express on the eigenvalues' kappa
-    (torch.float32, 1e5, ESTIMATED, 2),  # lambda_min within fp32's bound: the eigh and the estimate
-    (torch.float32, 1e7, ESTIMATED, 2),  # unattainable: halley, the best effort, with a TargetWarning
+    # lambda_min within fp32's Weyl bound: the Rayleigh quotient and a Cholesky prove the band
+    (torch.float32, 1e5, SOURCE_ELSEWHERE_CERTIFIED, 1),
+    (torch.float32, 1e7, SOURCE_ELSEWHERE_CERTIFIED, 1),  # unattainable: halley, with a TargetWarning
     (torch.float64, 1e3, SOURCE, 0),  # eigh[clamp] decomposes, eigh[perturb] solves from it
     (torch.float64, 9e5, SOURCE, 0),
     (torch.float64, 1.5e6, SOURCE_ELSEWHERE, 1),  # coupled Newton on the eigenvalues' kappa
@@ -292,10 +295,36 @@ def test_the_shipped_table_at_n_128_decides_as_the_float64_estimate(dtype, kappa
     assert a["chosen"] == b["chosen"] and torch.equal(res.root, ref.root)
     assert [g["status"] for g in a["groups"]] == [g["status"] for g in b["groups"]]
     assert warned.count(TargetWarning) == 2 * (a["groups"][0]["status"] == "unattainable")
-    assert a["kappa_estimate"][0] == pytest.approx(
-        b["kappa_estimate"][0], rel=1e-3 if dtype == torch.float32 else 1e-9
-    )
+    k, exact = a["kappa_estimate"][0], b["kappa_estimate"][0]
+    if source in (SOURCE_CERTIFIED, SOURCE_ELSEWHERE_CERTIFIED):
+        # the computed eigenvalues' kappa or the Rayleigh quotients' (at most the exact one), inside
+        # Weyl's interval: within 2 (n + 2) u kappa (relative, to first order) of the exact kappa
+        rate = 2 * 130 * (2.0**-24 if dtype == torch.float32 else 2.0**-53) * exact
+        assert k == pytest.approx(exact, rel=1.01 * rate / (1 - rate) if rate < 1 else 1.0)
+    else:
+        assert k == pytest.approx(exact, rel=1e-3 if dtype == torch.float32 else 1e-9)
     cfg, sopts = candidate(load_table(), a["chosen"][0])
     assert torch.equal(res.root, cfg.solve(A, 4, **sopts).root)
     own = _eighs(lambda: cfg.solve(A, 4, **sopts))  # the chosen solve's own (1 for eigh)
     assert _eighs(lambda: matroots.inverse_root(A, 4, method="auto")) == own + spare
+
+
+@pytest.mark.parametrize(
+    ("dtype", "kappa"), [(torch.float64, 300.0), (torch.float64, 10.0), (torch.float32, 10.0)]
+)
+def test_only_the_chosen_eighs_root_spectrum_is_computed(dtype, kappa) -> None:
+    """Shipped table, n = 128, p = 4: fp64 kappa 300 decomposes for eigh[clamp] (the lowest band) and
+    solves with eigh[perturb]; only perturb's root spectrum is computed (one pow: until 2026-12-03
+    clamp's was computed too and dropped, 17 operations beyond the chosen solve's instead of 5). auto
+    adds at most 5 dispatched operations to the chosen solve's own (the exact-symmetry test, the
+    finiteness sum, the batch view, the spectrum's ends)."""
+    A = _spd(kappa, n=128).to(dtype)
+    res = matroots.inverse_root(A, 4, method="auto")
+    cfg, sopts = candidate(load_table(), res.info["auto"]["chosen"][0])
+    assert res.info["auto"]["kappa_source"] == SOURCE and torch.equal(res.root, cfg.solve(A, 4, **sopts).root)
+    with OpCount() as mine:
+        matroots.inverse_root(A, 4, method="auto")
+    with OpCount() as own:
+        cfg.solve(A, 4, **sopts)
+    assert mine.ops["aten.pow.Tensor_Scalar"] == own.ops["aten.pow.Tensor_Scalar"] == 1
+    assert sum(mine.ops.values()) - sum(own.ops.values()) <= 5, mine.ops - own.ops

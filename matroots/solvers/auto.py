@@ -80,7 +80,18 @@ from ..core.psd import check_policy, floor_level
 from ..core.result import RootResult
 from . import auto_table, kappa_estimate, registry
 from .auto_candidates import SOLVE_OPTIONS, default_safe
-from .auto_first import SOURCE_ELSEWHERE, Decomposed, first_decision, reusing, spectrum_estimate
+from .auto_certificate import certified_kappa
+from .auto_first import (
+    SOURCE_CERTIFIED,
+    SOURCE_ELSEWHERE,
+    SOURCE_ELSEWHERE_CERTIFIED,
+    Decomposed,
+    decomposed_ends,
+    first_decision,
+    reusing,
+    spectrum_estimate,
+    spectrum_first,
+)
 from .auto_plan import Decision, Plan, decide, group_decisions, plan_for
 from .auto_result import Estimate, merge, question, report, spectrum_kappa
 from .auto_targets import TargetWarning, default_target_of, expected_error, target_message
@@ -304,24 +315,39 @@ class AutoConfig(SolverConfig):
         group = group.trusting()
         cfg = first.config
         t1 = time.perf_counter()
-        try:  # cfg._solve's template up to the decomposition, and the spectrum it reads kappa off
+        notes, sp = None, None
+        try:  # cfg._solve's template up to the decomposition (and its spectrum: spectrum_first)
             prob = cfg._prepare(sub, pp, group)
             dec = cfg._decompose(prob)
-            notes = dict(dec.info)  # the decomposition's notes, for another rank policy's spectrum
-            sp = cfg.spectrum_of(prob, dec, inverse=group.inverse)  # adds its notes to dec.info
+            lapack = precision.lapack_dtype(prob.compute_dtype)
+            if spectrum_first(plan, first, call.n, lapack):  # solves reusing it read first's spectrum
+                notes = dict(dec.info)  # the decomposition's notes, for another rank policy's spectrum
+                sp = cfg.spectrum_of(prob, dec, inverse=group.inverse)  # adds its notes to dec.info
         except MatrootsNumericalError:  # the usual path decides (and re-solves or raises) as before
             return None, None, None
-        kept = Decomposed(first, prob, dec, notes, sp, group, t1)
+        kept = Decomposed(first, prob, dec, group, t1, notes, sp)
         t_est = time.perf_counter()
-        est = spectrum_estimate(plan, dec.info, call.n, precision.lapack_dtype(prob.compute_dtype))
+        ends = dec.info if sp is not None else decomposed_ends(prob, dec.w)
+        est = spectrum_estimate(plan, ends, call.n, lapack, self._certifier(plan, prob, dec, lapack))
         est_seconds = time.perf_counter() - t_est
         if est is None:  # uncertain: the float64 estimate decides, and may still choose a reusing eigh
             return None, None, kept
         hit = reusing(plan, est.kappa, first)  # exact: no safety factor
         if hit is None:
-            return None, Estimate(est.kappa, SOURCE_ELSEWHERE, 0.0, True), None
+            elsewhere = SOURCE_ELSEWHERE_CERTIFIED if est.source == SOURCE_CERTIFIED else SOURCE_ELSEWHERE
+            return None, Estimate(est.kappa, elsewhere, 0.0, True), None
         done = self._from_first(kept, hit, call, plan, est, est_seconds, opts, t0)
         return done, (est if done is not None else None), None
+
+    @staticmethod
+    def _certifier(plan: Plan, prob: Any, dec: Any, lapack: torch.dtype) -> Any:
+        """The sharper band certificate for the elements Weyl's bound leaves open
+        (:func:`matroots.solvers.auto_certificate.certified_kappa`), as ``spectrum_estimate`` calls it."""
+        rate = 2.0 * (prob.n + 2) * precision.unit_roundoff(lapack)  # the band test's delta per max |w|
+        return lambda rows: certified_kappa(
+            plan, dec.A, dec.Q, dec.w, rows, eps=float(prob.eps), eps_mode=str(prob.eps_mode),
+            prescale=prob.prescale, delta_rate=rate,
+        )  # fmt: skip
 
     def _from_first(
         self,
@@ -340,7 +366,7 @@ class AutoConfig(SolverConfig):
         d, idx, cells = hit
         chosen = d.config  # first's, or an eigh differing in the rank policy only (reuses)
         prob, dec, group, sp = kept.prob, kept.dec, kept.group, kept.spectrum
-        if chosen != kept.first.config:  # its own spectrum, from the decomposition's notes alone
+        if sp is not None and chosen != kept.first.config:  # its own spectrum, from the notes alone
             dec.info, sp = kept.notes, None
         try:  # chosen._run's second phase: what its own solve does after the same decomposition
             raw = chosen._from_decomposition(prob, dec, inverse=group.inverse, spectrum=sp)

@@ -38,9 +38,8 @@ def candidate(table: Any, label: str) -> tuple[SolverConfig, dict[str, Any]]:
     for c in table.provenance.get("candidate_specs", []):
         if c.get("label") == label:
             return _split(c["name"], dict(c.get("options", {})))
-    rows = table.df[table.df["choice"] == label]
-    if len(rows):
-        r = rows.iloc[0]
+    r = table.first_row_where("choice", label)
+    if r is not None:
         return config_from(label, r["method"], r["options"])
     name, _, rest = label.partition("[")
     opts: dict[str, Any] = {}

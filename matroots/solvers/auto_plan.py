@@ -89,6 +89,7 @@ class Plan:
     safe: SolverConfig
     memo: dict[object, Decision] = field(default_factory=dict)
     edge_list: list[float] | None = None
+    first_spectrum: bool | None = None  # auto_first.spectrum_first, memoised
 
     @property
     def kappa_free(self) -> bool:

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..core import precision
 from ..core.errors import InvalidArgumentError
+from .auto_csv import read_columns
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -54,49 +55,74 @@ class Lookup:
 
 
 class SelectionTable:
-    """A selection table (rows of :data:`matroots.study.tuning.select.TABLE_COLUMNS`) with its provenance."""
+    """A selection table (rows of :data:`matroots.study.tuning.select.TABLE_COLUMNS`) with its provenance.
 
-    def __init__(self, df: pd.DataFrame, provenance: dict[str, Any] | None = None, source: str = "") -> None:
-        self.df = df.reset_index(drop=True)
+    ``columns``: name -> numpy column, as :func:`matroots.solvers.auto_csv.read_columns` types them
+    (int64, float64, or object arrays of text), in the file's order. The lookups run on these columns:
+    the solver layer never imports pandas; :attr:`df` is the same table as a DataFrame, for the study
+    layer."""
+
+    def __init__(
+        self, columns: dict[str, np.ndarray], provenance: dict[str, Any] | None = None, source: str = ""
+    ) -> None:
+        self.columns = columns
         self.provenance = provenance or {}
         self.source = source
-        self._memo: dict[tuple, tuple[pd.DataFrame | None, str]] = {}
+        self.n_rows = len(next(iter(columns.values()))) if columns else 0
+        self._memo: dict[tuple, tuple[np.ndarray | None, str]] = {}
         self._edges: dict[tuple, np.ndarray] = {}
         self._lookups: dict[tuple, Lookup] = {}
+        self._df: pd.DataFrame | None = None
         # what method="auto" derived from this table per question (matroots.solvers.auto._Plan)
         self.plans: dict[tuple, Any] = {}
-        self.targets = sorted(float(t) for t in df["target"].unique()) if len(df) else []
+        self.targets = sorted({float(t) for t in columns["target"]}) if self.n_rows else []
 
     @classmethod
     def load(cls, path: str | Path) -> SelectionTable:
-        """Read ``<name>.csv`` and its ``<name>.json`` provenance (when present)."""
-        import pandas as pd  # on the first table read: `import matroots` stays free of pandas
-
+        """Read ``<name>.csv`` and its ``<name>.json`` provenance (when present), without pandas
+        (:mod:`matroots.solvers.auto_csv`)."""
         p = Path(path)
         if not p.exists():
             raise FileNotFoundError(f"no selection table {p}; run `matroots tune CONFIG --out DIR` first")
-        try:
-            df = pd.read_csv(p, keep_default_na=True, na_values=["NA"], dtype={"options": str})
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
-            detail = " ".join(str(exc).split())
-            raise InvalidArgumentError(
-                f"{p} is not a selection table CSV (written by `matroots tune`): {detail}"
-            ) from None
-        missing = [c for c in LOOKUP_COLUMNS if c not in df.columns]
+        cols = read_columns(p)
+        missing = [c for c in LOOKUP_COLUMNS if c not in cols]
         if missing:
             raise InvalidArgumentError(
                 f"{p} is not a selection table CSV (written by `matroots tune`): "
                 f"it lacks the columns {missing}"
             )
-        for col in ("choice", "runner_up", "best_effort", "method"):
-            if col in df:
-                df[col] = df[col].astype(object).where(df[col].notna(), "NA")
-        df["options"] = df["options"].astype(object).where(df["options"].notna(), "")
-        if "missing_cases" not in df:  # a table written before the column existed: not recorded
-            df["missing_cases"] = np.nan
+        for col in ("choice", "runner_up", "best_effort", "method"):  # a missing label reads "NA"
+            if col in cols:
+                cols[col] = _filled(cols[col], "NA")
+        cols["options"] = _filled(cols["options"], "")
+        if "missing_cases" not in cols:  # a table written before the column existed: not recorded
+            cols["missing_cases"] = np.full(len(cols["options"]), np.nan)
         jp = p.with_suffix(".json")
         prov = json.loads(jp.read_text()) if jp.exists() else {}
-        return cls(df, prov, str(p))
+        return cls(cols, prov, str(p))
+
+    @property
+    def df(self) -> pd.DataFrame:
+        """The table as a pandas DataFrame (built on first use; imports pandas): text columns as
+        pandas' string dtype, the label and options columns as objects, as ``read_csv`` gave them."""
+        if self._df is None:
+            import pandas as pd
+
+            frame = pd.DataFrame({k: v for k, v in self.columns.items()})
+            for col in ("choice", "runner_up", "best_effort", "method", "options"):
+                if col in frame:
+                    frame[col] = frame[col].astype(object)
+            self._df = frame
+        return self._df
+
+    def row(self, i: int) -> dict[str, Any]:
+        """Row ``i`` as a dict of Python values (int, float, str; a missing text field is NaN)."""
+        return {k: v[i].item() if isinstance(v[i], np.generic) else v[i] for k, v in self.columns.items()}
+
+    def first_row_where(self, column: str, value: Any) -> dict[str, Any] | None:
+        """The first row whose ``column`` equals ``value``, or None."""
+        hit = np.flatnonzero(self.columns[column] == value)
+        return self.row(int(hit[0])) if len(hit) else None
 
     def describe(self) -> str:
         """One line naming the table: source, date, commit."""
@@ -106,8 +132,8 @@ class SelectionTable:
             f"commit {str(g.get('commit', '?'))[:10]})"
         )
 
-    def _rows_for(self, device: str, dtype: Any, n: int, p: Any) -> tuple[pd.DataFrame | None, str]:
-        """The rows of the (device, dtype, p, n band) or (None, why there are none); memoised."""
+    def _rows_for(self, device: str, dtype: Any, n: int, p: Any) -> tuple[np.ndarray | None, str]:
+        """The row indices of the (device, dtype, p, n band) or (None, why there are none); memoised."""
         key = (device, precision.info(dtype).name, int(n), float(p))
         if key not in self._memo:
             self._memo[key] = self._find_rows(device, dtype, n, p)
@@ -118,38 +144,38 @@ class SelectionTable:
         problems whose kappa falls between the same two edges get the same lookup."""
         key = (device, precision.info(dtype).name, int(n), float(p))
         if key not in self._edges:
-            dn, _ = self._rows_for(device, dtype, n, p)
+            idx, _ = self._rows_for(device, dtype, n, p)
+            c = self.columns
             self._edges[key] = (
                 np.empty(0)
-                if dn is None
+                if idx is None
                 else np.unique(
-                    np.concatenate([dn["kappa_lo"].to_numpy(float), dn["kappa_hi"].to_numpy(float)])
+                    np.concatenate([c["kappa_lo"][idx].astype(float), c["kappa_hi"][idx].astype(float)])
                 )
             )
         return self._edges[key]
 
-    def _find_rows(self, device: str, dtype: Any, n: int, p: Any) -> tuple[pd.DataFrame | None, str]:
+    def _find_rows(self, device: str, dtype: Any, n: int, p: Any) -> tuple[np.ndarray | None, str]:
         name = precision.info(dtype).name
-        t = self.df
-        if not len(t):
+        c = self.columns
+        if not self.n_rows:
             return None, "the selection table is empty"
-        d = t[t["device"] == device]
-        if d.empty:
+        idx = np.flatnonzero(c["device"] == device)
+        if not len(idx):
             return None, f"the table has no rows for device {device!r}"
-        d = d[d["dtype"] == name]
-        if d.empty:
+        idx = idx[c["dtype"][idx] == name]
+        if not len(idx):
             return None, f"the table has no rows for dtype {name}"
         pf = float(p)
-        if not pf.is_integer() or int(pf) not in set(d["p"].astype(int)):
-            return None, f"p={p} is not in the table (tuned p: {sorted(set(d['p'].astype(int)))})"
-        d = d[d["p"].astype(int) == int(pf)]
-        dn = d[(d["n_lo"] <= n) & (n < d["n_hi"])]
-        if dn.empty:
-            return (
-                None,
-                f"n={n} is outside the tuned n bands [{int(d['n_lo'].min())}, {int(d['n_hi'].max())})",
-            )
-        return dn, ""
+        ps = c["p"][idx].astype(int)
+        if not pf.is_integer() or int(pf) not in set(ps.tolist()):
+            return None, f"p={p} is not in the table (tuned p: {sorted(set(ps.tolist()))})"
+        idx = idx[ps == int(pf)]
+        n_lo, n_hi = c["n_lo"][idx], c["n_hi"][idx]
+        hit = idx[(n_lo <= n) & (n < n_hi)]
+        if not len(hit):
+            return None, f"n={n} is outside the tuned n bands [{int(n_lo.min())}, {int(n_hi.max())})"
+        return hit, ""
 
     def coverage(self, *, device: str, dtype: Any, n: int, p: Any) -> str:
         """Empty when the table has cells for (device, dtype, n, p) (kappa then decides), else why not."""
@@ -170,29 +196,41 @@ class SelectionTable:
         return hit
 
     def _lookup(self, device: str, dtype: Any, n: int, kappa: float, p: Any, target: float) -> Lookup:
-        dn, why = self._rows_for(device, dtype, n, p)
-        if dn is None:
+        idx, why = self._rows_for(device, dtype, n, p)
+        if idx is None:
             return Lookup("outside", why)
         if not math.isfinite(kappa):
             return Lookup("outside", "the estimated kappa is not finite (matrix not positive definite?)")
-        dk = dn[(dn["kappa_lo"] <= kappa) & (kappa < dn["kappa_hi"])]
-        if dk.empty:
+        c = self.columns
+        lo, hi = c["kappa_lo"][idx], c["kappa_hi"][idx]
+        dk = idx[(lo <= kappa) & (kappa < hi)]
+        if not len(dk):
             return Lookup(
                 "outside",
-                f"kappa~{kappa:.2g} is outside the tuned kappa bands at n={n} "
-                f"[{dn['kappa_lo'].min():g}, {dn['kappa_hi'].max():g})",
+                f"kappa~{kappa:.2g} is outside the tuned kappa bands at n={n} [{lo.min():g}, {hi.max():g})",
             )
-        usable = [x for x in sorted(dk["target"].unique()) if x <= target * (1 + 1e-12)]
+        targets = c["target"][dk]
+        usable = [x for x in sorted(set(targets.tolist())) if x <= target * (1 + 1e-12)]
         if not usable:
             return Lookup(
                 "outside",
-                f"target {target:g} is tighter than every tuned target (tightest {dk['target'].min():g})",
+                f"target {target:g} is tighter than every tuned target (tightest {targets.min():g})",
             )
         tu = float(max(usable))
-        row = dk[dk["target"] == tu].iloc[0].to_dict()
+        row = self.row(int(dk[targets == tu][0]))
         if row["choice"] == "NA":
             return Lookup("unattainable", str(row["reason"]), row, tu)
         return Lookup("chosen", str(row["reason"]), row, tu)
+
+
+def _filled(col: np.ndarray, fill: str) -> np.ndarray:
+    """``col`` as objects with its missing entries (NaN) replaced by ``fill`` (pandas:
+    ``astype(object).where(notna, fill)``)."""
+    out = col.astype(object)
+    for i, v in enumerate(out):
+        if isinstance(v, float) and math.isnan(v):
+            out[i] = fill
+    return out
 
 
 def options_of(entry_options: str) -> dict[str, Any]:
