@@ -91,3 +91,13 @@ def pytest_collection_modifyitems(config, items):
         # workers, so one file's long cases (test_shampoo_training_grid's) do not all queue on one
         if _shares_a_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.path.name))
+
+
+def pytest_configure(config):
+    """pytest-xdist's controller rebuilds every warning a worker reports by importing the module of its
+    class. The first matroots warning (TargetWarning, ConvergenceWarning, ...) then imported torch and
+    matroots inside the controller's event handling, and two such warnings arriving together raced on the
+    half-imported package ("KeyError: 'matroots.solvers'", then "cannot import name 'TargetWarning' from
+    partially initialized module": INTERNALERROR, a worker lost). Import the packages once, up front."""
+    import matroots  # noqa: F401
+    import shampoo  # noqa: F401
