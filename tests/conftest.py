@@ -11,6 +11,8 @@ _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
+import _ordering  # noqa: E402  (a tests/ module: importable once the folder is on sys.path)
+
 
 def _share_the_cores() -> None:
     """Under pytest-xdist (``make test`` runs the files on one process per core), each worker gets its
@@ -91,6 +93,36 @@ def pytest_collection_modifyitems(config, items):
         # workers, so one file's long cases (test_shampoo_training_grid's) do not all queue on one
         if _shares_a_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.path.name))
+    _ordering.longest_first(items, _group_of, _ordering.load())
+
+
+def _group_of(item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    return str(mark.args[0]) if mark is not None and mark.args else None
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--store-durations",
+        metavar="PATH",
+        default=None,
+        help="write each test's seconds (over 1 s) to PATH at the end: tests/durations.json orders "
+        "make test's work longest first (tests/_ordering.py)",
+    )
+
+
+_RECORDER = _ordering.Recorder()
+
+
+def pytest_runtest_logreport(report):
+    _RECORDER.add(report)
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--store-durations")
+    if path and not hasattr(session.config, "workerinput"):  # the controller (or the one process)
+        n = _RECORDER.write(Path(path))
+        print(f"\nstored the durations of {n} tests in {path}")
 
 
 def pytest_configure(config):
@@ -101,3 +133,8 @@ def pytest_configure(config):
     partially initialized module": INTERNALERROR, a worker lost). Import the packages once, up front."""
     import matroots  # noqa: F401
     import shampoo  # noqa: F401
+
+    # xdist sorts the work units by their number of tests unless told not to; the order is
+    # tests/_ordering.py's (measured cost, longest first)
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
