@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -87,3 +89,29 @@ def test_pytorch_optimizer_peer_counts_its_iterations() -> None:
     assert torch.equal(X_default, mod.compute_power_schur_newton(A, 4, ridge_epsilon=0.0))
     its = (mm_default - 101 / 32) / 4
     assert its == int(its) and 1 <= its <= 100
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "results" / "bench_to_target"
+ROW_LINE = re.compile(r"^\s*\d+\s+(fp32|bf16)\s")
+
+
+@pytest.mark.parametrize("path", sorted(SHIPPED.glob("*.json")), ids=lambda p: p.stem)
+def test_shipped_rows_carry_provenance_and_match_their_log(path: Path) -> None:
+    """Each shipped --to-target run (results/bench_to_target/NAME.json, written by ``--json``) records
+    how it was made (argv, commit, torch, threads, machine, start, whether complete, which peers were
+    found) and NAME.log beside it is its printed table: the same rows, as ``_fmt_target`` prints them,
+    in order. A row has GEMM-equivalents exactly when its error meets the target, and peer rows only
+    from a run that found that peer."""
+    run = json.loads(path.read_text())
+    assert "--to-target" in run["argv"] and re.fullmatch(r"[0-9a-f]{40}", run["commit"])
+    assert run["torch"] and run["machine"] and run["started"] and isinstance(run["complete"], bool)
+    assert isinstance(run["threads"], int) and set(run["peers"]) == {p.name for p in root_peers.PEERS}
+    rows = run["rows"]
+    assert rows
+    for r in rows:
+        assert r["target"] == bs.TARGETS[r["dtype"]]
+        assert math.isfinite(r["gemms"]) == (r["error"] <= r["target"]), r
+        if r["method"] in run["peers"]:
+            assert run["peers"][r["method"]], r["method"]
+    log = path.with_suffix(".log").read_text().splitlines()
+    assert [line for line in log if ROW_LINE.match(line)] == [bs._fmt_target(r) for r in rows]

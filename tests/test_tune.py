@@ -263,6 +263,17 @@ def test_the_shipped_table_names_only_code_that_exists() -> None:
             assert importlib.import_module(name), name
 
 
+def test_shipped_table_is_built_from_the_repositorys_config_with_the_matmul_only_candidates() -> None:
+    """Issue 27: the shipped CPU table was tuned and selected from experiments/configs/tune_default.toml
+    as it is now (its hash: an edited candidate list, option or grid changes it), and the SPD matmul-only
+    iterations were candidates in it, so ``method="auto"`` can pick them where they win."""
+    prov = table.load_table().provenance
+    cfg = spec.load_config(CONFIGS / "tune_default.toml")
+    assert prov["config_hash"] == cfg.config_hash()
+    assert prov["candidates"] == [c.label for c in cfg.candidates]
+    assert {"polar_express", "newton_schulz", "halley"} <= set(prov["candidates"])
+
+
 def test_shipped_table_has_provenance_and_covers_the_documented_grid() -> None:
     t = table.load_table()
     prov = t.provenance
