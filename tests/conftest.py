@@ -27,13 +27,9 @@ def _share_the_cores() -> None:
     if workers > 1:
         share = max(1, (os.cpu_count() or 1) // workers)
         os.environ.setdefault("OPENBLAS_NUM_THREADS", str(share))  # read by OpenBLAS when it loads
-        import numpy  # noqa: F401  (load the BLAS libraries, then limit the ones already loaded)
-        import scipy.linalg  # noqa: F401
-        import torch
-        from threadpoolctl import threadpool_limits
+        from matroots.study.threads import limit_threads  # torch's pool and the loaded BLAS pools
 
-        torch.set_num_threads(share)
-        threadpool_limits(limits=share, user_api="blas")
+        limit_threads(share)
 
 
 _share_the_cores()
@@ -111,16 +107,17 @@ def pytest_addoption(parser):
     )
 
 
-_RECORDER = _ordering.Recorder()
+_RECORDER: _ordering.Recorder | None = None  # only with --store-durations, in the controller
 
 
 def pytest_runtest_logreport(report):
-    _RECORDER.add(report)
+    if _RECORDER is not None:
+        _RECORDER.add(report)
 
 
 def pytest_sessionfinish(session):
     path = session.config.getoption("--store-durations")
-    if path and not hasattr(session.config, "workerinput"):  # the controller (or the one process)
+    if _RECORDER is not None:
         n = _RECORDER.write(Path(path))
         print(f"\nstored the durations of {n} tests in {path}")
 
@@ -133,6 +130,10 @@ def pytest_configure(config):
     partially initialized module": INTERNALERROR, a worker lost). Import the packages once, up front."""
     import matroots  # noqa: F401
     import shampoo  # noqa: F401
+
+    global _RECORDER
+    if config.getoption("--store-durations") and not hasattr(config, "workerinput"):
+        _RECORDER = _ordering.Recorder()  # the controller (or the one process) sees every report
 
     # xdist sorts the work units by their number of tests unless told not to; the order is
     # tests/_ordering.py's (measured cost, longest first)

@@ -19,17 +19,23 @@ import torch
 
 def one_thread() -> None:
     """Run this process's torch and BLAS work on one thread each (cheap after the first call)."""
-    torch.set_num_threads(1)
-    _limit_blas(os.getpid())  # per process: a forked worker limits its own pools again
+    limit_threads(1)
+
+
+def limit_threads(n: int) -> None:
+    """Run this process's torch and BLAS work on ``n`` threads each (the test suite gives each of its
+    xdist workers its share of the cores this way)."""
+    torch.set_num_threads(n)
+    _limit_blas(os.getpid(), n)  # per process: a forked worker limits its own pools again
 
 
 @functools.cache
-def _limit_blas(pid: int) -> None:
+def _limit_blas(pid: int, n: int) -> None:
     import numpy  # noqa: F401  (load the BLAS libraries first: threadpoolctl limits the loaded ones)
     import scipy.linalg  # noqa: F401
     from threadpoolctl import threadpool_limits
 
-    threadpool_limits(limits=1, user_api="blas")
+    threadpool_limits(limits=n, user_api="blas")
 
 
-__all__ = ["one_thread"]
+__all__ = ["limit_threads", "one_thread"]
