@@ -149,3 +149,17 @@ def test_full_figures_include_the_validation_curves_readable_at_page_width(
             assert fonts[name] >= figure_style.MIN_FONT_PT, (name, fonts[name])
     written, index = figs.shipped_validation_figures(sets["tmp"] / "nothing", sets["tmp"] / "none")
     assert written == {} and "no shipped validation set" in index[0]
+
+
+def test_a_runs_figures_are_byte_identical_when_rewritten(sets: dict[str, Path]) -> None:
+    """`matroots validate` writes RUN/figures through figure_style.save: fixed metadata (no creation
+    date in the PDF), so rewriting the same tables gives the same files."""
+    from matroots.study.validation import figures as vfig
+
+    tables = ship.load(sets["full"] / "validation", repo_root=ROOT)
+    first = vfig.save_all(tables, sets["tmp"] / "fig_a")
+    again = vfig.save_all(tables, sets["tmp"] / "fig_b")
+    assert [p.name for p in first] == [p.name for p in again] and len(first) == 4
+    for a, b in zip(first, again, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name
+    assert all(b"CreationDate" not in p.read_bytes() for p in first if p.suffix == ".pdf")

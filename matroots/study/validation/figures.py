@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..figure_style import MIN_FONT_PT, _no_data, _panels, readable
+from ..figure_style import MIN_FONT_PT, _no_data, _panels, save
 from .summary import best
 
 DTYPE_MARKERS = {"fp64": "o", "fp32": "s", "bf16": "^", "fp16": "v"}
@@ -152,28 +152,18 @@ def held_out_curves(
     return fig
 
 
-def _save(fig: plt.Figure, out: Path, name: str) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{name}.png", out / f"{name}.pdf"]
-    readable(fig)
-    for p in paths:
-        fig.savefig(p, dpi=130, bbox_inches="tight")
-    plt.close(fig)
-    return paths
-
-
 def save_all(tables: dict[str, pd.DataFrame], run_dir: str | Path) -> list[Path]:
     """Write learning_curves, train_curves and accuracy_vs_outcome (PNG + PDF) under RUN/figures."""
     out = Path(run_dir) / "figures"
     if "protocol" in tables:
-        paths = _save(held_out_curves(tables["curves"], tables["protocol"]), out, "held_out_vs_steps")
-        return paths + _save(
+        paths = save(held_out_curves(tables["curves"], tables["protocol"]), out, "held_out_vs_steps")
+        return paths + save(
             held_out_curves(tables["curves"], tables["protocol"], "cpu_s"), out, "held_out_vs_cpu"
         )
-    paths = _save(learning_curves(tables["curves"], tables["summary"]), out, "learning_curves")
-    paths += _save(learning_curves(tables["curves"], tables["summary"], "train_loss"), out, "train_curves")
+    paths = save(learning_curves(tables["curves"], tables["summary"]), out, "learning_curves")
+    paths += save(learning_curves(tables["curves"], tables["summary"], "train_loss"), out, "train_curves")
     if len(tables.get("accuracy", [])):
-        paths += _save(accuracy_vs_outcome(tables["accuracy"]), out, "accuracy_vs_outcome")
+        paths += save(accuracy_vs_outcome(tables["accuracy"]), out, "accuracy_vs_outcome")
     return paths
 
 
