@@ -476,3 +476,21 @@ def test_extreme_scaling(backend, e):
     ref = reference.inverse_root(2.0**e * T, 2, backend=backend, cache=False)
     assert rel(ref.root, 2.0 ** (-e / 2) * tridiag_closed_form(5, Fraction(-1, 2))) <= 4 * U
     assert ref.error_bound <= 1e-20
+
+
+def test_flint_relative_radius_is_inf_without_overflow_when_the_ball_holds_zero() -> None:
+    """The certified relative radius err / (mid - err): a ball as wide as its midpoint's norm holds the
+    zero matrix, so nothing is certified (inf, and the caller raises PrecisionTooLow), with no numpy
+    overflow warning (the old err / max(mid - err, tiny) divided 1e300 by 2.2e-308)."""
+    import warnings
+
+    if not reference.flint_available():
+        pytest.skip("python-flint not installed")
+    from matroots.truth._ref_flint import _relative_radius
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _relative_radius(1.0, 3.0) == 0.5
+        assert _relative_radius(0.0, 2.0) == 0.0
+        assert _relative_radius(1e300, 1e300) == math.inf
+        assert _relative_radius(2.0, 1.0) == math.inf

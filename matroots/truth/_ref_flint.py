@@ -121,6 +121,14 @@ def _rad_frob(rows: list[list[arb]]) -> arb:
     return s.sqrt().upper()
 
 
+def _relative_radius(err: float, mid: float) -> float:
+    """err / (mid - err), the relative radius of a ball of radius err around a midpoint of norm mid
+    (the true root's norm is at least mid - err); inf when that lower bound is not positive. Python
+    floats throughout: a huge radius gives inf, never numpy's overflow warning."""
+    low = mid - err
+    return err / low if low > 0 else math.inf
+
+
 def _mid_frob(rows: list[list[arb]]) -> float:
     """Frobenius norm of the midpoints (summed in arb: no float64 overflow or underflow)."""
     total = arb(0)
@@ -394,7 +402,7 @@ def symmetric_power(A64: np.ndarray, eps: float, q: Fraction, prec: int) -> Encl
         extra = arb(n).sqrt() * e.kappa_v * delta
         err = (_rad_frob(rows) + extra).upper()
         mid = _mid_frob(rows)
-        rel = float(err) / max(mid - float(err), np.finfo(float).tiny)
+        rel = _relative_radius(float(err), mid)
         root = to_numpy(Xb)
     if not (0 <= rel < 1):
         raise PrecisionTooLow(f"certified relative radius {rel:.3e} is too large")
@@ -441,7 +449,7 @@ def general_power(A64: np.ndarray, eps: float, q: Fraction, prec: int) -> Enclos
         rows = Xr.tolist()
         err = _rad_frob(rows)
         mid = _mid_frob(rows)
-        rel = float(err.upper()) / max(mid - float(err.upper()), np.finfo(float).tiny)
+        rel = _relative_radius(float(err.upper()), mid)
         root = to_numpy(Xr)
         ev = np.array([complex(float(x.real), float(x.imag)) for x in E])
     if not (0 <= rel < 1):
