@@ -77,6 +77,16 @@ def test_figures_are_reproducible_and_mark_failures(tmp_path: Path, monkeypatch:
     marked = sum(int(t.split("/")[0]) for t in texts if "/" in t and t.split("/")[0].isdigit())
     assert marked == n_fail
     plt.close(fig)
+    # every failure mark lies inside its panel, also where no accurate case reaches its kappa (the
+    # strip's blended transform used not to widen the x limits: marks beyond them were clipped away)
+    sub = df[(df["dtype"] == "bf16") & ~(plots.failed(df) & (df["kappa"] < 1e4))]
+    sub = sub[plots.failed(sub) | (sub["kappa"] < 1e4)]
+    assert plots.failed(sub).any() and not plots.failed(sub[sub["kappa"] < 1e4]).any()
+    fig = plots.fig_error_vs_kappa(sub)
+    fig.canvas.draw()
+    anchors = [(ax, t.xy[0]) for ax in fig.axes for t in ax.texts if hasattr(t, "xy")]
+    assert anchors and all(ax.get_xlim()[0] <= x <= ax.get_xlim()[1] for ax, x in anchors), anchors
+    plt.close(fig)
     # same rows -> byte-identical PNG (seeded bootstrap, fixed metadata)
     a = plots.save(plots.fig_cond_error_ratio(df), tmp_path / "a", "r")[0].read_bytes()
     b = plots.save(plots.fig_cond_error_ratio(pd.DataFrame(df)), tmp_path / "b", "r")[0].read_bytes()

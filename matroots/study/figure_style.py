@@ -106,6 +106,11 @@ def _mark_failures(ax: plt.Axes, d: pd.DataFrame, x: str) -> int:
     fails, total = d[f].groupby(x).size(), d.groupby(x).size()
     trans = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
     ax.scatter(fails.index, [0.96] * len(fails), marker="x", s=18, color="red", transform=trans, zorder=5)
+    # the strip's x values are data: widen the x limits to them (a blended transform does not), else a
+    # failure beyond the last accurate case falls outside the panel, its mark clipped away
+    xs = np.asarray(fails.index, dtype=float)
+    ax.update_datalim(np.column_stack([xs, np.ones_like(xs)]), updatey=False)
+    ax.autoscale_view(scaley=False)
     for xv, c in fails.items():
         ax.annotate(
             f"{c}/{total[xv]}",
