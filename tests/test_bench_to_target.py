@@ -115,3 +115,38 @@ def test_shipped_rows_carry_provenance_and_match_their_log(path: Path) -> None:
             assert run["peers"][r["method"]], r["method"]
     log = path.with_suffix(".log").read_text().splitlines()
     assert [line for line in log if ROW_LINE.match(line)] == [bs._fmt_target(r) for r in rows]
+
+
+def _history() -> Path | None:
+    """The repository's root when this checkout has its full history (not shallow), else None."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        shallow = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--is-shallow-repository"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return root if shallow.returncode == 0 and shallow.stdout.strip() == "false" else None
+
+
+@pytest.mark.parametrize("path", sorted(SHIPPED.glob("*.json")), ids=lambda p: p.stem)
+def test_shipped_run_was_made_by_a_commit_of_this_history(path: Path) -> None:
+    """The commit a shipped run names is an ancestor of the checked-out one, so the code that made it
+    can be read (a run made in a worktree whose branch was rebased away names a lost commit)."""
+    import subprocess
+
+    root = _history()
+    if root is None:
+        pytest.skip("no full git history in this checkout")
+    commit = json.loads(path.read_text())["commit"]
+    r = subprocess.run(
+        ["git", "-C", str(root), "merge-base", "--is-ancestor", commit, "HEAD"],
+        capture_output=True,
+        timeout=30,
+    )
+    assert r.returncode == 0, f"{path.name}: commit {commit} is not in this history"
