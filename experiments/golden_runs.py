@@ -9,8 +9,9 @@ paths (fused Adam grafting, the update from the buckets, trusted factors, round 
 A case's result is every parameter and every state entry of ``state_dict()`` (the wall-clock
 ``seconds`` fields dropped), digested with SHA-256 over the raw bytes, and the arrays themselves.
 
-Records live in ``experiments/golden/`` keyed by a machine fingerprint (CPU model, torch version,
-ATen CPU capability, MKL_CBWR, and the thread count 1 the runs use). On the recording machine the
+Records live in ``experiments/golden/`` keyed by a machine fingerprint (:func:`fingerprint`: CPU model,
+family/model/stepping and vector extensions, numpy's and scipy's BLAS kernels, torch version, ATen
+CPU capability, MKL_CBWR, and the thread count 1 the runs use). On the recording machine the
 check is bitwise; elsewhere the arrays are compared with the tolerance of :func:`close` (see there).
 
     python experiments/golden_runs.py --check           # compare every case with the record
@@ -233,15 +234,40 @@ def run_case(case: Case) -> dict[str, Any]:
 # records
 
 
-def fingerprint() -> dict[str, str]:
-    cpu = platform.processor()
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's /proc/cpuinfo fields ({} where there is none)."""
+    out: dict[str, str] = {}
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
+            if not line.strip():
                 break
+            k, _, v = line.partition(":")
+            out[k.strip()] = v.strip()
+    return out
+
+
+def _blas() -> str:
+    """The BLAS libraries numpy and scipy load, with the kernel each chose for this CPU (OpenBLAS's
+    ``architecture``): scipy's LAPACK (schur_newton, the references) rounds as that kernel does."""
+    import scipy.linalg  # noqa: F401  (loads scipy's BLAS)
+    from threadpoolctl import threadpool_info
+
+    libs = {(i["internal_api"], i.get("version") or "", i.get("architecture") or "")
+            for i in threadpool_info() if i["user_api"] == "blas"}  # fmt: skip
+    return ";".join("/".join(x) for x in sorted(libs))
+
+
+def fingerprint() -> dict[str, str]:
+    """What decides the bits of a run: the CPU (a virtual machine's model name, e.g. "AMD EPYC", names
+    several generations, so family/model/stepping and the vector extensions too), torch and its ATen
+    kernel path, MKL's CBWR mode, numpy's and scipy's BLAS kernels, and the thread count 1."""
+    info = _cpuinfo()
+    vector = sorted(f for f in info.get("flags", "").split() if f.startswith(("avx", "fma", "amx", "sse")))
     return {
-        "cpu": cpu,
+        "cpu": info.get("model name", platform.processor()),
+        "cpu_id": "/".join(info.get(k, "") for k in ("cpu family", "model", "stepping")),
+        "cpu_vector": hashlib.sha256(" ".join(vector).encode()).hexdigest()[:12],
+        "blas": _blas(),
         "torch": torch.__version__,
         "aten_capability": os.environ.get("ATEN_CPU_CAPABILITY") or torch.backends.cpu.get_cpu_capability(),
         "mkl_cbwr": os.environ.get("MKL_CBWR", ""),

@@ -57,3 +57,17 @@ def test_digest_sees_one_ulp():
     y[1] = torch.nextafter(y[1], torch.tensor(2.0))
     assert golden_runs.digest({"a": x}) != golden_runs.digest({"a": y})
     assert golden_runs.digest({"a": x}) == golden_runs.digest({"a": x.clone()})
+
+
+def test_fingerprint_names_what_decides_the_bits():
+    """A virtual machine's CPU model name ("AMD EPYC") covers CPUs whose BLAS kernels differ (scipy's
+    OpenBLAS picked SkylakeX on a Zen 4, whose schur_newton case then differed from a record made
+    under the same name): the fingerprint also carries family/model/stepping, the vector
+    extensions and the BLAS libraries' versions and kernels."""
+    fp = golden_runs.fingerprint()
+    assert {"cpu", "cpu_id", "cpu_vector", "blas", "torch", "aten_capability", "mkl_cbwr", "threads"} <= set(
+        fp
+    )
+    assert "openblas" in fp["blas"] or "mkl" in fp["blas"], fp["blas"]
+    other = {**fp, "blas": fp["blas"] + ";openblas/0.0/Haswell"}
+    assert golden_runs.fingerprint_id(other) != golden_runs.fingerprint_id(fp)
