@@ -71,14 +71,16 @@ Two forms (``form``):
   Not every product of a split step needs it; the error after 4 steps with both split steps split
   except one product (all split: 3.8e-3): first step P P 4.4e-3, P P^2 8.6e-3, Y P^3 8.8e-3, Z Y
   5.1e-3 (q(M) exact); second step q(M)'s 4.9e-3, P Z 4.1e-3, P P 4.1e-3, P P^2 5.9e-3, Y P^3 1.8e-2,
-  Z Y 3.7e-3. So a split step splits q_k(M_k)'s products, P^(p-1)'s accumulating products (not the
-  squarings) and Y P^(p-1), and the first step also M_1 = Z_1 Y_1: 4.3e-3 in 34 GEMM-equivalents
-  (4 steps; 4.6e-3 at the defaults, 39; splitting every product of those steps: 3.7e-3 in 42; before
-  the exact-operand count and this choice, 4.1e-3 in 45 and 57; ``bench_solvers.py --to-target``).
+  Z Y 3.7e-3; and of an operand's lo: P's in P P^2 and both in Y P^3 (Y P^3 with Y's lo alone 1.0e-2,
+  P^3's alone 1.7e-2), M's in q(M). So a split step splits both operands of Y's update (P^(p-1)'s
+  accumulating products, not its squarings, and Y P^(p-1)) and the right operand of q_k(M_k)'s
+  products and, at the first step, of M_1 = Z_1 Y_1: 4.3e-3 in 32 GEMM-equivalents (4 steps; 4.5e-3
+  at the defaults, 38; splitting every product of those steps: 3.7e-3 in 42; before the exact-operand
+  count and this choice, 4.1e-3 in 45 and 57 at the defaults; ``bench_solvers.py --to-target``).
   Past the format's resolution the schedule ends (:func:`~matroots.solvers.minimax.schedule`'s
-  ``resolution`` = u): at the first step whose minimax error is below u, followed by the Newton tail
-  (degree 1, one product fewer), and the stagnation test is armed there, so the defaults stop one step
-  after the target's step instead of two (kappa 1e4: the 5th step, E_4 = 4e-7, resolved nothing).
+  ``resolution`` = u): the highest-contact tail follows the first step whose minimax error is below u,
+  and the stagnation test is armed there, so the defaults stop one step after the target's step
+  instead of two (kappa 1e4: the 5th minimax step, E_4 = 4e-7, resolved nothing in bf16).
 * ``"auto"`` (default): ``"factored"`` for inverse roots (p >= 2) in 16-bit compute formats, ``"sign"``
   for forward roots (and p = 1 in 16-bit formats), ``"coupled"`` otherwise (fewer products in fp32/fp64
   at p = 4: 5 GEMMs per step against 6).
@@ -95,10 +97,10 @@ perturbation of A of u_bf16 per entry changes A^{-1/4} by cond(f, A) u ~ (kappa/
 1e4, and a random one of that size already makes bench_solvers' kappa 1e4 matrix indefinite, so no
 backward-error argument promises 1e-2 there; what is reached depends on which intermediates are
 rounded (above). Past kappa ~ 1/u_bf16 ~ 256 the Lanczos estimate of lambda_min is not determined in
-the format either (``flag_undetermined``): such runs report converged=False even when accurate (4.6e-3
+the format either (``flag_undetermined``): such runs report converged=False even when accurate (4.5e-3
 at kappa 1e4), and at kappa 1e6 the schedule, designed on the interval Lanczos sees, leaves the
-smallest eigenvalues behind (n = 256: error 4.1e-2, not converged; 0.23 before the choice of split
-products above).
+smallest eigenvalues behind (n = 256: error 7.3e-2, not converged; 0.23 before the choice of split
+products above; n = 1024: 7.1e-3, before 9.9e-3).
 
 ``info``: ``form``, ``degree``, ``safety``, ``l0`` (per element), ``schedule_steps`` (minimax steps before the tail,
 per element, and per stage in the sign form), ``stage_iterations`` (sign form), ``split_below`` and
@@ -167,16 +169,17 @@ class _Gemms:
     kernel computes, up to the order of summation). ``split=True``: each operand as hi + lo, hi = fl(X),
     lo = fl(X - hi), and X Y ~ hi_X hi_Y + (hi_X lo_Y + lo_X hi_Y), operands good to ~u^2 (the bf16x3
     product; Henry, Tang & Heinecke 2019, "Leveraging the bfloat16 artificial intelligence datatype for
-    higher-precision computations"); a term whose lo is zero (an operand exact in the format, as
-    M_0 = A/c and Y_0 are) is not formed, so a split product counts 3 GEMMs, or 2 with an exact operand.
-    The counts are per element (an element whose lo is zero takes the GEMM it takes alone: none).
+    higher-precision computations"); ``split="right"``: only the right operand's lo, hi_X (hi_Y + lo_Y)
+    (2 GEMMs). A term whose lo is zero (an operand exact in the format, as M_0 = A/c and Y_0 are) is not
+    formed, so a split product counts 3 GEMMs, or 2 with an exact operand. The counts are per element
+    (an element whose lo is zero takes the GEMM it takes alone: none).
     """
 
     def __init__(self, low: torch.dtype | None, rows: int) -> None:
         self.low = low
         self.count = torch.zeros(rows, dtype=torch.float64)
 
-    def __call__(self, X: torch.Tensor, Y: torch.Tensor, split: bool = False) -> torch.Tensor:
+    def __call__(self, X: torch.Tensor, Y: torch.Tensor, split: bool | str = False) -> torch.Tensor:
         self.count += 1.0
         if self.low is None:
             return X @ Y
@@ -184,7 +187,8 @@ class _Gemms:
         out = Xh @ Yh
         if split:
             Xl, Yl = (X - Xh).to(self.low).to(X.dtype), (Y - Yh).to(self.low).to(Y.dtype)
-            for lo, a, b in ((Xl, Xl, Yh), (Yl, Xh, Yl)):
+            terms = ((Yl, Xh, Yl),) if split == "right" else ((Xl, Xl, Yh), (Yl, Xh, Yl))
+            for lo, a, b in terms:
                 nonzero = lo.flatten(-2).ne(0).any(-1).reshape(-1)
                 if bool(nonzero.any()):
                     out = out + a @ b
@@ -192,7 +196,9 @@ class _Gemms:
         return out
 
 
-def _polynomial_mm(M: torch.Tensor, C: torch.Tensor, mm, split: bool, square_first: bool) -> torch.Tensor:
+def _polynomial_mm(
+    M: torch.Tensor, C: torch.Tensor, mm, split: bool | str, square_first: bool
+) -> torch.Tensor:
     """q(M) = sum_j C[:, j] M^j by Horner with the product ``mm`` (d - 1 products); ``square_first``
     (16-bit formats): the innermost product is M M, q = (c_d M^2 + c_{d-1} M + c_{d-2} I) M ... (the same
     count; M M is exact in fp32 where M is exact in the format, as M_0 = A/c is)."""
@@ -250,9 +256,10 @@ def _run_factored(
     Returns the loop's outcome, the GEMMs per element (:class:`_Gemms`) and the number of split steps
     per element. An element's step is split when its design interval has l_k^p < ``split_below``
     (decided per element, so an element gets the arithmetic it gets alone). A split step splits the
-    products that measurably carry its rounding into the root (module docstring, "factored"): those of
-    q_k(M_k), the accumulating products of P^(p-1) (not its squarings) and Y P^(p-1), and at the first
-    step (Z_1 = P_0) also M_1 = Z_1 Y_1; Z's update P Z never.
+    products that measurably carry its rounding into the root (module docstring, "factored"): both
+    operands in Y's update (the accumulating products of P^(p-1), not its squarings, and Y P^(p-1)),
+    the right operand in q_k(M_k)'s products (M's lo) and, at the first step (Z_1 = P_0), in
+    M_1 = Z_1 Y_1 (Y_1's lo); Z's update P Z never.
     """
     count = torch.zeros(M0.shape[0], dtype=torch.float64)
 
@@ -261,10 +268,11 @@ def _run_factored(
 
     def advance(k: int, rows: torch.Tensor, Z: torch.Tensor, Y: torch.Tensor, M: torch.Tensor, split: bool):
         mm = _Gemms(low, rows.numel())
-        P = _polynomial_mm(M, _coefficients(scheds, k, rows), mm, split, low is not None)
+        right = "right" if split else False
+        P = _polynomial_mm(M, _coefficients(scheds, k, rows), mm, right, low is not None)
         Z_new = P if k == 0 else mm(P, Z)  # Z_0 = I
         Y_new = Y if p == 1 else mm(Y, _power_mm(P, p - 1, mm, split), split)
-        M_new = mm(Z_new, Y_new, split and k == 0)
+        M_new = mm(Z_new, Y_new, right if k == 0 else False)
         count.index_add_(0, rows, mm.count)
         return Z_new, Y_new, M_new
 
