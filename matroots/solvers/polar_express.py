@@ -278,20 +278,20 @@ def _run_factored(
 
     def step(k: int, rows: torch.Tensor, state, M: torch.Tensor):
         Z, Y = state
-        keys = [(is_split(i, k), len(scheds[i][min(k, len(scheds[i]) - 1)].coeffs)) for i in rows.tolist()]
-        if len(set(keys)) == 1:
-            Z, Y, M = advance(k, rows, Z, Y, M, keys[0][0])
+        flags = [is_split(i, k) for i in rows.tolist()]
+        if len(set(flags)) == 1:
+            Z, Y, M = advance(k, rows, Z, Y, M, flags[0])
             return (Z, Y), M
         Zo, Yo, Mo = torch.empty_like(Z), torch.empty_like(Y), torch.empty_like(M)
-        for key in sorted(set(keys)):
-            sel = torch.tensor([j for j, kj in enumerate(keys) if kj == key], dtype=torch.long)
-            z, y, m = advance(k, rows[sel], Z[sel], Y[sel], M[sel], key[0])
+        for flag in (False, True):
+            sel = torch.tensor([j for j, f in enumerate(flags) if f == flag], dtype=torch.long)
+            z, y, m = advance(k, rows[sel], Z[sel], Y[sel], M[sel], flag)
             Zo.index_copy_(0, sel, z)
             Yo.index_copy_(0, sel, y)
             Mo.index_copy_(0, sel, m)
         return (Zo, Yo), Mo
 
-    d = max(len(sc[0].coeffs) for sc in scheds) - 1
+    d = len(scheds[0][0].coeffs) - 1
     per_iter = (d - 1) + 1 + (0 if p == 1 else matmul_count_power(p - 1) + 1) + 1
     out = run_coupled(
         (I, M0), M0, step, tol=tol, max_iter=max_iter, accept=accept, per_iter=per_iter,
@@ -470,8 +470,8 @@ class PolarExpressConfig(SpdIterationConfig):
         """The factored and coupled forms: one stage, the p-th root's schedule on the start's ratio."""
         p, d = s.p, self.degree
         l0 = [max(grid_floor(r ** (1.0 / p)), MIN_L0) for r in s.ratio]
-        # 16-bit factored form: the schedule ends where its error reaches the format's unit roundoff,
-        # with a Newton tail (minimax.schedule's resolution)
+        # 16-bit factored form: the minimax steps end where their error reaches the format's unit
+        # roundoff (minimax.schedule's resolution); the stagnation test is armed at the tail
         res = precision.info(s.cdt).unit_roundoff if s.sixteen and s.form == "factored" else 0.0
         scheds = [schedule(lo, p, d, s.safety, res) for lo in l0]
         if s.form == "factored":
