@@ -62,12 +62,25 @@ Two forms (``form``):
   CPU an fp32 GEMM of the rounded operands, whose products are exact), and c is a power of two (A/c as
   exact as A). Where the rounding of the state still hurts, in the first steps, which act on the widest
   interval, steps with l_k^p < ``split_below`` (default 0.02) take split products: each operand as
-  hi + lo in the format, X Y ~ hi hi + hi lo + lo hi (3 GEMMs, counted so). Measured (bf16, p = 4,
-  n = 256, bench_solvers' kappa 1e4 matrix; rounding the *exact* state of the fp64 iteration to bf16
-  once, after step k, and iterating on exactly): k = 1 costs 8.3e-3 in the final root here (2.2e-2 in
-  the sign form, its whole measured error), k = 2 1.6e-3, later steps ~1.3e-3 each, so no variant that
-  stores that state in bf16 reaches 1e-2: factored without splitting 3.7e-2, with the first two steps
-  split 4.1e-3 at 45 GEMM-equivalents (4 steps; ``bench_solvers.py --to-target``).
+  hi + lo in the format, X Y ~ hi hi + hi lo + lo hi (3 GEMMs, counted so; 2 where an operand is exact
+  in the format, as M_0 = A/c and Y_0 are, and q_0(M_0)'s M_0 M_0 is one exact GEMM). Measured (bf16,
+  p = 4, n = 256, bench_solvers' kappa 1e4 matrix; rounding the *exact* state of the fp64 iteration to
+  bf16 once, after step k, and iterating on exactly): k = 1 costs 8.3e-3 in the final root here
+  (2.2e-2 in the sign form, its whole measured error), k = 2 1.6e-3, later steps ~1.3e-3 each, so no
+  variant that stores that state in bf16 reaches 1e-2: factored without splitting 2.0e-2 (4 steps).
+  Not every product of a split step needs it; the error after 4 steps with both split steps split
+  except one product (all split: 3.8e-3): first step P P 4.4e-3, P P^2 8.6e-3, Y P^3 8.8e-3, Z Y
+  5.1e-3 (q(M) exact); second step q(M)'s 4.9e-3, P Z 4.1e-3, P P 4.1e-3, P P^2 5.9e-3, Y P^3 1.8e-2,
+  Z Y 3.7e-3; and of an operand's lo: P's in P P^2 and both in Y P^3 (Y P^3 with Y's lo alone 1.0e-2,
+  P^3's alone 1.7e-2), M's in q(M). So a split step splits both operands of Y's update (P^(p-1)'s
+  accumulating products, not its squarings, and Y P^(p-1)) and the right operand of q_k(M_k)'s
+  products and, at the first step, of M_1 = Z_1 Y_1: 4.3e-3 in 32 GEMM-equivalents (4 steps; 4.5e-3
+  at the defaults, 38; splitting every product of those steps: 3.7e-3 in 42; before the exact-operand
+  count and this choice, 4.1e-3 in 45 and 57 at the defaults; ``bench_solvers.py --to-target``).
+  Past the format's resolution the schedule ends (:func:`~matroots.solvers.minimax.schedule`'s
+  ``resolution`` = u): the highest-contact tail follows the first step whose minimax error is below u,
+  and the stagnation test is armed there, so the defaults stop one step after the target's step
+  instead of two (kappa 1e4: the 5th minimax step, E_4 = 4e-7, resolved nothing in bf16).
 * ``"auto"`` (default): ``"factored"`` for inverse roots (p >= 2) in 16-bit compute formats, ``"sign"``
   for forward roots (and p = 1 in 16-bit formats), ``"coupled"`` otherwise (fewer products in fp32/fp64
   at p = 4: 5 GEMMs per step against 6).
@@ -84,9 +97,10 @@ perturbation of A of u_bf16 per entry changes A^{-1/4} by cond(f, A) u ~ (kappa/
 1e4, and a random one of that size already makes bench_solvers' kappa 1e4 matrix indefinite, so no
 backward-error argument promises 1e-2 there; what is reached depends on which intermediates are
 rounded (above). Past kappa ~ 1/u_bf16 ~ 256 the Lanczos estimate of lambda_min is not determined in
-the format either (``flag_undetermined``): such runs report converged=False even when accurate (4.4e-3
+the format either (``flag_undetermined``): such runs report converged=False even when accurate (4.5e-3
 at kappa 1e4), and at kappa 1e6 the schedule, designed on the interval Lanczos sees, leaves the
-smallest eigenvalues behind (error 0.2, not converged).
+smallest eigenvalues behind (n = 256: error 7.3e-2, not converged; 0.23 before the choice of split
+products above; n = 1024: 7.1e-3, before 9.9e-3).
 
 ``info``: ``form``, ``degree``, ``safety``, ``l0`` (per element), ``schedule_steps`` (minimax steps before the tail,
 per element, and per stage in the sign form), ``stage_iterations`` (sign form), ``split_below`` and
@@ -146,47 +160,71 @@ def _polynomial(M: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
     return P
 
 
-def _product(low: torch.dtype | None, split: bool):
-    """X @ Y as a GEMM with operands in ``low`` and fp32 accumulation and result (None: plain X @ Y).
+class _Gemms:
+    """X @ Y with operands in ``low`` and fp32 accumulation and result (None: plain X @ Y), counted per
+    element of the batch (``count``, GEMMs).
 
     The operands' values are rounded to ``low`` and multiplied by an fp32 GEMM: the products of two
     16-bit values are exact in fp32, so this is a 16-bit GEMM with fp32 accumulation (what a tensor-core
-    kernel computes, up to the order of summation). ``split``: each operand as hi + lo, hi = fl(X),
-    lo = fl(X - hi), and X Y ~ hi_X hi_Y + (hi_X lo_Y + lo_X hi_Y): three such GEMMs, operands good to
-    ~u^2 (the bf16x3 product; Henry, Tang & Heinecke 2019, "Leveraging the bfloat16 artificial
-    intelligence datatype for higher-precision computations").
+    kernel computes, up to the order of summation). ``split=True``: each operand as hi + lo, hi = fl(X),
+    lo = fl(X - hi), and X Y ~ hi_X hi_Y + (hi_X lo_Y + lo_X hi_Y), operands good to ~u^2 (the bf16x3
+    product; Henry, Tang & Heinecke 2019, "Leveraging the bfloat16 artificial intelligence datatype for
+    higher-precision computations"); ``split="right"``: only the right operand's lo, hi_X (hi_Y + lo_Y)
+    (2 GEMMs). A term whose lo is zero (an operand exact in the format, as M_0 = A/c and Y_0 are) is not
+    formed, so a split product counts 3 GEMMs, or 2 with an exact operand. The counts are per element
+    (an element whose lo is zero takes the GEMM it takes alone: none).
     """
-    if low is None:
-        return torch.matmul
 
-    def mm(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
-        Xh, Yh = X.to(low).to(X.dtype), Y.to(low).to(Y.dtype)
+    def __init__(self, low: torch.dtype | None, rows: int) -> None:
+        self.low = low
+        self.count = torch.zeros(rows, dtype=torch.float64)
+
+    def __call__(self, X: torch.Tensor, Y: torch.Tensor, split: bool | str = False) -> torch.Tensor:
+        self.count += 1.0
+        if self.low is None:
+            return X @ Y
+        Xh, Yh = X.to(self.low).to(X.dtype), Y.to(self.low).to(Y.dtype)
         out = Xh @ Yh
         if split:
-            Xl, Yl = (X - Xh).to(low).to(X.dtype), (Y - Yh).to(low).to(Y.dtype)
-            out = out + (Xh @ Yl + Xl @ Yh)
+            Xl, Yl = (X - Xh).to(self.low).to(X.dtype), (Y - Yh).to(self.low).to(Y.dtype)
+            terms = ((Yl, Xh, Yl),) if split == "right" else ((Xl, Xl, Yh), (Yl, Xh, Yl))
+            for lo, a, b in terms:
+                nonzero = lo.flatten(-2).ne(0).any(-1).reshape(-1)
+                if bool(nonzero.any()):
+                    out = out + a @ b
+                    self.count += nonzero.to(torch.float64)
         return out
 
-    return mm
 
-
-def _polynomial_mm(M: torch.Tensor, C: torch.Tensor, mm) -> torch.Tensor:
-    """q(M) = sum_j C[:, j] M^j by Horner with the product ``mm`` (d - 1 products)."""
+def _polynomial_mm(
+    M: torch.Tensor, C: torch.Tensor, mm, split: bool | str, square_first: bool
+) -> torch.Tensor:
+    """q(M) = sum_j C[:, j] M^j by Horner with the product ``mm`` (d - 1 products); ``square_first``
+    (16-bit formats): the innermost product is M M, q = (c_d M^2 + c_{d-1} M + c_{d-2} I) M ... (the same
+    count; M M is exact in fp32 where M is exact in the format, as M_0 = A/c is)."""
     I = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
     cm = C.to(M.dtype)[:, :, None, None]
     d = C.shape[1] - 1
-    P = cm[:, d] * M + cm[:, d - 1] * I
-    for j in range(d - 2, -1, -1):
-        P = mm(P, M) + cm[:, j] * I
+    if d == 1:
+        return cm[:, 1] * M + cm[:, 0] * I
+    if square_first:
+        P = cm[:, d] * mm(M, M, split) + cm[:, d - 1] * M + cm[:, d - 2] * I
+        first = d - 3
+    else:
+        P = cm[:, d] * M + cm[:, d - 1] * I
+        first = d - 2
+    for j in range(first, -1, -1):
+        P = mm(P, M, split) + cm[:, j] * I
     return P
 
 
-def _power_mm(P: torch.Tensor, e: int, mm) -> torch.Tensor:
-    """P^e (e >= 1) by binary powering with the product ``mm``."""
+def _power_mm(P: torch.Tensor, e: int, mm, split: bool) -> torch.Tensor:
+    """P^e (e >= 1) by binary powering with the product ``mm``; ``split`` applies to the accumulating
+    products (result base), not to the squarings (base base)."""
     result, base = None, P
     while True:
         if e & 1:
-            result = base if result is None else mm(result, base)
+            result = base if result is None else mm(result, base, split)
         e >>= 1
         if not e:
             return result
@@ -205,7 +243,6 @@ def _run_factored(
     I: torch.Tensor,
     scheds: list[tuple[Step, ...]],
     p: int,
-    d: int,
     *,
     low: torch.dtype | None,
     split_below: float,
@@ -216,48 +253,53 @@ def _run_factored(
 ):
     """The factored form: Z_0 = I, Y_0 = M_0 = A/c, P_k = q_k(M_k), Z <- P Z, Y <- Y P^(p-1), M = Z Y.
 
-    Returns the loop's outcome, the products per element (split steps count 3) and the number of split
-    steps per element. An element's step is split when its design interval has l_k^p < ``split_below``
-    (decided per element, so an element gets the arithmetic it gets alone).
+    Returns the loop's outcome, the GEMMs per element (:class:`_Gemms`) and the number of split steps
+    per element. An element's step is split when its design interval has l_k^p < ``split_below``
+    (decided per element, so an element gets the arithmetic it gets alone). A split step splits the
+    products that measurably carry its rounding into the root (module docstring, "factored"): both
+    operands in Y's update (the accumulating products of P^(p-1), not its squarings, and Y P^(p-1)),
+    the right operand in q_k(M_k)'s products (M's lo) and, at the first step (Z_1 = P_0), in
+    M_1 = Z_1 Y_1 (Y_1's lo); Z's update P Z never.
     """
-    plain, split = _product(low, False), _product(low, True) if low is not None else None
+    count = torch.zeros(M0.shape[0], dtype=torch.float64)
 
     def is_split(i: int, k: int) -> bool:
-        return split is not None and scheds[i][min(k, len(scheds[i]) - 1)].lo ** p < split_below
+        return low is not None and scheds[i][min(k, len(scheds[i]) - 1)].lo ** p < split_below
 
-    def advance(k: int, rows: torch.Tensor, Z: torch.Tensor, Y: torch.Tensor, M: torch.Tensor, mm):
-        P = _polynomial_mm(M, _coefficients(scheds, k, rows), mm)
+    def advance(k: int, rows: torch.Tensor, Z: torch.Tensor, Y: torch.Tensor, M: torch.Tensor, split: bool):
+        mm = _Gemms(low, rows.numel())
+        right = "right" if split else False
+        P = _polynomial_mm(M, _coefficients(scheds, k, rows), mm, right, low is not None)
         Z_new = P if k == 0 else mm(P, Z)  # Z_0 = I
-        Y_new = Y if p == 1 else mm(Y, _power_mm(P, p - 1, mm))
-        return Z_new, Y_new, mm(Z_new, Y_new)
+        Y_new = Y if p == 1 else mm(Y, _power_mm(P, p - 1, mm, split), split)
+        M_new = mm(Z_new, Y_new, right if k == 0 else False)
+        count.index_add_(0, rows, mm.count)
+        return Z_new, Y_new, M_new
 
     def step(k: int, rows: torch.Tensor, state, M: torch.Tensor):
         Z, Y = state
-        flags = torch.tensor([is_split(i, k) for i in rows.tolist()])
-        if bool(flags.all()) or not bool(flags.any()):
-            Z, Y, M = advance(k, rows, Z, Y, M, split if bool(flags[0]) else plain)
+        flags = [is_split(i, k) for i in rows.tolist()]
+        if len(set(flags)) == 1:
+            Z, Y, M = advance(k, rows, Z, Y, M, flags[0])
             return (Z, Y), M
         Zo, Yo, Mo = torch.empty_like(Z), torch.empty_like(Y), torch.empty_like(M)
-        for flag, mm in ((False, plain), (True, split)):
-            sel = torch.nonzero(flags == flag).flatten()
-            z, y, m = advance(k, rows[sel], Z[sel], Y[sel], M[sel], mm)
+        for flag in (False, True):
+            sel = torch.tensor([j for j, f in enumerate(flags) if f == flag], dtype=torch.long)
+            z, y, m = advance(k, rows[sel], Z[sel], Y[sel], M[sel], flag)
             Zo.index_copy_(0, sel, z)
             Yo.index_copy_(0, sel, y)
             Mo.index_copy_(0, sel, m)
         return (Zo, Yo), Mo
 
+    d = len(scheds[0][0].coeffs) - 1
     per_iter = (d - 1) + 1 + (0 if p == 1 else matmul_count_power(p - 1) + 1) + 1
     out = run_coupled(
         (I, M0), M0, step, tol=tol, max_iter=max_iter, accept=accept, per_iter=per_iter,
         record_history=record_history, floor_scale=product_floor,
         stagnation_from=[len(s) - 1 for s in scheds],
     )  # fmt: skip
-    matmuls, n_split = [], []
-    for i, it in enumerate(out.iterations.tolist()):
-        cost = [(per_iter - (1 if k == 0 else 0)) * (3 if is_split(i, k) else 1) for k in range(it)]
-        matmuls.append(float(sum(cost)))
-        n_split.append(sum(is_split(i, k) for k in range(it)))
-    return out, torch.tensor(matmuls, dtype=torch.float64), torch.tensor(n_split)
+    n_split = [sum(is_split(i, k) for k in range(it)) for i, it in enumerate(out.iterations.tolist())]
+    return out, count, torch.tensor(n_split)
 
 
 @dataclass
@@ -428,13 +470,16 @@ class PolarExpressConfig(SpdIterationConfig):
         """The factored and coupled forms: one stage, the p-th root's schedule on the start's ratio."""
         p, d = s.p, self.degree
         l0 = [max(grid_floor(r ** (1.0 / p)), MIN_L0) for r in s.ratio]
-        scheds = [schedule(lo, p, d, s.safety) for lo in l0]
+        # 16-bit factored form: the minimax steps end where their error reaches the format's unit
+        # roundoff (minimax.schedule's resolution); the stagnation test is armed at the tail
+        res = precision.info(s.cdt).unit_roundoff if s.sixteen and s.form == "factored" else 0.0
+        scheds = [schedule(lo, p, d, s.safety, res) for lo in l0]
         if s.form == "factored":
             split_below = self.split_below
             if split_below is None:
                 split_below = SPLIT_BELOW if s.sixteen else 0.0
             out, matmuls, n_split = _run_factored(
-                M0, I, scheds, p, d, low=s.cdt if s.sixteen else None, split_below=split_below, tol=s.tol,
+                M0, I, scheds, p, low=s.cdt if s.sixteen else None, split_below=split_below, tol=s.tol,
                 max_iter=s.max_iter, accept=s.accept, record_history=prob.record_history,
             )  # fmt: skip
             s.info.update(split_below=split_below, split_steps=n_split)
@@ -507,7 +552,7 @@ class PolarExpressConfig(SpdIterationConfig):
         if s.sixteen and s.form == "factored":
             info["compute_dtype_note"] = (
                 f"GEMM operands in {precision.info(s.cdt).name} with fp32 accumulation and result (split "
-                "hi + lo operands, 3 GEMMs, while l_k^p < split_below); iterates, polynomial sums, residual "
+                "hi + lo operands, up to 3 GEMMs, in the steps with l_k^p < split_below); iterates, polynomial sums, residual "
                 "norms and the final scaling in fp32"
             )
         elif s.sixteen:
