@@ -59,10 +59,11 @@ Numerical Algorithms*, 2nd ed., 2002, §3.1, (3.4)-(3.11)).
 
 Order (:func:`certified_kappa`): where the computed eigenvalues put kappa below the edge K inside
 Weyl's interval, the Cholesky runs first and alone decides it (one float64 copy of A and one potrf,
-~60 us at n = 128 against ~600 us for the float64 ``eigvalsh`` it replaces, plus ~100 us of numpy
-calls); else 1-2 first (one matrix-vector product with two vectors). At n = 128, p = 4, fp32 kappa
-9e3, auto / chosen CPU time 1.51 -> 1.23 (randsvd), 1.55 -> 1.24 (G G^T + eps I)
-(``experiments/bench_auto_first.py``, docs/design.md §7).
+~60 us at n = 128 standalone, 60-100 us in situ after the eigh, against ~600 us for the float64
+``eigvalsh`` it replaces, plus 40-80 us of Python and numpy around it); else 1-2 first (one
+matrix-vector product with two vectors). At n = 128, p = 4, fp32 kappa 9e3, auto / chosen CPU time
+1.51 -> 1.23 (randsvd), 1.55 -> 1.24 (G G^T + eps I) at load ~5; the float64 Cholesky keeps it above
+1.2 (``experiments/bench_auto_first.py --certificate-parts``, docs/design.md §7).
 
 What rests on what: the bounds of 1 and 3 (lambda_1 <= rho^_1 + e_rho, lambda_n >= rho^_n - e_rho,
 lambda_1 >= c - tau) follow from A's entries and float64 rounding alone; Weyl's intervals, beta,
