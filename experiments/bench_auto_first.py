@@ -10,6 +10,10 @@ chosen solver cost (process CPU time, medians over interleaved rounds of --reps 
                   2026-12-03: c = ||A||_F (1 / K + 4 (n + 2) u), K the lowest band edge whose solve
                   cannot reuse the decomposition; the function is kept here, `_likely_certain`)
   auto            method="auto" as it is (decomposing first, the certificate where Weyl's bound is open)
+  cert_free       (--certificate-parts) auto with the certificate replaced by its answer (the floor of a
+                  certificate that cost nothing)
+  copy_potrf      (--certificate-parts) the same after one float64 copy of A and one dpotrf of
+                  A - 0.9 w_1 I (what the certificate cannot do without where the Cholesky decides)
 
 Cases: ``default`` (fp32 G G^T / 2n + 1e-3 I, bench_call_overhead's factor), randsvd matrices of each
 --dtypes x --kappas (exactly symmetric), and fp32 rank-deficient Shampoo-like factors
@@ -94,6 +98,41 @@ def _with_test(cfg: AutoConfig) -> AutoConfig:
     return cfg
 
 
+def _answering(cfg: AutoConfig, answers: dict, potrf: bool) -> AutoConfig:
+    """``cfg`` whose certificate returns ``answers["rows"]`` (the real one's, recorded), after one float64
+    copy and potrf of the first element where ``potrf``."""
+
+    def certifier(plan, prob, dec, lapack_dtype):
+        def certify(rows):
+            if potrf:
+                a = dec.A[0].numpy().astype(np.float64)
+                a.reshape(-1)[:: a.shape[0] + 1] -= 0.9 * float(dec.w[0, 0])
+                lapack.dpotrf(a.T, lower=0, clean=0, overwrite_a=1)
+            return answers["rows"]
+
+        return certify
+
+    object.__setattr__(cfg, "_certifier", certifier)  # shadows the static method
+    return cfg
+
+
+def _recording(answers: dict) -> AutoConfig:
+    cfg = AutoConfig()
+    real = AutoConfig._certifier
+
+    def certifier(plan, prob, dec, lapack_dtype):
+        inner = real(plan, prob, dec, lapack_dtype)
+
+        def certify(rows):
+            answers["rows"] = inner(rows)
+            return answers["rows"]
+
+        return certify
+
+    object.__setattr__(cfg, "_certifier", certifier)
+    return cfg
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=128)
@@ -104,6 +143,11 @@ def main() -> None:
     ap.add_argument("--kappas", type=float, nargs="+", default=[1e5, 1e3])
     ap.add_argument("--ggt-kappas", type=float, nargs="*", default=[])
     ap.add_argument("--cholesky-test", action="store_true", help="also time the pre-test path")
+    ap.add_argument(
+        "--certificate-parts",
+        action="store_true",
+        help="also time auto with a free certificate / its potrf only",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
@@ -112,12 +156,15 @@ def main() -> None:
     weyl_only = AutoConfig()
     object.__setattr__(weyl_only, "_certifier", lambda *a: None)  # spectrum_estimate without certify
     tested, auto = _with_test(AutoConfig()), AutoConfig()
+    answers: dict = {}
+    free, potrf_only = _answering(AutoConfig(), answers, False), _answering(AutoConfig(), answers, True)
     for name, A in _cases(args.n, args.dtypes, args.kappas, args.ggt_kappas).items():
-        res = auto.solve(A, args.p)
+        answers["rows"] = None
+        res = _recording(answers).solve(A, args.p)
         label = res.info["auto"]["chosen"][0]
         cfg, sopts = candidate(load_table(), label)
         direct = cfg.solve(A, args.p, **sopts)
-        for other in (estimate_first, weyl_only, tested):
+        for other in (estimate_first, weyl_only, tested, free, potrf_only):
             assert torch.equal(other.solve(A, args.p).root, direct.root), name
         assert torch.equal(res.root, direct.root), name
         calls = {
@@ -126,9 +173,13 @@ def main() -> None:
             "weyl_only": lambda A=A: weyl_only.solve(A, args.p),
             "cholesky_test": lambda A=A: tested.solve(A, args.p),
             "auto": lambda A=A: auto.solve(A, args.p),
+            "cert_free": lambda A=A: free.solve(A, args.p),
+            "copy_potrf": lambda A=A: potrf_only.solve(A, args.p),
         }
         if not args.cholesky_test:
             del calls["cholesky_test"]
+        if not args.certificate_parts or answers["rows"] is None:  # no certificate ran: nothing to split
+            del calls["cert_free"], calls["copy_potrf"]
         times: dict[str, list[float]] = {k: [] for k in calls}
         for f in calls.values():
             f()

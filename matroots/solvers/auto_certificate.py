@@ -59,10 +59,11 @@ Numerical Algorithms*, 2nd ed., 2002, §3.1, (3.4)-(3.11)).
 
 Order (:func:`certified_kappa`): where the computed eigenvalues put kappa below the edge K inside
 Weyl's interval, the Cholesky runs first and alone decides it (one float64 copy of A and one potrf,
-~60 us at n = 128 against ~600 us for the float64 ``eigvalsh`` it replaces, plus ~100 us of numpy
-calls); else 1-2 first (one matrix-vector product with two vectors). At n = 128, p = 4, fp32 kappa
-9e3, auto / chosen CPU time 1.51 -> 1.23 (randsvd), 1.55 -> 1.24 (G G^T + eps I)
-(``experiments/bench_auto_first.py``, docs/design.md §7).
+~60 us at n = 128 standalone, 60-100 us in situ after the eigh, against ~600 us for the float64
+``eigvalsh`` it replaces, plus 40-80 us of Python and numpy around it); else 1-2 first (one
+matrix-vector product with two vectors). At n = 128, p = 4, fp32 kappa 9e3, auto / chosen CPU time
+1.51 -> 1.23 (randsvd), 1.55 -> 1.24 (G G^T + eps I) at load ~5; the float64 Cholesky keeps it above
+1.2 (``experiments/bench_auto_first.py --certificate-parts``, docs/design.md §7).
 
 What rests on what: the bounds of 1 and 3 (lambda_1 <= rho^_1 + e_rho, lambda_n >= rho^_n - e_rho,
 lambda_1 >= c - tau) follow from A's entries and float64 rounding alone; Weyl's intervals, beta,
@@ -88,6 +89,8 @@ from typing import Any
 import numpy as np
 import torch
 from scipy.linalg import lapack as _lapack
+
+_potrf = _lapack.dpotrf  # looked up once: the module attribute costs a dict lookup per call
 
 _U = 2.0**-53  # float64 unit roundoff
 _TINY = 2.0**-1074  # the smallest subnormal float64
@@ -189,9 +192,12 @@ def cholesky_lower_bound(
     n = a.shape[-1]
     B = a if overwrite else a.copy()  # C order; symmetric, so B.T is the same matrix in Fortran order
     d = (np.diagonal(a) if diag is None else diag) - c  # fl(a_ii - c): B's diagonal (a new array)
-    np.fill_diagonal(B, d)
+    if B.flags.c_contiguous:  # the diagonal as a strided view of the flat buffer: no fill_diagonal checks
+        B.reshape(-1)[:: n + 1] = d
+    else:
+        np.fill_diagonal(B, d)
     tau = _tau(d, n)
-    _, info = _lapack.dpotrf(B.T, lower=0, clean=0, overwrite_a=1)
+    _, info = _potrf(B.T, lower=0, clean=0, overwrite_a=1)
     return (c - tau) - 8 * _U * (abs(c) + tau) if info == 0 else None
 
 
@@ -219,11 +225,13 @@ def certified_kappa(
     if not rows or A.device.type != "cpu":
         return [None] * len(rows)
     shift = _shift(eps, eps_mode, prescale)
-    An, Qn, wn = (t.detach().numpy() for t in (A, Q, w))
-    n = An.shape[-1]
+    wn = w.detach().numpy()
+    n = wn.shape[-1]
+    An = Qn = None  # numpy views of A and Q, made where a step reads them
     out: list[float | None] = []
     for i in rows:
-        w1, wn_ = float(wn[i][0]), float(wn[i][n - 1])
+        row = wn[i]  # two scalar reads (a fancy-indexed gather of the ends cost 15-25 us after an eigh)
+        w1, wn_ = float(row[0]), float(row[n - 1])
         if not (math.isfinite(w1) and math.isfinite(wn_)):
             out.append(None)
             continue
@@ -243,8 +251,10 @@ def certified_kappa(
             if plan.band(span[0]) == plan.band(span[1]):
                 break
             if a is None:
+                An = A.detach().numpy() if An is None else An
                 a = An[i].astype(np.float64)  # exact
             if step == "rayleigh":
+                Qn = Q.detach().numpy() if Qn is None else Qn
                 eb = _bounds(a, Qn[i], wn[i], delta_rate)
                 if eb is None:
                     break
@@ -259,7 +269,7 @@ def certified_kappa(
                 # c: m_star plus twice tau there (sum |a_ii - m_star| <= |tr A| + n |m_star| for the
                 # a_ii >= lambda_1 > m_star of a matrix the factorisation can succeed on); rigour is
                 # cholesky_lower_bound's: a c too small only leaves the band open
-                diag = np.diagonal(a).copy()
+                diag = np.diagonal(a)  # a view, read before the factorisation overwrites it
                 est = (abs(float(diag.sum())) + n * abs(m_star)) * 2 * _gamma(n + 1)
                 c = m_star + 2.0 * est + 16 * _U * abs(m_star)
                 bound = cholesky_lower_bound(a, c, overwrite=True, diag=diag)
