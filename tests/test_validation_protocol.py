@@ -223,9 +223,12 @@ def test_an_absent_peer_package_is_a_typed_error_naming_the_install() -> None:
         assert peers.PEERS[name].install.split()[0] in str(exc.value)
 
 
-def test_each_task_finishes_its_final_seeds_before_the_next_task_starts(tmp_path, monkeypatch) -> None:
-    """A long protocol run lands whole tasks (tuning, selection, final seeds) one after another, so a
-    run stopped midway already holds finished, reportable tasks. The runner is replaced by one that
+def test_each_task_and_optimizer_finishes_its_final_seeds_before_the_next_starts(
+    tmp_path, monkeypatch
+) -> None:
+    """A long protocol run lands whole tasks one after another, and within a task whole optimizers in
+    config order (tuning, selection, final seeds), so a run stopped midway already holds finished,
+    reportable tasks and, in the task it stopped in, AdamW and the first optimizers whole. The runner is replaced by one that
     records the order units are handed to it and writes each a run row (validation loss = trial
     index, so trial 0 is chosen), so the order is observed without training anything."""
     from matroots.study import runner
@@ -237,7 +240,7 @@ def test_each_task_finishes_its_final_seeds_before_the_next_task_starts(tmp_path
         for u in units:
             if u.key in runner.done_units(out_dir):
                 continue
-            order.append((u.task.name, u.phase))
+            order.append((u.task.name, u.phase, u.optimizer.label))
             row = {"table": "run", "unit": u.key, "task": u.task.name, "optimizer": u.optimizer.name,
                    "config": u.optimizer.label, "phase": u.phase, "trial": u.trial, "seed": u.seed,
                    "hparams": str(u.hparams), "final_val_loss": float(u.trial), "failure": "",
@@ -250,9 +253,19 @@ def test_each_task_finishes_its_final_seeds_before_the_next_task_starts(tmp_path
     monkeypatch.setattr(run, "collect", lambda out, csv=False: {})  # the report wants real rows
     grid = _grid(tiny_protocol(trials=2, name="pertask", tasks=("lsq",)))
     run.run_validation(grid, tmp_path / "run", workers=1, progress=False)
-    first_lsq = next(i for i, (task, _) in enumerate(order) if task == "lsq")
-    assert ("digits", "final") in order[:first_lsq] and ("lsq", "final") in order
-    assert all(task == "lsq" for task, _ in order[first_lsq:])
+    first_lsq = next(i for i, (task, *_) in enumerate(order) if task == "lsq")
+    assert any(o[:2] == ("digits", "final") for o in order[:first_lsq])
+    assert any(o[:2] == ("lsq", "final") for o in order)
+    assert all(task == "lsq" for task, *_ in order[first_lsq:])
+    labels = list(dict.fromkeys(u.optimizer.label for u in grid.units()))
+    assert labels[0] == "adamw" and len(labels) == 4
+    for task in ("digits", "lsq"):
+        mine = [(phase, label) for t, phase, label in order if t == task]
+        blocks = [label for i, (_, label) in enumerate(mine) if i == 0 or mine[i - 1][1] != label]
+        assert blocks == labels, blocks  # one contiguous block per optimizer, in config order
+        for label in ("adamw", "shampoo-eigh"):  # tuned: every trial before its first final seed
+            phases = [phase for phase, lab in mine if lab == label]
+            assert phases == sorted(phases, key=lambda p: p == "final") and phases[-1] == "final", phases
     assert len(order) == len(grid.units()) + len(
         grid.final_units(protocol.select(run.load(tmp_path / "run")["runs"]))
     )

@@ -135,31 +135,33 @@ def run_validation(
         stats = runner.run_units(
             units, run_unit, out, desc=f"validate {grid.name}", retry_crashed=retry_crashed, **kw
         )
-    else:  # task by task: its tuning trials, then its chosen points at the final seeds
+    else:  # task by task, optimizer by optimizer: its tuning trials, then its chosen point's seeds
         from .protocol import select
 
         stats = runner.RunStats()
         retry = retry_crashed  # once per run: a later call would drop crash rows this run recorded
         for task in grid.tasks:
             mine = [u for u in units if u.task.name == task.name]
-            part = runner.run_units(
-                mine,
-                run_unit,
-                out,
-                desc=f"validate {grid.name} {task.name}",
-                retry_crashed=retry,
-                **kw,
-            )
-            retry = False
-            final = [u for u in grid.final_units(select(load(out)["runs"])) if u.task.name == task.name]
-            more = runner.run_units(
-                final, run_unit, out, desc=f"validate {grid.name} {task.name} (final)",
-                retry_crashed=False, **kw,
-            )  # fmt: skip
-            for f in ("units", "skipped", "ran", "crashed", "recomputed_corrupt", "retried_crashed",
-                      "removed_temp", "seconds"):  # fmt: skip
-                setattr(stats, f, getattr(stats, f) + getattr(part, f) + getattr(more, f))
-            stats.scheduler = part.scheduler
+            # config order: AdamW (the target) and the first optimizers are complete, final seeds
+            # included, before the next optimizer's trials start, so a long task's partial set already
+            # holds whole comparisons (the units and their results do not depend on the order)
+            for label in dict.fromkeys(u.optimizer.label for u in mine):
+                name = f"validate {grid.name} {task.name} {label}"
+                trials = [u for u in mine if u.optimizer.label == label]
+                part = runner.run_units(trials, run_unit, out, desc=name, retry_crashed=retry, **kw)
+                retry = False
+                final = [
+                    u
+                    for u in grid.final_units(select(load(out)["runs"]))
+                    if u.task.name == task.name and u.optimizer.label == label
+                ]
+                more = runner.run_units(
+                    final, run_unit, out, desc=f"{name} (final)", retry_crashed=False, **kw
+                )
+                for f in ("units", "skipped", "ran", "crashed", "recomputed_corrupt", "retried_crashed",
+                          "removed_temp", "seconds"):  # fmt: skip
+                    setattr(stats, f, getattr(stats, f) + getattr(part, f) + getattr(more, f))
+                stats.scheduler = part.scheduler
     runner.close_run(out, stats)
     return collect(out, csv=csv)
 
