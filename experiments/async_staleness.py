@@ -1,7 +1,7 @@
 """What root staleness costs in steps: per-seed steps-to-target of synchronous and asynchronous Shampoo.
 
 Reads the curves of a ``matroots validate experiments/configs/validate_async.toml`` run (a run folder,
-or the shipped copy ``results/validation_async``). Per task the target is the validation loss every
+or the shipped copy ``results/async_staleness``). Per task the target is the validation loss every
 AdamW seed reaches (the largest of their final losses: the protocol's definition, per seed set);
 per configuration and seed the first evaluated step whose validation loss is at or below it (None:
 never), and the final validation loss. The configurations share their seeds, hence their initial
@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "results" / "validation_async"
+SHIPPED = ROOT / "results" / "async_staleness"
 
 
 def delay(config: str) -> str:
