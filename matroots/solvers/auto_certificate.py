@@ -90,8 +90,6 @@ import numpy as np
 import torch
 from scipy.linalg import lapack as _lapack
 
-_potrf = _lapack.dpotrf  # looked up once: the module attribute costs a dict lookup per call
-
 _U = 2.0**-53  # float64 unit roundoff
 _TINY = 2.0**-1074  # the smallest subnormal float64
 
@@ -192,12 +190,9 @@ def cholesky_lower_bound(
     n = a.shape[-1]
     B = a if overwrite else a.copy()  # C order; symmetric, so B.T is the same matrix in Fortran order
     d = (np.diagonal(a) if diag is None else diag) - c  # fl(a_ii - c): B's diagonal (a new array)
-    if B.flags.c_contiguous:  # the diagonal as a strided view of the flat buffer: no fill_diagonal checks
-        B.reshape(-1)[:: n + 1] = d
-    else:
-        np.fill_diagonal(B, d)
+    np.fill_diagonal(B, d)
     tau = _tau(d, n)
-    _, info = _potrf(B.T, lower=0, clean=0, overwrite_a=1)
+    _, info = _lapack.dpotrf(B.T, lower=0, clean=0, overwrite_a=1)
     return (c - tau) - 8 * _U * (abs(c) + tau) if info == 0 else None
 
 
@@ -225,13 +220,11 @@ def certified_kappa(
     if not rows or A.device.type != "cpu":
         return [None] * len(rows)
     shift = _shift(eps, eps_mode, prescale)
-    wn = w.detach().numpy()
-    n = wn.shape[-1]
-    An = Qn = None  # numpy views of A and Q, made where a step reads them
+    An, Qn, wn = (t.detach().numpy() for t in (A, Q, w))
+    n = An.shape[-1]
     out: list[float | None] = []
     for i in rows:
-        row = wn[i]  # two scalar reads (a fancy-indexed gather of the ends cost 15-25 us after an eigh)
-        w1, wn_ = float(row[0]), float(row[n - 1])
+        w1, wn_ = float(wn[i][0]), float(wn[i][n - 1])
         if not (math.isfinite(w1) and math.isfinite(wn_)):
             out.append(None)
             continue
@@ -251,10 +244,8 @@ def certified_kappa(
             if plan.band(span[0]) == plan.band(span[1]):
                 break
             if a is None:
-                An = A.detach().numpy() if An is None else An
                 a = An[i].astype(np.float64)  # exact
             if step == "rayleigh":
-                Qn = Q.detach().numpy() if Qn is None else Qn
                 eb = _bounds(a, Qn[i], wn[i], delta_rate)
                 if eb is None:
                     break
@@ -269,7 +260,7 @@ def certified_kappa(
                 # c: m_star plus twice tau there (sum |a_ii - m_star| <= |tr A| + n |m_star| for the
                 # a_ii >= lambda_1 > m_star of a matrix the factorisation can succeed on); rigour is
                 # cholesky_lower_bound's: a c too small only leaves the band open
-                diag = np.diagonal(a)  # a view, read before the factorisation overwrites it
+                diag = np.diagonal(a).copy()
                 est = (abs(float(diag.sum())) + n * abs(m_star)) * 2 * _gamma(n + 1)
                 c = m_star + 2.0 * est + 16 * _U * abs(m_star)
                 bound = cholesky_lower_bound(a, c, overwrite=True, diag=diag)
